@@ -1,0 +1,1 @@
+"""CLI command groups; ``app.cli`` assembles them under the ``specrag`` command."""

@@ -1,0 +1,33 @@
+"""Database engine and session factory, built from Settings at a process's entry point."""
+
+from __future__ import annotations
+
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.orm import Session, sessionmaker
+
+from app.settings import Settings
+
+
+def make_engine(settings: Settings) -> Engine:
+    """An SQLAlchemy engine for the configured database (SQLite in the data dir by default)."""
+    url = settings.resolved_database_url
+    if url.startswith("sqlite"):
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False})
+
+        @event.listens_for(engine, "connect")
+        def _sqlite_pragmas(dbapi_conn, _record):  # type: ignore[no-untyped-def]
+            # WAL lets the API read while a worker writes; foreign keys are off by default in SQLite.
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA foreign_keys=ON")
+            cur.execute("PRAGMA busy_timeout=30000")
+            cur.close()
+
+        return engine
+    return create_engine(url, pool_pre_ping=True)
+
+
+def make_session_factory(engine: Engine) -> sessionmaker[Session]:
+    """Sessions that keep loaded attributes after commit (results are read after the write)."""
+    return sessionmaker(engine, expire_on_commit=False)
