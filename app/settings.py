@@ -46,7 +46,7 @@ class Settings(BaseSettings):
     allowed_methods: tuple[str, ...] = Field(("draft_model", "ngram", "none"), description="Speculation methods clients may ask for.")
     default_method: str = Field("draft_model", description="Method when the request names none.")
     max_speculative_tokens: int = Field(8, description="Largest fixed k a request may ask for; also k_max of 'auto'.")
-    default_top_k: int = Field(4, description="Passages retrieved per question.")
+    default_top_k: int = Field(3, description="Passages retrieved per question.")
 
     # Ingest.
     max_file_bytes: int = Field(20 * 1024 * 1024, description="Files larger than this are refused at ingest.")
