@@ -1,0 +1,75 @@
+"""Sentence embeddings for chunks and questions, from a local sentence-transformers model.
+
+It exists so that the model is loaded once per process (``Embedder.shared``), never fetched from
+a hub, and always returns normalised float32 vectors: FAISS inner product is then cosine.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+class Embedder:
+    """A loaded sentence-transformers model: ``encode(texts)`` gives ``[n, dim]`` unit vectors."""
+
+    def __init__(self, model_path: str | Path, device: str = "cpu", batch_size: int = 64) -> None:
+        path = Path(model_path)
+        if not (path / "modules.json").is_file() and not (path / "config.json").is_file():
+            raise FileNotFoundError(
+                f"embedding model directory {str(path)!r} holds no sentence-transformers model"
+            )
+        # Never reach for a model hub, even when a config names a remote repository.
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+        from sentence_transformers import SentenceTransformer
+
+        self.model_path = str(path)
+        self.device = "cpu" if device == "auto" else device
+        self.batch_size = batch_size
+        self._model = SentenceTransformer(self.model_path, device=self.device)
+        self._model.eval()
+        # A torch module is not safe to call from two threads at once (API thread pools).
+        self._lock = threading.Lock()
+        dim = self._model.get_embedding_dimension()
+        assert dim is not None
+        self.dim: int = int(dim)
+
+    @classmethod
+    def shared(cls, model_path: str | Path, device: str = "cpu") -> Embedder:
+        """The process's one embedder for this model and device (loaded on first call)."""
+        return _shared(str(model_path), device)
+
+    @property
+    def tokenizer(self) -> Any:
+        """The model's own tokenizer (chunk sizes are counted in its tokens)."""
+        return self._model.tokenizer
+
+    @property
+    def max_seq_length(self) -> int:
+        """Longest input in tokens, special tokens included; longer inputs are truncated."""
+        return int(self._model.max_seq_length or 256)
+
+    def encode(self, texts: list[str], batch_size: int | None = None) -> np.ndarray:
+        """Unit-length float32 embeddings, one row per text: ``[len(texts), dim]``."""
+        if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        with self._lock:
+            vectors = self._model.encode(
+                texts,
+                batch_size=batch_size or self.batch_size,
+                normalize_embeddings=True,
+                convert_to_numpy=True,
+                show_progress_bar=False,
+            )
+        return np.ascontiguousarray(vectors, dtype=np.float32)
+
+
+@functools.lru_cache(maxsize=4)
+def _shared(model_path: str, device: str) -> Embedder:
+    return Embedder(model_path, device=device)
