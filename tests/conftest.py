@@ -1,0 +1,156 @@
+"""Shared fixtures: a fresh PostgreSQL database, a private Redis DB, a tiny random-weight model pair.
+
+Services that cannot be reached make the tests that need them skip with the reason; nothing here
+shares a dirty database between test sessions.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEMO_CORPUS = REPO_ROOT / "demo" / "corpus"
+PG_HOST = os.environ.get("SPECRAG_TEST_PG_HOST", "127.0.0.1")
+PG_PORT = int(os.environ.get("SPECRAG_TEST_PG_PORT", "5432"))
+REDIS_HOST = os.environ.get("SPECRAG_TEST_REDIS_HOST", "127.0.0.1")
+REDIS_PORT = int(os.environ.get("SPECRAG_TEST_REDIS_PORT", "6379"))
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def _pg_admin_url() -> str | None:
+    """A URL to the maintenance database as the first user that can log in, else None."""
+    import psycopg
+
+    for user in ("postgres", "root"):
+        for dbname in ("test", "postgres"):
+            try:
+                with psycopg.connect(
+                    host=PG_HOST, port=PG_PORT, user=user, dbname=dbname, connect_timeout=3
+                ):
+                    return f"postgresql+psycopg://{user}@{PG_HOST}:{PG_PORT}/{dbname}"
+            except psycopg.Error:
+                continue
+    return None
+
+
+@pytest.fixture(scope="session")
+def pg_url() -> Iterator[str]:
+    """The URL of a PostgreSQL database created empty for this test session, dropped after."""
+    import psycopg
+
+    admin = _pg_admin_url()
+    if admin is None:
+        pytest.skip(
+            f"PostgreSQL not reachable on {PG_HOST}:{PG_PORT} (run scripts/ensure-services.sh)"
+        )
+    name = f"specrag_test_{uuid.uuid4().hex[:10]}"
+    raw = admin.replace("postgresql+psycopg://", "postgresql://")
+    with psycopg.connect(raw, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    yield admin.rsplit("/", 1)[0] + f"/{name}"
+    with psycopg.connect(raw, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(scope="session")
+def migrated_pg_url(pg_url: str) -> str:
+    """``pg_url`` with the migrations applied up to head."""
+    from sqlalchemy import create_engine
+
+    from app.db.schema import upgrade
+
+    engine = create_engine(pg_url)
+    upgrade(engine)
+    engine.dispose()
+    return pg_url
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> Iterator[str]:
+    """A Redis URL on a database number no other test session holds, flushed before and after."""
+    import redis
+
+    client = redis.Redis(host=REDIS_HOST, port=REDIS_PORT, db=0, socket_connect_timeout=2)
+    try:
+        client.ping()
+    except redis.RedisError as exc:
+        pytest.skip(f"Redis not reachable on {REDIS_HOST}:{REDIS_PORT}: {exc}")
+    claimed = None
+    for number in range(1, 16):
+        # The claim expires on its own, so a crashed session does not hold a DB for ever.
+        if client.set(f"specrag-test-db-claim:{number}", os.getpid(), nx=True, ex=3600):
+            claimed = number
+            break
+    if claimed is None:
+        pytest.skip("no free Redis database number (1-15) for this test session")
+    db = redis.Redis(host=REDIS_HOST, port=REDIS_PORT, db=claimed)
+    db.flushdb()
+    yield f"redis://{REDIS_HOST}:{REDIS_PORT}/{claimed}"
+    db.flushdb()
+    client.delete(f"specrag-test-db-claim:{claimed}")
+
+
+def _train_tokenizer(out_dir: Path, vocab_size: int = 512) -> None:
+    """A byte-level BPE tokenizer trained in seconds on a few demo corpus files."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    files = sorted(str(p) for p in DEMO_CORPUS.glob("*.md"))[:12]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=["<eos>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train(files, trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>")
+    fast.save_pretrained(out_dir)
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A tiny random-weight Llama target (2 layers) and draft (1 layer) sharing a BPE tokenizer.
+
+    Returns ``{"target": dir, "draft": dir}``; both directories hold the tokenizer. Weights are
+    seeded, so outputs are reproducible; they are random, so answers are gibberish by design.
+    """
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    root = tmp_path_factory.mktemp("tiny_models")
+    tok_dir = root / "tokenizer"
+    _train_tokenizer(tok_dir)
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tok_dir)
+    dirs = {}
+    for name, layers in (("target", 2), ("draft", 1)):
+        torch.manual_seed(0 if name == "target" else 1)
+        config = LlamaConfig(
+            vocab_size=len(tokenizer),
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=layers,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=2048,
+            eos_token_id=tokenizer.eos_token_id,
+            bos_token_id=None,
+            tie_word_embeddings=False,
+        )
+        model = LlamaForCausalLM(config)
+        out = root / name
+        model.save_pretrained(out)
+        tokenizer.save_pretrained(out)
+        dirs[name] = out
+    return dirs
