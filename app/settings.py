@@ -27,42 +27,116 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="SPECRAG_", extra="ignore")
 
-    data_dir: Path = Field(Path("./var"), description="Index files, embedded database and broker, logs.")
-    database_url: str | None = Field(None, description="SQLAlchemy URL; default: SQLite file in data_dir.")
-    broker_url: str | None = Field(None, description="Celery broker; default: embedded SQLAlchemy broker in data_dir.")
-    result_backend: str | None = Field(None, description="Celery result backend; default: none (results live in the database).")
+    data_dir: Path = Field(
+        default=Path("./var"), description="Index files, embedded database and broker, logs."
+    )
+    database_url: str | None = Field(
+        default=None, description="SQLAlchemy URL; default: SQLite file in data_dir."
+    )
+    broker_url: str | None = Field(
+        default=None, description="Celery broker; default: embedded SQLAlchemy broker in data_dir."
+    )
+    result_backend: str | None = Field(
+        default=None,
+        description="Celery result backend; default: none (results live in the database).",
+    )
 
-    target_model: Path = Field(DEMO_MODELS / "target", description="Target checkpoint directory (HF format).")
-    draft_model: Path | None = Field(DEMO_MODELS / "draft", description="Draft checkpoint directory (HF format).")
-    embedding_model: str = Field(default_factory=_default_embedding_model, description="Local sentence-transformers directory.")
-    engine: Literal["torch", "vllm"] = Field("torch", description="Generation engine implementation.")
-    device: Literal["cpu", "cuda", "auto"] = Field("auto", description="Device for the torch engine.")
+    target_model: Path = Field(
+        default=DEMO_MODELS / "target", description="Target checkpoint directory (HF format)."
+    )
+    draft_model: Path | None = Field(
+        default=DEMO_MODELS / "draft", description="Draft checkpoint directory (HF format)."
+    )
+    embedding_model: str = Field(
+        default_factory=_default_embedding_model,
+        description="Local sentence-transformers directory.",
+    )
+    engine: Literal["torch", "vllm"] = Field(
+        default="torch", description="Generation engine implementation."
+    )
+    device: Literal["cpu", "cuda", "auto"] = Field(
+        default="auto", description="Device for the torch engine."
+    )
 
     # Request limits (API and CLI validate against these).
-    max_question_chars: int = Field(2000, description="Longest question accepted.")
-    max_tokens_limit: int = Field(512, description="Largest max_tokens a request may ask for.")
-    default_max_tokens: int = Field(96, description="max_tokens when the request names none.")
-    max_temperature: float = Field(2.0, description="Largest temperature accepted.")
-    allowed_methods: tuple[str, ...] = Field(("draft_model", "ngram", "none"), description="Speculation methods clients may ask for.")
-    default_method: str = Field("draft_model", description="Method when the request names none.")
-    max_speculative_tokens: int = Field(8, description="Largest fixed k a request may ask for; also k_max of 'auto'.")
-    default_top_k: int = Field(3, description="Passages retrieved per question.")
+    max_question_chars: int = Field(default=2000, description="Longest question accepted.")
+    max_tokens_limit: int = Field(
+        default=512, description="Largest max_tokens a request may ask for."
+    )
+    default_max_tokens: int = Field(
+        default=96, description="max_tokens when the request names none."
+    )
+    max_temperature: float = Field(default=2.0, description="Largest temperature accepted.")
+    allowed_methods: tuple[str, ...] = Field(
+        default=("draft_model", "ngram", "none"),
+        description="Speculation methods clients may ask for.",
+    )
+    default_method: str = Field(
+        default="draft_model", description="Method when the request names none."
+    )
+    max_speculative_tokens: int = Field(
+        default=8, description="Largest fixed k a request may ask for; also k_max of 'auto'."
+    )
+    default_top_k: int = Field(default=3, description="Passages retrieved per question.")
 
     # Ingest.
-    max_file_bytes: int = Field(20 * 1024 * 1024, description="Files larger than this are refused at ingest.")
-    chunk_tokens: int = Field(224, description="Target chunk length in embedding-model tokens.")
-    chunk_overlap: int = Field(32, description="Token overlap between consecutive chunks.")
-    approx_index_threshold: int = Field(200_000, description="Above this many chunks a collection uses an approximate index.")
+    max_file_bytes: int = Field(
+        default=20 * 1024 * 1024, description="Files larger than this are refused at ingest."
+    )
+    chunk_tokens: int = Field(
+        default=224, description="Target chunk length in embedding-model tokens."
+    )
+    chunk_overlap: int = Field(default=32, description="Token overlap between consecutive chunks.")
+    approx_index_threshold: int = Field(
+        default=200_000,
+        description="Above this many chunks a collection uses an approximate index.",
+    )
 
     # Workers.
-    task_soft_time_limit: int = Field(300, description="Seconds before a task gets SoftTimeLimitExceeded.")
-    task_time_limit: int = Field(360, description="Seconds before a task's process is killed.")
-    heartbeat_seconds: float = Field(5.0, description="How often a running query's worker refreshes its heartbeat.")
-    stale_after_seconds: float = Field(30.0, description="A running query with no heartbeat for this long is re-queued.")
+    task_soft_time_limit: int = Field(
+        default=300, description="Seconds before a task gets SoftTimeLimitExceeded."
+    )
+    task_time_limit: int = Field(
+        default=360, description="Seconds before a task's process is killed."
+    )
+    heartbeat_seconds: float = Field(
+        default=5.0, description="How often a running query's worker refreshes its heartbeat."
+    )
+    stale_after_seconds: float = Field(
+        default=30.0, description="A running query with no heartbeat for this long is re-queued."
+    )
+    max_attempts: int = Field(
+        default=3, description="Worker losses a query survives before it is marked failed."
+    )
+    sweep_interval_seconds: float = Field(
+        default=5.0,
+        description="How often the API and workers reap stale queries and send unsent ones.",
+    )
+    outbox_grace_seconds: float = Field(
+        default=2.0,
+        description="An unsent query younger than this is left to its submitter's own send.",
+    )
+    broker_timeout_seconds: float = Field(
+        default=2.0,
+        description="Connect timeout when sending to the broker (submit must not hang).",
+    )
+    worker_pool: Literal["solo", "threads", "prefork"] = Field(
+        default="solo",
+        description="Celery pool; solo keeps one engine per process and never forks after CUDA init.",
+    )
+    api_host: str = Field(default="127.0.0.1", description="Address `specrag api` binds.")
+    api_port: int = Field(default=8000, description="Port `specrag api` binds.")
+    api_url: str = Field(
+        default="http://127.0.0.1:8000", description="Where the Python client finds the API."
+    )
 
     # Audit.
-    shadow_sample_rate: float = Field(0.0, description="Fraction of queries also decoded without speculation, for audits.")
-    store_questions: Literal["clear", "hashed", "redacted"] = Field("clear", description="How questions are stored.")
+    shadow_sample_rate: float = Field(
+        default=0.0, description="Fraction of queries also decoded without speculation, for audits."
+    )
+    store_questions: Literal["clear", "hashed", "redacted"] = Field(
+        default="clear", description="How questions are stored."
+    )
 
     @property
     def resolved_database_url(self) -> str:

@@ -44,14 +44,29 @@ def emit(data: Any, as_json: bool, text: str | None = None) -> None:
 
 
 def one_line_errors(func: F) -> F:
-    """Turn ValueError/FileNotFoundError from lower layers into a one-line CLI error."""
+    """Turn bad-input, missing-thing, timeout and schema errors into a one-line CLI error."""
 
     @wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from sqlalchemy.exc import OperationalError
+
+        from app.db.schema import SchemaNotCurrentError
+
         try:
             return func(*args, **kwargs)
-        except (ValueError, FileNotFoundError, LookupError) as exc:
-            raise CommandError(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from exc
+        except (
+            ValueError,
+            FileNotFoundError,
+            LookupError,
+            TimeoutError,
+            SchemaNotCurrentError,
+        ) as exc:
+            raise CommandError(
+                str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            ) from exc
+        except OperationalError as exc:
+            # Database unreachable or locked: say which, on one line, without the SQL dump.
+            raise CommandError(f"database error: {str(exc.orig).splitlines()[0]}") from exc
 
     return wrapper  # type: ignore[return-value]
 

@@ -10,9 +10,8 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Engine
 
-import migrations
-
-MIGRATIONS_DIR = Path(migrations.__file__).resolve().parent
+# The migrations package sits beside ``app`` (in the repository and in site-packages alike).
+MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "migrations"
 
 
 class SchemaNotCurrentError(RuntimeError):

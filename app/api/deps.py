@@ -1,0 +1,66 @@
+"""FastAPI dependencies: settings, a database session, and the caller's tenant (or admin) key."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Annotated
+
+from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from sqlalchemy.orm import Session
+
+from app.api.errors import ApiError
+from app.keys import find_key
+from app.settings import Settings
+
+bearer = HTTPBearer(auto_error=False, description="A tenant API key from `specrag keys create`.")
+
+
+def get_settings(request: Request) -> Settings:
+    """The app's Settings (built once by ``create_app``)."""
+    settings: Settings = request.app.state.settings
+    return settings
+
+
+def get_session(request: Request) -> Iterator[Session]:
+    """A session for this request, closed afterwards."""
+    with request.app.state.session_factory() as session:
+        yield session
+
+
+SettingsDep = Annotated[Settings, Depends(get_settings)]
+SessionDep = Annotated[Session, Depends(get_session)]
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who is calling: the tenant the key belongs to, and whether the key is an admin key."""
+
+    tenant_id: int
+    tenant: str
+    is_admin: bool
+
+
+def get_caller(
+    session: SessionDep,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
+) -> Caller:
+    """The caller behind the bearer key; 401 when it is missing or unknown."""
+    if credentials is None or credentials.scheme.lower() != "bearer" or not credentials.credentials:
+        raise ApiError(401, "Authorization", "missing API key: send 'Authorization: Bearer KEY'")
+    key = find_key(session, credentials.credentials)
+    if key is None:
+        raise ApiError(401, "Authorization", "unknown or revoked API key")
+    return Caller(tenant_id=key.tenant_id, tenant=key.tenant.name, is_admin=key.is_admin)
+
+
+def get_admin(caller: Annotated[Caller, Depends(get_caller)]) -> Caller:
+    """The caller, when its key is an admin key; 403 otherwise."""
+    if not caller.is_admin:
+        raise ApiError(403, "Authorization", "this endpoint needs an admin key")
+    return caller
+
+
+TenantDep = Annotated[Caller, Depends(get_caller)]
+AdminDep = Annotated[Caller, Depends(get_admin)]

@@ -1,0 +1,58 @@
+"""One JSON shape for every 4xx: ``{"error": {"field", "message"}, "detail": [...]}``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+
+from app.queries import RequestError
+
+
+class ApiError(Exception):
+    """An error answered with ``status`` and a body naming ``field``."""
+
+    def __init__(self, status: int, field: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.field = field
+        self.message = message
+
+
+def error_body(field: str, message: str) -> dict[str, Any]:
+    """The JSON body of a refused request."""
+    return {
+        "error": {"field": field, "message": message},
+        "detail": [{"loc": [field], "msg": message}],
+    }
+
+
+def _field_of(loc: Any) -> str:
+    # FastAPI prefixes the location with "body", "query", "header" or "path".
+    parts = [str(p) for p in loc if p not in ("body", "query", "header", "path")]
+    return ".".join(parts) or "body"
+
+
+def install(app: FastAPI) -> None:
+    """Register the handlers that turn validation and API errors into the shared JSON shape."""
+
+    @app.exception_handler(ApiError)
+    async def api_error(_: Request, exc: ApiError) -> JSONResponse:
+        headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
+        return JSONResponse(
+            error_body(exc.field, exc.message), status_code=exc.status, headers=headers
+        )
+
+    @app.exception_handler(RequestError)
+    async def request_error(_: Request, exc: RequestError) -> JSONResponse:
+        return JSONResponse(error_body(exc.field, exc.message), status_code=422)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = exc.errors()
+        first = errors[0] if errors else {"loc": ["body"], "msg": "invalid request"}
+        body = error_body(_field_of(first.get("loc", ["body"])), str(first.get("msg")))
+        body["detail"] = [{"loc": list(e.get("loc", [])), "msg": e.get("msg")} for e in errors]
+        return JSONResponse(body, status_code=422)

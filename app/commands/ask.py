@@ -1,0 +1,116 @@
+"""``specrag ask``: one question through the queue and a worker, or in-process with ``--local``."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+
+from app.commands.common import CommandError, emit, get_settings, json_option, one_line_errors
+
+
+def _spec_tokens(value: str) -> int | str:
+    if value == "auto":
+        return value
+    try:
+        return int(value)
+    except ValueError:
+        raise click.BadParameter("expected an integer >= 1 or 'auto'") from None
+
+
+@click.command("ask")
+@click.argument("question")
+@click.option("--collection", "-c", required=True, help="Collection to search.")
+@click.option(
+    "--tenant", default="default", show_default=True, help="Tenant that owns the collection."
+)
+@click.option("--method", default=None, help="draft_model | ngram | none (default from settings).")
+@click.option(
+    "--num-speculative-tokens", "k", default="4", show_default=True, help="k >= 1, or auto."
+)
+@click.option("--max-tokens", type=int, default=None, help="Most tokens to generate.")
+@click.option("--temperature", type=float, default=None, help="0 = greedy.")
+@click.option("--seed", type=int, default=None, help="Seed for reproducible sampling.")
+@click.option("--local", is_flag=True, help="Answer in this process instead of through a worker.")
+@click.option(
+    "--timeout", type=float, default=600.0, show_default=True, help="Seconds to wait for a worker."
+)
+@json_option
+@one_line_errors
+def ask(
+    question: str,
+    collection: str,
+    tenant: str,
+    method: str | None,
+    k: str,
+    max_tokens: int | None,
+    temperature: float | None,
+    seed: int | None,
+    local: bool,
+    timeout: float,
+    as_json: bool,
+) -> None:
+    """Ask QUESTION about a collection; prints the answer, its sources and decoding stats."""
+    from app.db import prepare
+    from app.queries import (
+        create_query,
+        get_or_create_tenant,
+        query_view,
+        validate_request,
+        wait_for,
+    )
+
+    settings = get_settings()
+    request = validate_request(
+        settings,
+        {
+            "question": question,
+            "collection": collection,
+            "method": method,
+            "num_speculative_tokens": _spec_tokens(k),
+            "max_tokens": max_tokens,
+            "temperature": temperature,
+            "seed": seed,
+        },
+    )
+    _, session_factory = prepare(settings)
+    with session_factory() as session:
+        query, _ = create_query(session, get_or_create_tenant(session, tenant), request)
+    if local:
+        from app.pipeline import answer_query
+        from app.resources import Resources
+
+        answer_query(Resources(settings, session_factory), query.id)
+    else:
+        from app.outbox import send_and_mark
+        from workers import create_celery, send_query
+
+        celery = create_celery(settings)
+        send_and_mark(
+            session_factory, query.id, "answer", lambda q, queue: send_query(celery, q, queue)
+        )
+    try:
+        done = wait_for(session_factory, query.id, timeout=0 if local else timeout)
+    except TimeoutError as exc:
+        raise CommandError(str(exc)) from None
+    view = query_view(done)
+    emit(view, as_json, text=_human(view))
+    if view["status"] != "succeeded":
+        raise CommandError(f"query {view['id']} failed: {view.get('error')}")
+
+
+def _human(view: dict[str, Any]) -> str:
+    if view["status"] != "succeeded":
+        return f"query {view['id']}: {view['status']}"
+    lines = [view["answer"] or "(empty answer)", "", "Sources:"]
+    for rank, src in enumerate(view.get("sources", []), start=1):
+        lines.append(
+            f"  [{rank}] {src['document']} (chunk {src['chunk_id']}, score {src['score']:.3f})"
+        )
+    stats = view.get("stats") or {}
+    lines += ["", "Stats:", "  " + json.dumps(stats, default=str)]
+    return "\n".join(lines)
+
+
+COMMANDS = [ask]

@@ -1,0 +1,153 @@
+"""Getting stored queries onto the queue: the outbox sweep and the reaper of dead workers' queries.
+
+A query is committed before it is sent to the broker, and ``queries.enqueued_at`` records the
+send. Two situations leave a query without a live message: the broker was down at submit time
+(``enqueued_at`` stays NULL), or its worker died mid-answer (the Redis broker only redelivers an
+unacknowledged message after its visibility timeout, an hour by default). The reaper turns a
+running query whose heartbeat stopped back into a queued, unsent one, and the sweep sends every
+unsent query. A duplicate message is harmless: a worker claims a query only while it is queued,
+and the unique ``answers.query_id`` lets only one answer be recorded.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from collections.abc import Callable
+from datetime import timedelta
+
+from sqlalchemy import or_, select, update
+from sqlalchemy.orm import Session, sessionmaker
+
+from app.db import Query, utcnow
+from app.settings import Settings
+
+log = logging.getLogger(__name__)
+
+Send = Callable[[uuid.UUID, str], None]
+"""Puts one query id on the named queue; raises when the broker cannot be reached."""
+
+
+def send_and_mark(
+    session_factory: sessionmaker[Session], query_id: uuid.UUID, queue: str, send: Send
+) -> bool:
+    """Send one query and record it as enqueued; False (query left for the sweep) if the send fails."""
+    try:
+        send(query_id, queue)
+    except Exception as exc:  # any broker failure: the sweep retries later
+        log.warning("enqueue of query %s failed, left for the sweeper: %s", query_id, exc)
+        return False
+    with session_factory() as session:
+        session.execute(
+            update(Query)
+            .where(Query.id == query_id, Query.enqueued_at.is_(None))
+            .values(enqueued_at=utcnow())
+        )
+        session.commit()
+    return True
+
+
+def _rowcount(result: object) -> int:
+    # UPDATE results are CursorResults; the generic Result type does not declare rowcount.
+    return int(getattr(result, "rowcount", 0))
+
+
+def reap_stale(session_factory: sessionmaker[Session], settings: Settings) -> list[uuid.UUID]:
+    """Re-queue running queries whose heartbeat stopped; fail those out of attempts. Returns ids."""
+    cutoff = utcnow() - timedelta(seconds=settings.stale_after_seconds)
+    reaped: list[uuid.UUID] = []
+    with session_factory() as session:
+        stale = session.execute(
+            select(Query.id, Query.attempts).where(
+                Query.status == "running",
+                or_(Query.heartbeat_at.is_(None), Query.heartbeat_at < cutoff),
+            )
+        ).all()
+        for query_id, attempts in stale:
+            # The same condition again, so that two reapers (or a late heartbeat) cannot both win.
+            guard = (
+                Query.id == query_id,
+                Query.status == "running",
+                or_(Query.heartbeat_at.is_(None), Query.heartbeat_at < cutoff),
+            )
+            if attempts >= settings.max_attempts:
+                values = {
+                    "status": "failed",
+                    "error": f"worker lost: no heartbeat after {attempts} attempts",
+                    "done_at": utcnow(),
+                }
+            else:
+                values = {
+                    "status": "queued",
+                    "enqueued_at": None,
+                    "heartbeat_at": None,
+                    "worker_host": None,
+                }
+            if _rowcount(session.execute(update(Query).where(*guard).values(**values))):
+                reaped.append(query_id)
+        session.commit()
+    if reaped:
+        log.warning("reaped %d queries whose worker stopped heartbeating: %s", len(reaped), reaped)
+    return reaped
+
+
+def sweep(
+    session_factory: sessionmaker[Session], settings: Settings, send: Send, *, limit: int = 500
+) -> int:
+    """Send queued queries that are not on the queue yet (oldest first); returns how many were sent.
+
+    Only queries older than ``outbox_grace_seconds`` are taken, so that a submitter's own send
+    right after its commit is not raced.
+    """
+    cutoff = utcnow() - timedelta(seconds=settings.outbox_grace_seconds)
+    with session_factory() as session:
+        pending = session.execute(
+            select(Query.id, Query.queue)
+            .where(Query.status == "queued", Query.enqueued_at.is_(None), Query.queued_at < cutoff)
+            .order_by(Query.queued_at)
+            .limit(limit)
+        ).all()
+    sent = 0
+    for query_id, queue in pending:
+        if not send_and_mark(session_factory, query_id, queue, send):
+            break  # the broker is down: stop here and try again next round
+        sent += 1
+    return sent
+
+
+class Sweeper:
+    """A daemon thread that reaps and sweeps every ``sweep_interval_seconds`` (API and workers)."""
+
+    def __init__(
+        self, session_factory: sessionmaker[Session], settings: Settings, send: Send
+    ) -> None:
+        self.session_factory = session_factory
+        self.settings = settings
+        self.send = send
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="specrag-sweeper", daemon=True)
+
+    def start(self) -> Sweeper:
+        """Start the thread; returns self."""
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Ask the thread to stop and wait for it."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    def run_once(self) -> tuple[int, int]:
+        """One round: (queries reaped, queries sent)."""
+        reaped = reap_stale(self.session_factory, self.settings)
+        sent = sweep(self.session_factory, self.settings, self.send)
+        return len(reaped), sent
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.settings.sweep_interval_seconds):
+            try:
+                self.run_once()
+            except Exception:  # the database may be briefly away; never kill the thread
+                log.exception("outbox sweep failed; retrying next round")

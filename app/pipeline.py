@@ -1,0 +1,284 @@
+"""Answering one stored query: claim → retrieve → prompt → generate → record. Knows no Celery.
+
+The query id is the idempotency key. ``claim`` moves a query from queued to running atomically, so
+a duplicate message finds nothing to do; the unique ``answers.query_id`` and
+``generation_stats.query_id`` make sure that even two runs racing to the end (a worker presumed
+dead that was not) record one answer. While a query runs, a heartbeat thread refreshes
+``queries.heartbeat_at``; when the worker dies the heartbeat stops and the reaper (app/outbox.py)
+re-queues the query.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime, timedelta
+from typing import Any, Literal
+
+from sqlalchemy import select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session, sessionmaker
+
+from app.db import Answer, AnswerSource, GenerationStatsRecord, Query, Tenant, utcnow
+from app.resources import Resources
+
+log = logging.getLogger(__name__)
+
+Outcome = Literal["succeeded", "failed", "skipped", "duplicate", "missing"]
+
+
+def _ms(later: datetime, earlier: datetime) -> float:
+    return (_aware(later) - _aware(earlier)).total_seconds() * 1000.0
+
+
+def _aware(dt: datetime) -> datetime:
+    # SQLite hands timestamps back without a zone; every stored timestamp is UTC.
+    from datetime import UTC
+
+    return dt if dt.tzinfo is not None else dt.replace(tzinfo=UTC)
+
+
+def claim(session_factory: sessionmaker[Session], query_id: uuid.UUID, host: str) -> int | None:
+    """Mark a queued query running on ``host``; returns its attempt number, or None if not queued."""
+    now = utcnow()
+    with session_factory() as session:
+        result = session.execute(
+            update(Query)
+            .where(Query.id == query_id, Query.status == "queued")
+            .values(
+                status="running",
+                started_at=now,
+                heartbeat_at=now,
+                worker_host=host,
+                attempts=Query.attempts + 1,
+            )
+        )
+        session.commit()
+        if getattr(result, "rowcount", 0) != 1:
+            return None
+        return session.scalars(select(Query.attempts).where(Query.id == query_id)).one()
+
+
+@contextmanager
+def heartbeat(
+    session_factory: sessionmaker[Session],
+    query_id: uuid.UUID,
+    attempt: int,
+    interval: float,
+    deadline: float,
+) -> Iterator[None]:
+    """Refresh the query's heartbeat every ``interval`` seconds until the block ends.
+
+    After ``deadline`` seconds the heartbeat stops on purpose: a hung generation then looks like a
+    dead worker to the reaper, which enforces the hard time limit even on pools that cannot.
+    """
+    stop = threading.Event()
+    started = time.monotonic()
+
+    def beat() -> None:
+        while not stop.wait(interval):
+            if time.monotonic() - started > deadline:
+                log.error("query %s passed its time limit; heartbeat stopped", query_id)
+                return
+            try:
+                with session_factory() as session:
+                    session.execute(
+                        update(Query)
+                        .where(
+                            Query.id == query_id,
+                            Query.status == "running",
+                            Query.attempts == attempt,
+                        )
+                        .values(heartbeat_at=utcnow())
+                    )
+                    session.commit()
+            except Exception:  # a missed beat is not fatal; the next one may succeed
+                log.exception("heartbeat of query %s failed", query_id)
+
+    thread = threading.Thread(target=beat, name=f"heartbeat-{query_id}", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+
+
+def answer_query(
+    resources: Resources, query_id: uuid.UUID | str, host: str | None = None
+) -> Outcome:
+    """Answer one stored query and record the result; returns what happened to it."""
+    qid = query_id if isinstance(query_id, uuid.UUID) else uuid.UUID(str(query_id))
+    host = host or socket.gethostname()
+    sf = resources.session_factory
+    attempt = claim(sf, qid, host)
+    if attempt is None:
+        with sf() as session:
+            status = session.scalar(select(Query.status).where(Query.id == qid))
+        log.info("query %s not claimed (status %s)", qid, status)
+        return "missing" if status is None else "skipped"
+    s = resources.settings
+    with heartbeat(sf, qid, attempt, s.heartbeat_seconds, float(s.task_time_limit)):
+        try:
+            return _run(resources, qid)
+        except BaseException as exc:
+            # Anything that escapes (bad collection, out of context, time limit) fails the query
+            # with a message the client can read; a killed process never gets here (the reaper does).
+            message = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            if isinstance(exc, Exception):
+                _fail(sf, qid, message)
+                log.warning("query %s failed: %s", qid, message)
+                return "failed"
+            # Shutdown or interrupt: not the query's fault, so it goes back on the outbox.
+            _release(sf, qid)
+            raise
+
+
+def _run(resources: Resources, qid: uuid.UUID) -> Outcome:
+    from generation import SamplingParams
+    from retrieval import build_prompt
+
+    sf = resources.session_factory
+    with sf() as session:
+        query, tenant = session.execute(
+            select(Query, Tenant.name)
+            .join(Tenant, Tenant.id == Query.tenant_id)
+            .where(Query.id == qid)
+        ).one()
+        question, collection, params = query.question, query.collection, dict(query.params)
+        queued_at, started_at = query.queued_at, query.started_at
+    assert started_at is not None
+
+    t0 = time.perf_counter()
+    retrieval = resources.retrieval
+    hits = retrieval.search(
+        question, collection=collection, tenant=tenant, top_k=resources.settings.default_top_k
+    )
+    index_version = retrieval.index_version(collection=collection, tenant=tenant)
+    retrieval_ms = (time.perf_counter() - t0) * 1000.0
+    retrieved_at = utcnow()
+
+    engine, tokenizer = resources.engine, resources.tokenizer
+    max_tokens = int(params["max_tokens"])
+    budget = engine.max_context - max_tokens
+    if budget <= 16:
+        raise ValueError(
+            f"max_tokens: {max_tokens} leaves no room for a prompt in a {engine.max_context}-token context"
+        )
+
+    def count_tokens(text: str) -> int:
+        return len(tokenizer.encode(text, add_special_tokens=False))
+
+    prompt, cited = build_prompt(question, hits, count_tokens, budget)
+    prompt_ids = tokenizer.encode(prompt, add_special_tokens=False)
+    sampling = SamplingParams(
+        max_new_tokens=max_tokens,
+        temperature=float(params.get("temperature", 0.0)),
+        seed=params.get("seed"),
+        method=params.get("method", "draft_model"),
+        num_speculative_tokens=params.get("num_speculative_tokens", 4),
+    )
+    gen_started = utcnow()
+    result = engine.generate(prompt_ids, sampling)
+    text = tokenizer.decode(result.token_ids, skip_special_tokens=True).strip()
+
+    stats = result.stats
+    done_at = utcnow()
+    stats.retrieval_ms = retrieval_ms
+    stats.queue_ms = _ms(started_at, queued_at)
+    stats.total_ms = _ms(done_at, queued_at)
+    first_token_at = (
+        gen_started + timedelta(milliseconds=stats.ttft_ms) if stats.ttft_ms is not None else None
+    )
+    return _record(
+        sf,
+        qid,
+        text=text,
+        cited=cited,
+        stats=stats.to_dict(),
+        model_pair=engine.model_pair,
+        engine_kind=resources.settings.engine,
+        index_version=index_version,
+        prompt_tokens=len(prompt_ids),
+        times={"retrieved_at": retrieved_at, "first_token_at": first_token_at, "done_at": done_at},
+    )
+
+
+def _record(
+    sf: sessionmaker[Session],
+    qid: uuid.UUID,
+    *,
+    text: str,
+    cited: list[Any],
+    stats: dict[str, Any],
+    model_pair: str,
+    engine_kind: str,
+    index_version: int | None,
+    prompt_tokens: int,
+    times: dict[str, datetime | None],
+) -> Outcome:
+    """Write answer, sources, stats and the final status in one transaction (or none of it)."""
+    k = stats.get("num_speculative_tokens")
+    with sf() as session:
+        answer = Answer(
+            query_id=qid,
+            text=text,
+            model_pair=model_pair,
+            engine=engine_kind,
+            index_version=index_version,
+            prompt_tokens=prompt_tokens,
+            sources=[
+                AnswerSource(
+                    rank=rank,
+                    document=hit.document,
+                    chunk_id=int(hit.chunk_id),
+                    score=float(hit.score),
+                    title=hit.passage_title,
+                    text=hit.text,
+                )
+                for rank, hit in enumerate(cited, start=1)
+            ],
+        )
+        fields = {n: stats.get(n) for n in GenerationStatsRecord.STAT_FIELDS}
+        fields["num_speculative_tokens"] = None if k is None else str(k)
+        fields["accepted_per_position"] = list(stats.get("accepted_per_position") or [])
+        session.add(answer)
+        session.add(GenerationStatsRecord(query_id=qid, **fields))
+        session.execute(
+            update(Query)
+            .where(Query.id == qid, Query.status.in_(("queued", "running")))
+            .values(status="succeeded", error=None, **times)
+        )
+        try:
+            session.commit()
+        except IntegrityError:
+            # Another run of this query recorded its answer first: the unique constraint decided.
+            session.rollback()
+            log.info("query %s already answered; this run's result dropped", qid)
+            return "duplicate"
+    return "succeeded"
+
+
+def _fail(sf: sessionmaker[Session], qid: uuid.UUID, message: str) -> None:
+    with sf() as session:
+        session.execute(
+            update(Query)
+            .where(Query.id == qid, Query.status == "running")
+            .values(status="failed", error=message[:2000], done_at=utcnow())
+        )
+        session.commit()
+
+
+def _release(sf: sessionmaker[Session], qid: uuid.UUID) -> None:
+    with sf() as session:
+        session.execute(
+            update(Query)
+            .where(Query.id == qid, Query.status == "running")
+            .values(status="queued", enqueued_at=None, heartbeat_at=None, worker_host=None)
+        )
+        session.commit()

@@ -1,0 +1,95 @@
+"""The heavy objects a worker process loads once: engine and tokenizer, embedder and retrieval.
+
+Each is loaded on first use, so an ingest-only worker never loads the language models and the API
+never loads anything here. A worker warms what its queues need at start (see workers/).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from app.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+class Resources:
+    """Settings, a session factory, and lazily loaded engine, tokenizer and retrieval service."""
+
+    def __init__(self, settings: Settings, session_factory: sessionmaker[Session]) -> None:
+        self.settings = settings
+        self.session_factory = session_factory
+        self._lock = threading.Lock()
+        self._engine: Any = None
+        self._tokenizer: Any = None
+        self._retrieval: Any = None
+
+    @property
+    def engine(self) -> Any:
+        """The generation engine (target and draft together), loaded on first use."""
+        with self._lock:
+            if self._engine is None:
+                from generation import load_engine
+
+                s = self.settings
+                log.info(
+                    "loading %s engine: target %s, draft %s",
+                    s.engine,
+                    s.target_model,
+                    s.draft_model,
+                )
+                self._engine = load_engine(
+                    s.engine,
+                    str(s.target_model),
+                    str(s.draft_model) if s.draft_model else None,
+                    _device(s.device, s.engine),
+                )
+            return self._engine
+
+    @property
+    def tokenizer(self) -> Any:
+        """The target's tokenizer (prompt text to ids and back)."""
+        with self._lock:
+            if self._tokenizer is None:
+                from generation import load_tokenizer
+
+                self._tokenizer = load_tokenizer(str(self.settings.target_model))
+            return self._tokenizer
+
+    @property
+    def retrieval(self) -> Any:
+        """The retrieval service with its embedder loaded."""
+        with self._lock:
+            if self._retrieval is None:
+                from retrieval import Embedder, RetrievalService
+
+                s = self.settings
+                embedder = Embedder(s.embedding_model, device="cpu")
+                self._retrieval = RetrievalService(
+                    self.session_factory,
+                    s.index_dir,
+                    embedder,
+                    chunk_tokens=s.chunk_tokens,
+                    chunk_overlap=s.chunk_overlap,
+                    max_file_bytes=s.max_file_bytes,
+                    approx_index_threshold=s.approx_index_threshold,
+                    max_query_chars=s.max_question_chars,
+                )
+            return self._retrieval
+
+    def warm(self, *, answer: bool = True, ingest: bool = True) -> None:
+        """Load now what the given kinds of work need (so the first task does not pay for it)."""
+        if answer or ingest:
+            _ = self.retrieval
+        if answer:
+            _ = self.tokenizer
+            _ = self.engine
+
+
+def _device(device: str, engine: str) -> str:
+    # vLLM always runs on CUDA; the torch engine resolves "auto" itself.
+    return "cuda" if engine == "vllm" and device == "auto" else device

@@ -1,0 +1,84 @@
+"""The Celery app: queues, routing and delivery guarantees, built from Settings by a factory.
+
+Queues: ``answer`` (interactive questions, GPU workers), ``batch`` (the same task at lower
+priority), ``ingest`` (CPU work). Delivery is at-least-once: ``acks_late`` plus
+``reject_on_worker_lost`` put a task back when its worker dies, prefetch 1 keeps a slow answer
+from holding queued work hostage, and the pipeline's claim and unique keys make a second delivery
+harmless.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery import Celery
+from kombu import Queue
+
+from app.settings import Settings
+
+ANSWER_TASK = "specrag.answer_query"
+INGEST_TASK = "specrag.ingest"
+QUEUES = ("answer", "batch", "ingest")
+
+
+class SpecragCelery(Celery):
+    """A Celery app that carries the process's Settings for its tasks and signal handlers."""
+
+    settings: Settings
+    warm: dict[str, bool]
+
+
+def create_celery(settings: Settings) -> SpecragCelery:
+    """A configured Celery app for ``settings`` with the specrag tasks registered."""
+    from workers import runtime, tasks
+
+    app = SpecragCelery("specrag", set_as_current=False)
+    app.settings = settings
+    app.warm = {"answer": True, "ingest": True}
+    broker = settings.resolved_broker_url
+    if broker.startswith("sqla+sqlite"):
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+    app.conf.update(
+        broker_url=broker,
+        result_backend=settings.result_backend,
+        task_ignore_result=settings.result_backend is None,
+        task_serializer="json",
+        accept_content=["json"],
+        task_queues=[Queue(name) for name in QUEUES],
+        task_default_queue="answer",
+        task_routes={ANSWER_TASK: {"queue": "answer"}, INGEST_TASK: {"queue": "ingest"}},
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        worker_prefetch_multiplier=1,
+        task_soft_time_limit=settings.task_soft_time_limit,
+        task_time_limit=settings.task_time_limit,
+        broker_connection_timeout=settings.broker_timeout_seconds,
+        broker_connection_retry_on_startup=True,
+        broker_transport_options=_transport_options(broker, settings),
+        worker_pool=settings.worker_pool,
+        worker_hijack_root_logger=False,
+        worker_send_task_events=True,
+        task_send_sent_event=False,
+    )
+    tasks.register(app)
+    runtime.connect_signals(app)
+    return app
+
+
+def _transport_options(broker: str, settings: Settings) -> dict[str, Any]:
+    if broker.startswith("redis"):
+        return {
+            # Consume the worker's queues in the order given (answer before batch), not round-robin.
+            "queue_order_strategy": "priority",
+            "visibility_timeout": max(3600, 2 * settings.task_time_limit),
+            "socket_connect_timeout": settings.broker_timeout_seconds,
+        }
+    if broker.startswith("sqla+"):
+        return {"polling_interval": 0.1}
+    return {}
+
+
+def send_query(app: Celery, query_id: Any, queue: str = "answer") -> None:
+    """Put one query id on ``queue``; raises at once (no retry loop) when the broker is down."""
+    priority = 0 if queue == "answer" else 5
+    app.send_task(ANSWER_TASK, args=[str(query_id)], queue=queue, priority=priority, retry=False)

@@ -1,0 +1,75 @@
+"""Per-process worker state: resources loaded once per process, and the sweeper thread.
+
+The engine is loaded in the process that runs tasks: at worker start for the solo and threads
+pools, after the fork for prefork (so CUDA is never initialised before a fork).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from celery import Celery
+from celery.signals import worker_init, worker_process_init, worker_ready, worker_shutdown
+
+from app.outbox import Sweeper
+from app.resources import Resources
+
+log = logging.getLogger(__name__)
+
+_resources: dict[tuple[int, int], Resources] = {}
+_sweepers: dict[int, Sweeper] = {}
+
+
+def resources(app: Celery) -> Resources:
+    """This process's Resources for ``app`` (database prepared; models load on first use)."""
+    key = (os.getpid(), id(app))
+    found = _resources.get(key)
+    if found is None:
+        from app.db import prepare
+
+        settings = app.settings  # type: ignore[attr-defined]
+        _, session_factory = prepare(settings)
+        found = _resources[key] = Resources(settings, session_factory)
+    return found
+
+
+def _warm(app: Celery) -> None:
+    warm = getattr(app, "warm", {"answer": True, "ingest": True})
+    log.info("loading worker resources (%s)", ", ".join(k for k, v in warm.items() if v))
+    resources(app).warm(answer=warm.get("answer", True), ingest=warm.get("ingest", True))
+
+
+def connect_signals(app: Celery) -> None:
+    """Warm resources at worker start and run the sweeper beside the worker, for ``app`` only."""
+
+    def mine(sender: Any) -> bool:
+        return getattr(sender, "app", None) is app
+
+    @worker_init.connect(weak=False)
+    def on_init(sender: Any = None, **_: Any) -> None:
+        if mine(sender) and app.conf.worker_pool in (None, "solo", "threads"):
+            _warm(app)
+
+    @worker_process_init.connect(weak=False)
+    def on_process_init(**_: Any) -> None:
+        if app.conf.worker_pool == "prefork":
+            _warm(app)
+
+    @worker_ready.connect(weak=False)
+    def on_ready(sender: Any = None, **_: Any) -> None:
+        if not mine(sender):
+            return
+        from workers.app import send_query
+
+        res = resources(app)
+        _sweepers[id(app)] = Sweeper(
+            res.session_factory, res.settings, lambda qid, queue: send_query(app, qid, queue)
+        ).start()
+
+    @worker_shutdown.connect(weak=False)
+    def on_shutdown(sender: Any = None, **_: Any) -> None:
+        sweeper = _sweepers.pop(id(app), None)
+        if sweeper is not None:
+            sweeper.stop()
