@@ -26,15 +26,27 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
-            raise ValueError(f"method: unknown method {self.method!r}; expected one of {', '.join(METHODS)}")
+            raise ValueError(
+                f"method: unknown method {self.method!r}; expected one of {', '.join(METHODS)}"
+            )
         k = self.num_speculative_tokens
         if isinstance(k, bool) or not (isinstance(k, int) or k == "auto"):
             raise ValueError(f"num_speculative_tokens: expected an int >= 1 or 'auto', got {k!r}")
         if isinstance(k, int) and k < 1:
             raise ValueError(f"num_speculative_tokens: must be >= 1, got {k}")
-        if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
+        if (
+            isinstance(self.max_new_tokens, bool)
+            or not isinstance(self.max_new_tokens, int)
+            or self.max_new_tokens < 1
+        ):
             raise ValueError(f"max_new_tokens: must be an int >= 1, got {self.max_new_tokens!r}")
-        if not isinstance(self.temperature, (int, float)) or self.temperature < 0 or self.temperature != self.temperature:
+        if (
+            not isinstance(self.temperature, (int, float))
+            or self.temperature < 0
+            or self.temperature != self.temperature
+        ):
             raise ValueError(f"temperature: must be a number >= 0, got {self.temperature!r}")
-        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
+        if self.seed is not None and (
+            isinstance(self.seed, bool) or not isinstance(self.seed, int)
+        ):
             raise ValueError(f"seed: must be an int or None, got {self.seed!r}")

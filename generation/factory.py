@@ -1,0 +1,34 @@
+"""``load_engine``: the one place that picks an engine implementation by name."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from generation.base import Engine
+
+ENGINE_KINDS = ("torch", "vllm")
+
+
+def load_engine(
+    kind: str,
+    target_dir: str | Path,
+    draft_dir: str | Path | None = None,
+    device: str = "auto",
+) -> Engine:
+    """Return a loaded engine of ``kind`` ("torch" or "vllm"); vLLM is imported only when asked."""
+    if kind == "torch":
+        from generation.torch_engine import SpeculativeEngine
+
+        return SpeculativeEngine.from_pretrained(target_dir, draft_dir, device=device)
+    if kind == "vllm":
+        try:
+            from generation.vllm_engine import VLLMEngine  # type: ignore[import-not-found]
+        except ImportError as exc:
+            raise RuntimeError(
+                f"engine 'vllm' is not available here ({exc}); install the vllm extra on a GPU host"
+            ) from exc
+        engine: Engine = VLLMEngine.from_pretrained(
+            target_dir, draft_dir, device="cuda" if device == "auto" else device
+        )
+        return engine
+    raise ValueError(f"engine: unknown kind {kind!r}; expected one of {', '.join(ENGINE_KINDS)}")

@@ -1,0 +1,83 @@
+"""Verification of draft tokens against the target: greedy and rejection sampling.
+
+Vocabulary (as in vLLM's rejection sampler): the proposer drafts ``k`` *draft tokens*; the target
+scores them in one forward pass, giving ``k + 1`` distributions. Leading draft tokens the target
+keeps are *accepted*; at the first rejection the target emits a *recovered* token in its place;
+when all ``k`` are accepted it emits a *bonus* token from its last distribution. Either way a
+round yields ``num_accepted + 1`` tokens, and the output follows the target's distribution
+exactly (Leviathan et al. 2023; Chen et al. 2023).
+
+Both functions stay on the device: they return tensors, and the caller moves them to the host
+once per round.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def greedy_verify(
+    target_logits: torch.Tensor,  # [k + 1, vocab_size]
+    draft_token_ids: torch.Tensor,  # [k]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Return (num_accepted [1], next token [1]) under greedy decoding.
+
+    A draft token is accepted while it equals the target's argmax (ties to the lowest id); the
+    next token is the target's argmax after the last accepted one (recovered or bonus).
+    """
+    k = draft_token_ids.shape[0]
+    target_argmax = target_logits.argmax(dim=-1)  # [k + 1]
+    matches = (draft_token_ids == target_argmax[:k]).to(torch.int64)  # [k]
+    num_accepted = matches.cumprod(dim=0).sum().view(1)  # [1]
+    return num_accepted, target_argmax.index_select(0, num_accepted)
+
+
+def rejection_sample(
+    target_probs: torch.Tensor,  # [k + 1, vocab_size]
+    draft_probs: torch.Tensor | None,  # [k, vocab_size]; None = one-hot on the draft tokens
+    draft_token_ids: torch.Tensor,  # [k]
+    generator: torch.Generator | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Return (num_accepted [1], next token [1]) so that the output follows ``target_probs``.
+
+    Draws exactly k uniforms and one multinomial sample per call, so a seeded generator gives
+    reproducible output.
+    """
+    k = draft_token_ids.shape[0]
+    rows = torch.arange(k, device=target_probs.device)
+    p_target = target_probs[rows, draft_token_ids]  # [k]
+    if draft_probs is None:
+        p_draft = torch.ones_like(p_target)  # [k]
+        residual = target_probs[:k].clone()  # [k, vocab_size]
+        residual[rows, draft_token_ids] = 0.0
+    else:
+        p_draft = draft_probs[rows, draft_token_ids]  # [k]
+        residual = (target_probs[:k] - draft_probs).clamp_(min=0.0)  # [k, vocab_size]
+
+    # Acceptance rule: keep draft token x with probability min(1, p_target(x) / p_draft(x));
+    # at the first rejection sample the recovered token from normalise(max(0, p_target - p_draft));
+    # when all k are kept, sample the bonus token from the target's (k+1)-th distribution.
+    uniform = torch.rand(k, device=target_probs.device, generator=generator)  # [k]
+    accepted = (uniform * p_draft < p_target).to(torch.int64)  # [k]
+    num_accepted = accepted.cumprod(dim=0).sum().view(1)  # [1]
+
+    # Rows 0..k-1 are the recovered distributions, row k the bonus one; a residual that is all
+    # zero (p_target == p_draft, so rejection had probability 0) falls back to the target's row.
+    empty = residual.sum(dim=-1, keepdim=True) <= 0  # [k, 1]
+    residual = torch.where(empty, target_probs[:k], residual)
+    next_dists = torch.cat([residual, target_probs[k:]])  # [k + 1, vocab_size]
+    chosen = next_dists.index_select(0, num_accepted)  # [1, vocab_size]
+    next_token = torch.multinomial(chosen, 1, generator=generator).view(1)  # [1]
+    return num_accepted, next_token
+
+
+def sample_from_logits(
+    logits: torch.Tensor,  # [vocab_size]
+    temperature: float,
+    generator: torch.Generator | None,
+) -> torch.Tensor:
+    """Return the next token [1]: argmax at temperature 0, else a draw from softmax(logits / T)."""
+    if temperature == 0.0:
+        return logits.argmax(dim=-1, keepdim=True)
+    probs = torch.softmax(logits.float() / temperature, dim=-1)
+    return torch.multinomial(probs, 1, generator=generator)

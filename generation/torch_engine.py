@@ -1,0 +1,291 @@
+"""The built-in PyTorch engine: speculative decoding over Hugging Face models and KV caches.
+
+Read top to bottom: ``prefill`` fills the target's cache with the prompt and yields the first
+token; each round a proposer drafts k tokens, ``speculative_decode`` verifies them in one target
+pass and rolls the caches back to the last accepted position; ``decode_one_token`` is the plain
+round when nothing was drafted (method ``none``, no n-gram match, or one token left).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import DynamicCache
+
+from generation.adaptive import AdaptiveK, CostModel, RecentAcceptance
+from generation.base import GenerationResult
+from generation.costs import measure_costs
+from generation.loading import (
+    check_vocab_compatible,
+    load_causal_lm,
+    output_vocab_size,
+    resolve_device,
+)
+from generation.params import SamplingParams
+from generation.proposers import Draft, DraftModelProposer, NgramProposer, Proposer
+from generation.rejection_sampler import greedy_verify, rejection_sample, sample_from_logits
+from generation.stats import GenerationStats
+
+
+def prefill(model: Any, input_ids: torch.Tensor, cache: DynamicCache) -> torch.Tensor:
+    """Run the prompt ``input_ids`` [1, seq_len] through ``model``; return the last logits [vocab]."""
+    out = model(input_ids=input_ids, cache=cache, use_cache=True, logits_to_keep=1)
+    return out.logits[0, -1].float()
+
+
+def decode_one_token(model: Any, token: torch.Tensor, cache: DynamicCache) -> torch.Tensor:
+    """Feed one token [1] to ``model`` on its cache; return the next logits [vocab_size]."""
+    out = model(input_ids=token.view(1, 1), cache=cache, use_cache=True)
+    return out.logits[0, -1].float()
+
+
+def speculative_decode(
+    target: Any,
+    cache: DynamicCache,
+    last_token: torch.Tensor,  # [1]: emitted, not yet in the target's cache
+    draft: Draft,
+    temperature: float,
+    generator: torch.Generator | None,
+) -> tuple[int, list[int], torch.Tensor]:
+    """Verify ``draft`` in one target pass; return (num_accepted, emitted ids, next token [1]).
+
+    The emitted ids are the accepted draft tokens followed by the recovered or bonus token; the
+    target's cache is cropped so that it ends at the last accepted draft token.
+    """
+    k = draft.token_ids.shape[0]
+    input_ids = torch.cat([last_token, draft.token_ids]).view(1, k + 1)
+    logits = target(input_ids=input_ids, cache=cache, use_cache=True).logits[0].float()
+    if temperature == 0.0:
+        num_accepted, next_token = greedy_verify(logits, draft.token_ids)
+    else:
+        target_probs = torch.softmax(logits / temperature, dim=-1)  # [k + 1, vocab_size]
+        num_accepted, next_token = rejection_sample(
+            target_probs, draft.probs, draft.token_ids, generator
+        )
+    # The one host transfer of the round: the algorithm needs the accepted count here.
+    host = torch.cat([num_accepted, next_token, draft.token_ids]).tolist()
+    accepted = host[0]
+    if accepted < k:
+        cache.crop(accepted - k)
+    return accepted, host[2 : 2 + accepted] + [host[1]], next_token
+
+
+def _max_context(model: Any) -> int:
+    config = model.config
+    for name in ("max_position_embeddings", "n_positions", "max_sequence_length"):
+        value = getattr(config, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return 1 << 30
+
+
+def _eos_ids(model: Any) -> list[int]:
+    value = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if value is None:
+        value = getattr(model.config, "eos_token_id", None)
+    if value is None:
+        return []
+    return [int(v) for v in value] if isinstance(value, (list, tuple)) else [int(value)]
+
+
+def _label(model: Any) -> str:
+    name = str(getattr(model.config, "_name_or_path", "") or "")
+    return Path(name).name if name else type(model).__name__
+
+
+class SpeculativeEngine:
+    """A target (and optional draft) on one device that generates with speculative decoding."""
+
+    def __init__(
+        self,
+        target: Any,
+        draft: Any | None = None,
+        *,
+        model_pair: str | None = None,
+        max_speculative_tokens: int = 8,
+        ngram_max_n: int = 4,
+        costs: dict[str, CostModel] | None = None,
+    ) -> None:
+        self.target = target.eval()
+        self.draft = draft.eval() if draft is not None else None
+        self.device = next(target.parameters()).device
+        self.max_speculative_tokens = max_speculative_tokens
+        """k_max of adaptive speculation."""
+        self.ngram_max_n = ngram_max_n
+        """Longest n-gram that prompt lookup matches (down to 1)."""
+        self._vocab_size = output_vocab_size(target)
+        self._max_context = min(_max_context(m) for m in (target, draft) if m is not None)
+        self._eos = _eos_ids(target)
+        self._model_pair = model_pair or _label(target) + (f"+{_label(draft)}" if draft else "")
+        self._costs: dict[str, CostModel] = dict(costs or {})
+        """Per-method costs for adaptive k; measured on first use when not given."""
+        self._recent = {"draft_model": RecentAcceptance(), "ngram": RecentAcceptance()}
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        target_dir: str | Path,
+        draft_dir: str | Path | None = None,
+        device: str | torch.device = "cpu",
+        **kwargs: Any,
+    ) -> SpeculativeEngine:
+        """Return an engine with the checkpoints loaded once; a mismatched draft is refused."""
+        dev = resolve_device(device)
+        target = load_causal_lm(target_dir, dev)
+        draft = None
+        pair = Path(target_dir).name
+        if draft_dir is not None:
+            draft = load_causal_lm(draft_dir, dev)
+            check_vocab_compatible(target, draft, target_dir, draft_dir)
+            pair = f"{pair}+{Path(draft_dir).name}"
+        return cls(target, draft, model_pair=pair, **kwargs)
+
+    @property
+    def vocab_size(self) -> int:
+        """Size of the target's vocabulary; valid token ids are ``range(vocab_size)``."""
+        return self._vocab_size
+
+    @property
+    def max_context(self) -> int:
+        """Longest sequence (prompt + new tokens) the target (and draft) accept."""
+        return self._max_context
+
+    @property
+    def eos_token_id(self) -> int | None:
+        """The target's end-of-sequence token, if it has one."""
+        return self._eos[0] if self._eos else None
+
+    @property
+    def model_pair(self) -> str:
+        """A short label of the loaded target/draft pair."""
+        return self._model_pair
+
+    def check_request(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        """Raise ValueError naming the problem when this engine cannot serve the request."""
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"params: expected SamplingParams, got {type(params).__name__}")
+        if len(prompt_token_ids) == 0:
+            raise ValueError("prompt_token_ids: empty prompt; at least one token is needed")
+        bad = [
+            t for t in prompt_token_ids if not isinstance(t, int) or not 0 <= t < self.vocab_size
+        ]
+        if bad:
+            raise ValueError(
+                f"prompt_token_ids: {len(bad)} ids outside the vocabulary [0, {self.vocab_size}), "
+                f"e.g. {bad[0]!r}"
+            )
+        if len(prompt_token_ids) >= self.max_context:
+            raise ValueError(
+                f"prompt_token_ids: prompt of {len(prompt_token_ids)} tokens leaves no room in "
+                f"the context of {self.max_context} tokens"
+            )
+        if params.method == "draft_model" and self.draft is None:
+            raise ValueError("method: 'draft_model' needs a draft model; this engine has none")
+
+    def _proposer(self, method: str) -> Proposer | None:
+        if method == "draft_model":
+            return DraftModelProposer(self.draft)
+        if method == "ngram":
+            return NgramProposer(self.device, max_n=self.ngram_max_n)
+        return None
+
+    def _adaptive(self, method: str) -> AdaptiveK:
+        if method not in self._costs:
+            self._costs[method] = measure_costs(
+                self.target,
+                self.draft if method == "draft_model" else None,
+                self.max_speculative_tokens,
+            )
+        return AdaptiveK(
+            cost=self._costs[method],
+            k_max=self.max_speculative_tokens,
+            prior_alpha=self._recent[method].alpha,
+        )
+
+    @torch.inference_mode()
+    def generate(self, prompt_token_ids: list[int], params: SamplingParams) -> GenerationResult:
+        """Generate up to ``params.max_new_tokens`` tokens after ``prompt_token_ids``."""
+        prompt_token_ids = list(prompt_token_ids)
+        self.check_request(prompt_token_ids, params)
+        started = time.perf_counter()
+        temperature = float(params.temperature)
+        generator = None
+        if temperature > 0:
+            generator = torch.Generator(device=self.device)
+            if params.seed is None:
+                generator.seed()
+            else:
+                generator.manual_seed(params.seed)
+        stats = GenerationStats(
+            method=params.method, num_speculative_tokens=params.num_speculative_tokens
+        )
+        budget = min(params.max_new_tokens, self.max_context - len(prompt_token_ids))
+        eos = set(self._eos)
+
+        cache = DynamicCache(config=self.target.config)
+        prompt = torch.tensor([prompt_token_ids], dtype=torch.long, device=self.device)
+        last_token = sample_from_logits(prefill(self.target, prompt, cache), temperature, generator)
+        output = last_token.tolist()
+        stats.ttft_ms = (time.perf_counter() - started) * 1000.0
+        tokens = prompt_token_ids + output
+        finished = output[0] in eos or budget == 1
+
+        method = params.method
+        proposer = self._proposer(method)
+        adaptive = (
+            self._adaptive(method) if proposer and params.num_speculative_tokens == "auto" else None
+        )
+        fixed_k = (
+            params.num_speculative_tokens if isinstance(params.num_speculative_tokens, int) else 0
+        )
+        if proposer is not None and not finished:
+            proposer.begin(tokens)
+
+        while not finished:
+            remaining = budget - len(output)
+            k = adaptive.next_k() if adaptive is not None else fixed_k
+            # Never draft past the budget: a round emits at most k + 1 tokens.
+            k = min(k, remaining - 1) if proposer is not None else 0
+            draft = proposer.propose(tokens, k, temperature, generator) if proposer and k else None
+            num_draft = 0 if draft is None else int(draft.token_ids.shape[0])
+            if draft is None or num_draft == 0:
+                logits = decode_one_token(self.target, last_token, cache)
+                last_token = sample_from_logits(logits, temperature, generator)
+                accepted, emitted = 0, last_token.tolist()
+            else:
+                accepted, emitted, last_token = speculative_decode(
+                    self.target, cache, last_token, draft, temperature, generator
+                )
+            stats.num_target_forwards += 1
+            if num_draft:
+                stats.num_drafts += 1
+                stats.num_draft_tokens += num_draft
+                if adaptive is not None:
+                    adaptive.observe(num_draft, accepted)
+            for i, token in enumerate(emitted):
+                if token in eos:
+                    emitted = emitted[: i + 1]
+                    finished = True
+                    break
+            kept_accepted = min(accepted, len(emitted))
+            stats.num_accepted_tokens += kept_accepted
+            if len(stats.accepted_per_position) < num_draft:
+                stats.accepted_per_position.extend(
+                    [0] * (num_draft - len(stats.accepted_per_position))
+                )
+            for i in range(kept_accepted):
+                stats.accepted_per_position[i] += 1
+            output.extend(emitted)
+            tokens.extend(emitted)
+            finished = finished or len(output) >= budget
+            if proposer is not None and num_draft and not finished:
+                proposer.rollback(tokens, num_draft, accepted)
+
+        if adaptive is not None:
+            self._recent[method].update(adaptive.request_alpha())
+        stats.num_output_tokens = len(output)
+        stats.generation_ms = (time.perf_counter() - started) * 1000.0
+        return GenerationResult(token_ids=output, stats=stats)

@@ -1,0 +1,18 @@
+"""Fixtures of the generation tests: tiny models, one CPU thread."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _one_torch_thread() -> Iterator[None]:
+    # The CPU is shared: two intra-op threads contending with other jobs run tiny models
+    # about 40x slower than one thread.
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)

@@ -1,0 +1,140 @@
+"""The built-in torch engine: conformance on two model families, exact greedy, full acceptance."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+
+from generation import SamplingParams, SpeculativeEngine
+from generation.adaptive import CostModel
+from tests.generation.conformance import EngineConformance, check_stats_invariants, make_prompts
+from tests.generation.tiny_models import build_model, perturbed_copy, reference_greedy
+
+VOCAB = 96
+
+
+@pytest.fixture(scope="module", params=["llama", "gpt2"])
+def pair(request: pytest.FixtureRequest) -> tuple[Any, Any]:
+    target = build_model(request.param, vocab_size=VOCAB, seed=3, logit_scale=4.0)
+    # A lightly perturbed copy agrees with the target at roughly half the positions.
+    return target, perturbed_copy(target, noise=0.3)
+
+
+@pytest.fixture(scope="module")
+def engine(pair: tuple[Any, Any]) -> SpeculativeEngine:
+    return SpeculativeEngine(pair[0], pair[1], max_speculative_tokens=6)
+
+
+@pytest.fixture(scope="module")
+def reference(pair: tuple[Any, Any]) -> Callable[[list[int], int], list[int]]:
+    cache: dict[tuple[tuple[int, ...], int], list[int]] = {}
+
+    def greedy(prompt: list[int], max_new_tokens: int) -> list[int]:
+        key = (tuple(prompt), max_new_tokens)
+        if key not in cache:
+            cache[key] = reference_greedy(pair[0], prompt, max_new_tokens)
+        return cache[key]
+
+    return greedy
+
+
+@pytest.fixture(scope="module")
+def prompts() -> list[list[int]]:
+    return make_prompts(VOCAB, range(3))
+
+
+class TestTorchEngineConformance(EngineConformance):
+    """The conformance suite on Llama and GPT-2 pairs."""
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "gpt2"])
+@pytest.mark.parametrize("seed", range(4))
+def test_greedy_equality_many_seeds(family: str, seed: int) -> None:
+    target = build_model(family, vocab_size=VOCAB, seed=seed, logit_scale=3.0)
+    engine = SpeculativeEngine(target, perturbed_copy(target, noise=0.5, seed=seed))
+    for prompt in make_prompts(VOCAB, range(seed * 10, seed * 10 + 2), lengths=(7,)):
+        expected = reference_greedy(target, prompt, 30)
+        for method in ("draft_model", "ngram"):
+            for k in (1, 2, 4, 8, "auto"):
+                params = SamplingParams(max_new_tokens=30, method=method, num_speculative_tokens=k)
+                assert engine.generate(prompt, params).token_ids == expected, (method, k, prompt)
+
+
+@pytest.mark.parametrize("k", [1, 2, 4, 8])
+def test_identical_draft_is_fully_accepted(k: int) -> None:
+    target = build_model("llama", vocab_size=VOCAB, seed=5)
+    engine = SpeculativeEngine(target, target)
+    rounds = 4
+    # 1 token from the prefill, then full rounds of k accepted drafts + 1 bonus token.
+    max_new = 1 + rounds * (k + 1)
+    result = engine.generate(
+        list(range(10)), SamplingParams(max_new_tokens=max_new, num_speculative_tokens=k)
+    )
+    stats = result.stats
+    assert result.token_ids == reference_greedy(target, list(range(10)), max_new)
+    assert stats.acceptance_rate == 1.0
+    assert stats.mean_acceptance_length == k + 1
+    assert stats.num_drafts == stats.num_target_forwards == rounds
+    assert stats.accepted_per_position == [rounds] * k
+    # A budget that does not divide evenly cuts the last round short, never wastes drafts.
+    short = engine.generate(
+        list(range(10)), SamplingParams(max_new_tokens=max_new + 1, num_speculative_tokens=k)
+    )
+    assert short.stats.acceptance_rate == 1.0 and short.stats.num_output_tokens == max_new + 1
+
+
+def test_end_of_sequence_stops_generation() -> None:
+    target = build_model("llama", vocab_size=VOCAB, seed=6, logit_scale=3.0)
+    prompt = list(range(3, 15))
+    free = reference_greedy(target, prompt, 20)
+    eos = free[6]
+    target.generation_config.eos_token_id = eos
+    engine = SpeculativeEngine(target, perturbed_copy(target, noise=0.2))
+    expected = reference_greedy(target, prompt, 20)
+    assert expected[-1] == eos and len(expected) == free.index(eos) + 1
+    assert engine.eos_token_id == eos
+    for method in ("draft_model", "ngram", "none"):
+        for k in (1, 3, "auto"):
+            result = engine.generate(
+                prompt, SamplingParams(max_new_tokens=20, method=method, num_speculative_tokens=k)
+            )
+            assert result.token_ids == expected
+            check_stats_invariants(result.stats, len(expected), 20)
+
+
+def test_context_limit_caps_generation() -> None:
+    target = build_model("llama", vocab_size=VOCAB, seed=2, max_positions=40)
+    engine = SpeculativeEngine(target, target)
+    result = engine.generate(
+        list(range(30)), SamplingParams(max_new_tokens=64, num_speculative_tokens=4)
+    )
+    assert len(result.token_ids) == engine.max_context - 30
+
+
+def test_draft_method_without_draft_is_refused() -> None:
+    engine = SpeculativeEngine(build_model("llama", vocab_size=VOCAB))
+    with pytest.raises(ValueError, match="draft"):
+        engine.generate([1, 2, 3], SamplingParams(method="draft_model"))
+    assert engine.generate([1, 2, 3], SamplingParams(max_new_tokens=3, method="ngram")).token_ids
+
+
+def test_adaptive_k_uses_recent_requests_of_the_same_method() -> None:
+    target = build_model("llama", vocab_size=VOCAB, seed=5)
+    # The draft is the target itself, so its measured cost would make k=1 best; give it the
+    # costs of a cheap draft instead.
+    costs = {"draft_model": CostModel(target_slope=0.1, proposer_cost=0.1)}
+    engine = SpeculativeEngine(target, target, max_speculative_tokens=8, costs=costs)
+    before = engine._recent["draft_model"].alpha
+    for _ in range(3):
+        result = engine.generate(
+            list(range(12)), SamplingParams(max_new_tokens=40, num_speculative_tokens="auto")
+        )
+        assert result.stats.acceptance_rate == 1.0
+    assert engine._recent["draft_model"].alpha > before
+    assert engine._recent["ngram"].alpha == before
+    # With everything accepted the policy drafts long: few target passes for 40 tokens.
+    assert result.stats.num_target_forwards <= 40 // 4
+    assert torch.get_num_threads() == 1
