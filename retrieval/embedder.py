@@ -28,6 +28,10 @@ class Embedder:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
         from sentence_transformers import SentenceTransformer
+        from transformers.utils import logging as hf_logging
+
+        # Weight-loading progress bars would interleave with the CLI's own on stderr.
+        hf_logging.disable_progress_bar()
 
         self.model_path = str(path)
         self.device = "cpu" if device == "auto" else device

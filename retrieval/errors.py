@@ -18,3 +18,18 @@ class QueryError(ValueError):
 class DocumentError(ValueError):
     """A file that cannot be ingested: unreadable, empty, binary, not UTF-8, unsupported,
     a PDF without a text layer, or over the size limit. The message names the file."""
+
+
+class InvalidNameError(ValueError):
+    """A tenant or collection name that is empty, too long, or holds control characters."""
+
+
+def check_name(kind: str, name: str) -> str:
+    """``name`` itself when it is a usable tenant or collection name; else ``InvalidNameError``."""
+    if not isinstance(name, str) or not name.strip():
+        raise InvalidNameError(f"{kind} name is empty")
+    if len(name) > 128:
+        raise InvalidNameError(f"{kind} name is {len(name)} characters, over the limit of 128")
+    if any(ord(ch) < 32 for ch in name):
+        raise InvalidNameError(f"{kind} name {name!r} contains control characters")
+    return name

@@ -1,17 +1,41 @@
 """RetrievalService: ingest files, delete them, and search one tenant's collection.
 
-(Skeleton: the public signatures are fixed; the bodies land next.)
+It exists as the one facade the CLI, the API, the Celery task and the pipeline share. Tenant
+isolation is enforced here: every collection is keyed by (tenant, collection), with its own index
+file, and the chunks a search returns are re-checked against the tenant in the database.
 """
 
 from __future__ import annotations
 
+import os
+import sys
+import threading
+import time
 from collections.abc import Iterable
 from pathlib import Path
 
+import faiss
+from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
+from retrieval.chunking import Chunker, embedding_text
 from retrieval.embedder import Embedder
-from retrieval.results import IngestReport, SearchHit
+from retrieval.errors import DocumentError, QueryError, UnknownCollectionError, check_name
+from retrieval.index_store import IndexStore
+from retrieval.loaders import SUPPORTED_SUFFIXES, load_document
+from retrieval.records import Chunk, CollectionIndex, Document
+from retrieval.results import FileResult, IngestReport, SearchHit
+from retrieval.writes import CollectionWriter, PreparedDocument
+
+# Chunks gathered before one database transaction + index write: large enough that writing the
+# index file is a small share of an ingest, small enough that a failure loses little work.
+FLUSH_CHUNKS = 512
+MAX_TOP_K = 100
+
+
+def normalise_source(path: str | Path) -> str:
+    """The path as given, minus ``./`` and doubled slashes (never resolved: sources stay readable)."""
+    return os.path.normpath(str(path))
 
 
 class RetrievalService:
@@ -30,8 +54,18 @@ class RetrievalService:
         max_query_chars: int = 2000,
     ) -> None:
         self.session_factory = session_factory
-        self.index_dir = Path(index_dir)
         self.embedder = embedder
+        self.max_file_bytes = max_file_bytes
+        self.max_query_chars = max_query_chars
+        self.store = IndexStore(index_dir)
+        self.chunker = Chunker(embedder.tokenizer, chunk_tokens, chunk_overlap)
+        self.writer = CollectionWriter(
+            session_factory, self.store, embedder.encode, embedder.dim, approx_index_threshold
+        )
+        self._indexes: dict[tuple[str, str], tuple[int, faiss.Index]] = {}
+        self._lock = threading.Lock()
+
+    # -- ingest ---------------------------------------------------------------------------------
 
     def ingest(
         self,
@@ -41,19 +75,218 @@ class RetrievalService:
         tenant: str = "default",
         progress: bool = False,
     ) -> IngestReport:
-        """Per-file outcome of ingesting files or folders into the tenant's collection."""
-        raise NotImplementedError
+        """Per-file outcome of ingesting files or folders into the tenant's collection.
+
+        Unchanged files are skipped, changed ones replace their old chunks, files gone from an
+        ingested folder are deleted; a bad file is reported and the others still ingest."""
+        from tqdm import tqdm
+
+        check_name("tenant", tenant)
+        check_name("collection", collection)
+        started = time.perf_counter()
+        report = IngestReport(tenant=tenant, collection=collection)
+        files, gone, failures = self._expand(paths, tenant, collection)
+        report.files += failures
+        pending: list[PreparedDocument] = []
+        bar = tqdm(total=len(files), unit="file", desc=f"ingest {collection}", file=sys.stderr,
+                   disable=not progress)  # fmt: skip
+        with bar:
+            for source, path in files:
+                prepared = self._prepare(report, tenant, collection, source, path)
+                if prepared is not None:
+                    pending.append(prepared)
+                if sum(len(p.chunks) for p in pending) >= FLUSH_CHUNKS:
+                    self._flush(report, tenant, collection, pending, [])
+                    pending = []
+                bar.update(1)
+            if pending or gone:
+                self._flush(report, tenant, collection, pending, gone)
+        report.index_version = self.index_version(collection=collection, tenant=tenant)
+        report.seconds = time.perf_counter() - started
+        return report
+
+    def _expand(
+        self, paths: Iterable[str | Path], tenant: str, collection: str
+    ) -> tuple[list[tuple[str, Path]], list[str], list[FileResult]]:
+        """(files to ingest, sources gone from ingested folders, paths that do not exist)."""
+        files: dict[str, Path] = {}
+        folders: list[str] = []
+        missing: list[FileResult] = []
+        for given in paths:
+            path = Path(given)
+            if path.is_dir():
+                folders.append(normalise_source(given))
+                for found in sorted(path.rglob("*")):
+                    rel = found.relative_to(path)
+                    hidden = any(part.startswith(".") for part in rel.parts)
+                    if (
+                        found.is_file()
+                        and not hidden
+                        and found.suffix.lower() in SUPPORTED_SUFFIXES
+                    ):
+                        files.setdefault(normalise_source(Path(given) / rel), found)
+            elif path.exists() or path.is_symlink():
+                files.setdefault(normalise_source(given), path)
+            else:
+                missing.append(FileResult(str(given), "failed", error=f"{given}: no such file"))
+        gone: list[str] = []
+        if folders:
+            with self.session_factory() as session:
+                known = session.scalars(
+                    select(Document.source).where(
+                        Document.tenant == tenant, Document.collection == collection
+                    )
+                ).all()
+            for source in known:
+                inside = any(
+                    source.startswith(folder.rstrip(os.sep) + os.sep) for folder in folders
+                )
+                if inside and source not in files and not Path(source).exists():
+                    gone.append(source)
+        return list(files.items()), gone, missing
+
+    def _prepare(
+        self, report: IngestReport, tenant: str, collection: str, source: str, path: Path
+    ) -> PreparedDocument | None:
+        try:
+            doc = load_document(path, self.max_file_bytes)
+            if self._stored_hash(tenant, collection, source) == doc.content_hash:
+                report.files.append(FileResult(source, "unchanged"))
+                return None
+            chunks = self.chunker.chunk(doc)
+            texts = [embedding_text(c.title, c.heading, c.text) for c in chunks]
+            return PreparedDocument(source, doc, chunks, self.embedder.encode(texts))
+        except DocumentError as exc:
+            report.files.append(FileResult(source, "failed", error=str(exc)))
+        except Exception as exc:  # a parser crashing on one odd file must not stop the others
+            error = f"{source}: cannot parse ({type(exc).__name__}: {exc})"
+            report.files.append(FileResult(source, "failed", error=error))
+        return None
+
+    def _stored_hash(self, tenant: str, collection: str, source: str) -> str | None:
+        with self.session_factory() as session:
+            return session.scalars(
+                select(Document.content_hash).where(
+                    Document.tenant == tenant,
+                    Document.collection == collection,
+                    Document.source == source,
+                )
+            ).one_or_none()
+
+    def _flush(
+        self,
+        report: IngestReport,
+        tenant: str,
+        collection: str,
+        pending: list[PreparedDocument],
+        gone: list[str],
+    ) -> None:
+        try:
+            result = self.writer.write(tenant, collection, pending, gone)
+        except Exception as exc:  # database or disk failure: this batch is rolled back whole
+            error = f"not stored, batch rolled back ({type(exc).__name__}: {exc})"
+            report.files += [FileResult(p.source, "failed", error=error) for p in pending]
+            report.files += [FileResult(s, "failed", error=error) for s in gone]
+            return
+        self._remember(tenant, collection, result.version, result.index)
+        for p in pending:
+            status = result.statuses[p.source] or "unchanged"
+            chunks = len(p.chunks) if status in ("added", "updated") else 0
+            report.files.append(FileResult(p.source, status, chunks))
+        report.files += [FileResult(s, "deleted") for s in gone if result.statuses.get(s)]
+
+    # -- delete ---------------------------------------------------------------------------------
 
     def delete(self, source: str, *, collection: str, tenant: str = "default") -> bool:
         """True when the document was found and removed from the database and the index."""
-        raise NotImplementedError
+        if self.index_version(collection=collection, tenant=tenant) is None:
+            raise UnknownCollectionError(_unknown(tenant, collection))
+        result = self.writer.write(tenant, collection, deletes=[normalise_source(source)])
+        self._remember(tenant, collection, result.version, result.index)
+        return result.statuses.get(normalise_source(source)) == "deleted"
+
+    # -- search ---------------------------------------------------------------------------------
 
     def search(
         self, question: str, *, collection: str, tenant: str = "default", top_k: int = 3
     ) -> list[SearchHit]:
         """The ``top_k`` best passages of the tenant's collection, best first."""
-        raise NotImplementedError
+        if not isinstance(question, str) or not question.strip():
+            raise QueryError("question is empty")
+        if len(question) > self.max_query_chars:
+            raise QueryError(
+                f"question is {len(question)} characters, over the limit of {self.max_query_chars}"
+            )
+        if not 1 <= top_k <= MAX_TOP_K:
+            raise QueryError(f"top_k must be between 1 and {MAX_TOP_K}, got {top_k}")
+        version = self.index_version(collection=collection, tenant=tenant)
+        if version is None:
+            raise UnknownCollectionError(_unknown(tenant, collection))
+        index = self._index(tenant, collection, version)
+        if index.ntotal == 0:
+            return []
+        query = self.embedder.encode([question.strip()])  # [1, dim]
+        scores, ids = index.search(query, min(top_k, index.ntotal))
+        found = {int(i): float(s) for i, s in zip(ids[0], scores[0], strict=True) if i >= 0}
+        if not found:
+            return []
+        with self.session_factory() as session:
+            # The tenant and collection are checked again here, not only by choice of index file.
+            rows = session.execute(
+                select(Chunk, Document.source)
+                .join(Document, Chunk.document_id == Document.id)
+                .where(
+                    Chunk.id.in_(found),
+                    Document.tenant == tenant,
+                    Document.collection == collection,
+                )
+            ).all()
+        hits = [
+            SearchHit(source, c.id, found[c.id], c.text, c.title, c.heading, c.position)
+            for c, source in rows
+        ]
+        return sorted(hits, key=lambda h: (-h.score, h.chunk_id))
 
     def index_version(self, *, collection: str, tenant: str = "default") -> int | None:
         """The collection's current index version, or None when it does not exist."""
-        raise NotImplementedError
+        check_name("tenant", tenant)
+        check_name("collection", collection)
+        with self.session_factory() as session:
+            return session.scalars(
+                select(CollectionIndex.version).where(
+                    CollectionIndex.tenant == tenant, CollectionIndex.collection == collection
+                )
+            ).one_or_none()
+
+    def _index(self, tenant: str, collection: str, version: int) -> faiss.Index:
+        """The index of that version, from this process's cache or read from its file."""
+        with self._lock:
+            cached = self._indexes.get((tenant, collection))
+        if cached is not None and cached[0] >= version:
+            return cached[1]
+        try:
+            index = self.store.read(tenant, collection, version)
+        except FileNotFoundError:
+            # Pruned under us (a newer version was committed) or lost: re-read, else rebuild.
+            latest = self.index_version(collection=collection, tenant=tenant)
+            if latest is not None and latest != version:
+                return self._index(tenant, collection, latest)
+            result = self.writer.write(tenant, collection, rebuild=True)
+            assert result.index is not None
+            version, index = result.version, result.index
+        self._remember(tenant, collection, version, index)
+        return index
+
+    def _remember(
+        self, tenant: str, collection: str, version: int, index: faiss.Index | None
+    ) -> None:
+        if index is None:
+            return
+        with self._lock:
+            cached = self._indexes.get((tenant, collection))
+            if cached is None or cached[0] < version:
+                self._indexes[(tenant, collection)] = (version, index)
+
+
+def _unknown(tenant: str, collection: str) -> str:
+    return f"collection {collection!r} does not exist for tenant {tenant!r}"
