@@ -119,6 +119,8 @@ class SpecCounters:
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
     accepted_per_position: list[int] = field(default_factory=list)
+    last_accepted: int | None = None
+    """Drafts accepted in the request's last round, when vLLM reports rounds in order."""
 
     @classmethod
     def from_metrics(cls, metrics: Sequence[Any]) -> SpecCounters:
@@ -154,6 +156,7 @@ class SpecCounters:
             num_draft_tokens=int(_get(metrics, "num_draft_tokens") or sum(drafted)),
             num_accepted_tokens=sum(accepted),
             accepted_per_position=per_position,
+            last_accepted=accepted[-1] if drafted else None,
         )
 
     def minus(self, before: SpecCounters) -> SpecCounters:
@@ -200,22 +203,33 @@ def build_stats(
     ttft_ms: float | None,
     generation_ms: float | None,
 ) -> GenerationStats:
-    """Return the contract's stats for one vLLM request.
+    """Return the contract's stats for one vLLM request, counting only accepted tokens kept.
 
-    vLLM does not count target forwards: the prefill emits one token and each later forward
-    emits 1 + its accepted tokens, so forwards = output - 1 - accepted; a final round cut short
-    by max_tokens or EOS would make that too low, hence the floor of one forward per draft round.
+    The prefill emits one token and every later target forward emits 1 + its accepted drafts,
+    so output = 1 + rounds + accepted - cut, where ``cut`` counts tokens of the last round that
+    max_tokens or EOS dropped. vLLM counts acceptances before that cut and reports neither
+    forwards nor draft-less rounds, so: d = output - 1 - draft rounds - accepted is (draft-less
+    rounds - cut); d < 0 means at least -d tokens were cut (taken as exactly -d, i.e. no
+    draft-less rounds: always so for a draft model), and of those cut - 1 were accepted drafts
+    (the round's bonus/recovered token goes first). docs/vllm.md says when this is exact.
     """
-    forwards = max(counters.num_drafts, num_output_tokens - 1 - counters.num_accepted_tokens, 0)
+    d = num_output_tokens - 1 - counters.num_drafts - counters.num_accepted_tokens
+    dropped = max(0, -d - 1)  # accepted drafts of the last round that vLLM then cut
+    per_position = list(counters.accepted_per_position)
+    top = counters.last_accepted
+    if top is None:  # counter deltas: the last round is unknown; take the longest accepted run
+        top = max((i + 1 for i, count in enumerate(per_position) if count > 0), default=0)
+    for i in range(max(0, top - dropped), top):
+        per_position[i] -= 1
     return GenerationStats(
         method=params.method,
         num_speculative_tokens=params.num_speculative_tokens,
         num_output_tokens=num_output_tokens,
-        num_target_forwards=forwards,
+        num_target_forwards=counters.num_drafts + max(0, d),
         num_drafts=counters.num_drafts,
         num_draft_tokens=counters.num_draft_tokens,
-        num_accepted_tokens=counters.num_accepted_tokens,
-        accepted_per_position=list(counters.accepted_per_position),
+        num_accepted_tokens=counters.num_accepted_tokens - dropped,
+        accepted_per_position=per_position,
         ttft_ms=ttft_ms,
         generation_ms=generation_ms,
     )
