@@ -192,8 +192,9 @@ class VLLMEngine:
             "speculative_config": spec,
             # Stats on: request timings and the spec-decode counters need them.
             "disable_log_stats": False,
-            "per_request_spec_decode_metrics": "detailed",
         }
+        if spec is not None:  # vLLM refuses per-request spec metrics without speculation
+            kwargs["per_request_spec_decode_metrics"] = "detailed"
         if max_model_len is not None:
             kwargs["max_model_len"] = max_model_len
         kwargs.update(llm_kwargs or {})
@@ -201,7 +202,7 @@ class VLLMEngine:
             llm = vllm.LLM(**kwargs)
             per_request = True
         except TypeError as exc:
-            if "per_request_spec_decode_metrics" not in str(exc):
+            if "per_request_spec_decode_metrics" not in str(exc) or spec is None:
                 raise
             # A vLLM without per-request metrics: fall back to aggregate counter deltas.
             kwargs.pop("per_request_spec_decode_metrics")

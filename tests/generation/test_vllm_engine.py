@@ -103,6 +103,9 @@ class StandinLLM:
             )
         if self.reject_per_request and "per_request_spec_decode_metrics" in kwargs:
             raise TypeError("unexpected keyword argument 'per_request_spec_decode_metrics'")
+        if kwargs.get("per_request_spec_decode_metrics", "none") != "none":
+            if kwargs["speculative_config"] is None:  # vllm/config/vllm.py refuses this
+                raise ValueError("per-request spec decode metrics require speculative decoding")
         self.kwargs = kwargs
         self.vocab = json.loads((Path(kwargs["model"]) / "config.json").read_text())["vocab_size"]
         spec = kwargs["speculative_config"] or {}
@@ -365,9 +368,12 @@ def test_requests_are_checked_against_the_started_speculation(
         engine.generate([engine.vocab_size], SamplingParams())
     with pytest.raises(ValueError, match="leaves no room"):
         engine.generate([1] * engine.max_context, SamplingParams())
-    assert start(tiny_models, "none").generate(
-        PROMPT, SamplingParams(method="none", num_speculative_tokens=7)
-    )
+    # An engine without speculation serves method "none" whatever k the request names.
+    plain = start(tiny_models, "none")
+    assert "per_request_spec_decode_metrics" not in standin_vllm.instances[-1].kwargs
+    result = plain.generate(PROMPT, SamplingParams(method="none", num_speculative_tokens=7))
+    assert result.stats.num_drafts == 0
+    assert result.stats.num_target_forwards == len(result.token_ids) - 1
 
 
 # --- the engine end to end on the stand-in --------------------------------------------------
