@@ -9,7 +9,7 @@ where alpha is the per-token acceptance probability, r_k the cost of a target pa
 tokens relative to one token, and c the cost of one proposer step relative to a target pass.
 alpha is estimated from the request so far: with acceptance a Bernoulli(alpha) trial per draft
 position until the first rejection, the estimate is accepted / (accepted + rejections). Counts
-decay by ``decay`` per round, so a request that moves between free text (low alpha) and quoting
+decay by ``decay`` per observed position, so a request that moves between free text (low alpha) and quoting
 its passages (high alpha) is followed within a few rounds. Before the request has evidence the
 estimate starts from what recent requests of the same method saw (kept on the engine).
 
@@ -61,8 +61,8 @@ class AdaptiveK:
     """Starting estimate of alpha (recent requests of the same method, or a neutral 0.6)."""
     prior_weight: float = 2.0
     """How many draft positions' worth of evidence the prior counts for."""
-    decay: float = 0.8
-    """Per-round decay of the counts: older rounds matter less."""
+    decay: float = 0.9
+    """Decay of the counts per observed draft position: about the last 10 positions matter."""
     accepted: float = field(default=0.0, init=False)
     rejected: float = field(default=0.0, init=False)
     total_accepted: int = field(default=0, init=False)
@@ -83,8 +83,11 @@ class AdaptiveK:
         if num_draft_tokens == 0:
             return
         rejection = 1 if num_accepted < num_draft_tokens else 0
-        self.accepted = self.decay * self.accepted + num_accepted
-        self.rejected = self.decay * self.rejected + rejection
+        # Decay per observation, not per round: a long accepted round must not outweigh the
+        # next rounds' rejections for long.
+        forget = self.decay ** (num_accepted + rejection)
+        self.accepted = forget * self.accepted + num_accepted
+        self.rejected = forget * self.rejected + rejection
         self.total_accepted += num_accepted
         self.total_rejected += rejection
 

@@ -1,0 +1,72 @@
+"""Prompt lookup (n-gram proposer) and the adaptive-k policy."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from generation.adaptive import AdaptiveK, CostModel, RecentAcceptance, best_k, expected_tokens
+from generation.proposers import find_continuation
+
+
+def lookup(tokens: list[int], k: int, max_n: int = 4) -> list[int]:
+    return find_continuation(np.array(tokens, dtype=np.int64), k, max_n).tolist()
+
+
+def test_longest_suffix_match_wins_over_a_more_recent_shorter_one() -> None:
+    # Suffix [1, 2, 3] occurs at 0 (followed by 7, 8); [2, 3] alone occurs later (followed by 9).
+    tokens = [1, 2, 3, 7, 8, 5, 2, 3, 9, 4, 1, 2, 3]
+    assert lookup(tokens, 2) == [7, 8]
+    assert lookup(tokens, 2, max_n=2) == [9, 4]  # n capped at 2: the latest [2, 3] wins
+
+
+def test_falls_back_to_unigram_and_to_nothing() -> None:
+    assert lookup([5, 6, 7, 5], 3) == [6, 7, 5]
+    assert lookup([1, 2, 3, 4], 3) == []
+    assert lookup([4], 3) == []
+
+
+def test_continuation_is_cut_at_the_end_of_the_sequence() -> None:
+    assert lookup([1, 2, 9, 1, 2], 5) == [9, 1, 2]
+
+
+def test_rejects_bad_n_range() -> None:
+    from generation.proposers import NgramProposer
+
+    with pytest.raises(ValueError, match="min_n <= max_n"):
+        NgramProposer(device=None, max_n=0)  # type: ignore[arg-type]
+
+
+def test_expected_tokens_matches_the_formula() -> None:
+    assert expected_tokens(0.0, 4) == 1.0
+    assert expected_tokens(1.0, 4) == 5.0
+    assert expected_tokens(0.5, 2) == pytest.approx(1 + 0.5 + 0.25)
+
+
+def test_best_k_grows_with_acceptance_and_shrinks_with_cost() -> None:
+    cheap = CostModel(target_slope=0.1, proposer_cost=0.05)
+    ks = [best_k(alpha, cheap, 8) for alpha in (0.1, 0.5, 0.8, 0.95)]
+    assert ks == sorted(ks) and ks[0] == 1 and ks[-1] >= 6
+    dear = CostModel(target_slope=0.1, proposer_cost=0.5)
+    assert best_k(0.8, dear, 8) < best_k(0.8, cheap, 8)
+
+
+def test_adaptive_k_follows_the_request() -> None:
+    policy = AdaptiveK(cost=CostModel(target_slope=0.1, proposer_cost=0.05), prior_alpha=0.6)
+    start = policy.next_k()
+    for _ in range(6):
+        policy.observe(policy.next_k(), policy.next_k())  # everything accepted
+    assert policy.next_k() > start
+    high = policy.next_k()
+    for _ in range(20):
+        policy.observe(policy.next_k(), 0)  # everything rejected
+    assert policy.next_k() < high and policy.next_k() == 1
+    assert policy.request_alpha() is not None and 0 < policy.request_alpha() < 1  # type: ignore[operator]
+
+
+def test_recent_acceptance_moves_toward_finished_requests() -> None:
+    recent = RecentAcceptance(alpha=0.6)
+    recent.update(None)
+    assert recent.alpha == 0.6
+    recent.update(1.0)
+    assert 0.6 < recent.alpha < 1.0

@@ -1,0 +1,86 @@
+"""End to end: the engine's first tokens at temperature 1 follow the target's exact joint law.
+
+A three-token vocabulary keeps the joint distribution of the first four tokens small (81
+cells), so it is computed exactly from the target's logits and compared with the engine's
+samples by a chi-square test. The draft differs from the target, so drafts are rejected,
+recovered tokens and bonus tokens all occur, and caches roll back between rounds.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from generation import SamplingParams, SpeculativeEngine
+from tests.generation.tiny_models import build_model, perturbed_copy
+
+VOCAB = 3
+NUM_TOKENS = 4
+NUM_SAMPLES = 2000
+PROMPT = [0, 1, 2, 0, 1, 2, 0, 1]  # repeats, so prompt lookup always has a match
+
+
+def exact_joint(model: Any, prompt: list[int], temperature: float) -> np.ndarray:
+    """Return P(first NUM_TOKENS tokens = seq) for every seq, ordered as itertools.product."""
+    probs = {(): 1.0}
+    with torch.inference_mode():
+        for length in range(NUM_TOKENS):
+            prefixes = list(itertools.product(range(VOCAB), repeat=length))
+            ids = torch.tensor([prompt + list(p) for p in prefixes])
+            logits = model(input_ids=ids).logits[:, -1].double()  # [num_prefixes, vocab]
+            next_probs = torch.softmax(logits / temperature, dim=-1).tolist()
+            probs = {
+                p + (t,): probs[p] * next_probs[i][t]
+                for i, p in enumerate(prefixes)
+                for t in range(VOCAB)
+            }
+    return np.array([probs[s] for s in itertools.product(range(VOCAB), repeat=NUM_TOKENS)])
+
+
+def chi_square_pvalue(observed: np.ndarray, probs: np.ndarray) -> float:
+    """Return the chi-square p-value, pooling cells whose expected count is below 5."""
+    expected = probs / probs.sum() * observed.sum()
+    keep = expected >= 5
+    f_obs = np.append(observed[keep], observed[~keep].sum())
+    f_exp = np.append(expected[keep], expected[~keep].sum())
+    return float(chisquare(f_obs, f_exp).pvalue)
+
+
+@pytest.fixture(scope="module")
+def engine() -> SpeculativeEngine:
+    # Sharpened logits: uneven distributions that target and draft disagree on.
+    target = build_model("llama", vocab_size=VOCAB, seed=11, logit_scale=30.0)
+    draft = perturbed_copy(target, noise=0.6)
+    return SpeculativeEngine(target, draft)
+
+
+@pytest.mark.parametrize(("method", "k"), [("draft_model", 2), ("ngram", 3), ("none", 1)])
+def test_first_tokens_follow_the_target_joint_distribution(
+    engine: SpeculativeEngine, method: str, k: int
+) -> None:
+    index = {s: i for i, s in enumerate(itertools.product(range(VOCAB), repeat=NUM_TOKENS))}
+    observed = np.zeros(len(index))
+    drafted = accepted = 0
+    for seed in range(NUM_SAMPLES):
+        params = SamplingParams(
+            max_new_tokens=NUM_TOKENS,
+            temperature=1.0,
+            seed=seed,
+            method=method,
+            num_speculative_tokens=k,
+        )
+        result = engine.generate(PROMPT, params)
+        observed[index[tuple(result.token_ids)]] += 1
+        drafted += result.stats.num_draft_tokens
+        accepted += result.stats.num_accepted_tokens
+    if method != "none":  # both outcomes of the acceptance test must have occurred often
+        assert 0.1 < accepted / drafted < 0.9, accepted / drafted
+    target_joint = exact_joint(engine.target, PROMPT, temperature=1.0)
+    assert chi_square_pvalue(observed, target_joint) > 1e-3
+    # The test has power: a nearby wrong law (the target at temperature 1.3) is rejected.
+    assert chi_square_pvalue(observed, exact_joint(engine.target, PROMPT, temperature=1.3)) < 1e-6
