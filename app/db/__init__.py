@@ -17,6 +17,10 @@ from app.db.models import (
     utcnow,
 )
 from app.db.schema import SchemaNotCurrentError, check_current, upgrade
+
+# Audit's tables (shadow baselines, golden runs) live on the same metadata; importing them here
+# lets Alembic and create_all see one schema. They import only app.db.models, so no cycle.
+import app.audit.records  # noqa: E402, F401  isort: skip
 from app.db.session import make_engine, make_session_factory
 from app.settings import Settings
 
