@@ -304,6 +304,13 @@ def test_without_vllm_the_error_says_to_install_the_extra(tiny_models: dict[str,
         start(tiny_models)
 
 
+def test_load_engine_selects_this_engine(tiny_models: dict[str, Path], standin_vllm: Any) -> None:
+    from generation import load_engine
+
+    engine = load_engine("vllm", tiny_models["target"], tiny_models["draft"], device="auto")
+    assert isinstance(engine, VLLMEngine) and engine.speculation == Speculation("draft_model", 4)
+
+
 def test_without_a_gpu_the_error_says_so(
     tiny_models: dict[str, Path], standin_vllm: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
