@@ -17,6 +17,7 @@ from typing import Any
 
 from generation.base import GenerationResult
 from generation.loading import (
+    CheckpointError,
     IncompatibleDraftError,
     has_tokenizer,
     load_tokenizer,
@@ -53,7 +54,9 @@ def checkpoint_limits(target_dir: Path, draft_dir: Path | None) -> tuple[int, in
         eos = target.get("eos_token_id")
     eos_ids = [int(e) for e in eos] if isinstance(eos, list) else [] if eos is None else [int(eos)]
     max_context = min((c for c in contexts if isinstance(c, int) and c > 0), default=1 << 30)
-    return int(target["vocab_size"]), max_context, eos_ids
+    if not isinstance(target.get("vocab_size"), int):
+        raise CheckpointError(f"checkpoint {str(target_dir)!r}: config.json has no vocab_size")
+    return target["vocab_size"], max_context, eos_ids
 
 
 def check_draft_vocab(target_dir: Path, draft_dir: Path) -> None:
