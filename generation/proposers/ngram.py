@@ -16,10 +16,12 @@ from generation.proposers.base import Draft
 
 
 def find_continuation(tokens: np.ndarray, k: int, max_n: int, min_n: int = 1) -> np.ndarray:
-    """Return up to ``k`` tokens that followed the longest suffix n-gram's latest earlier match.
+    """Return up to ``k`` tokens that followed an earlier match of the longest suffix n-gram.
 
-    ``tokens``: [seq_len] int64. Longer matches are tried first because they predict better;
-    among equal lengths the most recent occurrence wins (answers quote the nearby text).
+    ``tokens``: [seq_len] int64. Longer matches are tried first because they predict better.
+    Among matches of one length the most recent with ``k`` following tokens wins (answers quote
+    nearby text); when none has ``k``, the earliest (longest continuation) does — in a
+    repetitive stream the most recent match is just before the suffix and leaves one token.
     """
     seq_len = tokens.shape[0]
     for n in range(min(max_n, seq_len - 1), min_n - 1, -1):
@@ -29,7 +31,8 @@ def find_continuation(tokens: np.ndarray, k: int, max_n: int, min_n: int = 1) ->
         windows = sliding_window_view(tokens[: seq_len - 1], n)
         hits = np.flatnonzero((windows == suffix).all(axis=1))
         if hits.size:
-            start = int(hits[-1]) + n
+            full = hits[hits + n + k <= seq_len]
+            start = int(full[-1] if full.size else hits[0]) + n
             return tokens[start : min(start + k, seq_len)]
     return tokens[:0]
 

@@ -30,6 +30,13 @@ def test_continuation_is_cut_at_the_end_of_the_sequence() -> None:
     assert lookup([1, 2, 9, 1, 2], 5) == [9, 1, 2]
 
 
+def test_prefers_a_match_with_a_full_continuation() -> None:
+    # In a repetitive stream the latest match of [7, 7] leaves one token; an earlier one leaves k.
+    assert lookup([7] * 8, 4, max_n=2) == [7, 7, 7, 7]
+    # Two full continuations: the most recent wins.
+    assert lookup([1, 2, 3, 1, 4, 5, 1], 2) == [4, 5]
+
+
 def test_rejects_bad_n_range() -> None:
     from generation.proposers import NgramProposer
 
