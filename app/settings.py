@@ -130,6 +130,26 @@ class Settings(BaseSettings):
         default="http://127.0.0.1:8000", description="Where the Python client finds the API."
     )
 
+    # Batch jobs (app/batch, workers/batch_tasks.py).
+    batch_max_items: int = Field(default=10_000, description="Most items one batch may hold.")
+    batch_chunk_size: int = Field(
+        default=16, description="Items one batch chunk task answers before it re-queues itself."
+    )
+    batch_max_concurrency: int = Field(
+        default=2, description="Chunk tasks of one batch that may run at once (across workers)."
+    )
+    batch_rate_limit: float = Field(
+        default=0.0, description="Most items per second one batch starts (0 = no limit)."
+    )
+    batch_yield_to_interactive: bool = Field(
+        default=True,
+        description="A chunk task stops between items when interactive work waits on its worker.",
+    )
+    batch_stale_after_seconds: float = Field(
+        default=120.0,
+        description="A batch with no progress for this long is re-dispatched by the watchdog.",
+    )
+
     # Audit.
     shadow_sample_rate: float = Field(
         default=0.0, description="Fraction of queries also decoded without speculation, for audits."
