@@ -157,6 +157,24 @@ class Settings(BaseSettings):
     store_questions: Literal["clear", "hashed", "redacted"] = Field(
         default="clear", description="How questions are stored."
     )
+    audit_min_acceptance_rate: float = Field(
+        default=0.2, description="Acceptance rate below which the audit report raises a collapse."
+    )
+    audit_collapse_ratio: float = Field(
+        default=0.5,
+        description="Collapse also when acceptance falls below this fraction of the trailing week's.",
+    )
+    audit_latency_regression: float = Field(
+        default=0.25,
+        description="Alert when P95 total latency grows by more than this fraction vs the previous window.",
+    )
+    audit_min_samples: int = Field(
+        default=20, description="Fewest requests a group needs before the report alerts on it."
+    )
+    faithfulness_threshold: float = Field(
+        default=0.5,
+        description="Cosine similarity at which a cited passage supports an answer sentence.",
+    )
 
     @property
     def resolved_database_url(self) -> str:

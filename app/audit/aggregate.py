@@ -1,0 +1,193 @@
+"""Aggregates over the stored queries of a window, grouped by any of the report's groupings.
+
+One row of ``base`` is one query (``answers`` and ``generation_stats`` are unique per query and
+are joined one-to-one; sources are never joined), so one stored answer counts once. Queries
+that golden evaluations made (queue ``eval``) are not traffic and are left out.
+
+**Net loss.** A speculative request (method other than ``none``, answered, at least one draft)
+counts as a *net loss* when it accepted fewer draft tokens than it ran verification rounds:
+``num_accepted_tokens < num_drafts``, i.e. fewer than one accepted token per target pass. Each
+round costs one target pass plus the proposer's work (k draft passes, or a lookup) and a wider
+verification; a round that does not gain at least one accepted token on average does not pay that
+overhead back. Where a shadow baseline exists, the *measured* net loss is plainer: the
+speculative generation took longer than the greedy non-speculative one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import Float, String, Subquery, and_, case, cast, func, literal, select, union_all
+from sqlalchemy.orm import Session
+
+from app.audit.records import ShadowRun
+from app.audit.sql import percentiles, position_sums
+from app.audit.window import Window
+from app.db.models import Answer, GenerationStatsRecord, Query, Tenant
+
+LATENCY_METRICS = ("queue", "retrieval", "ttft", "generation", "total")
+EVAL_QUEUE = "eval"
+
+
+def base(window: Window, extra: dict[str, Any] | None = None) -> Subquery:
+    """One row per query queued in ``window``, with its tenant, stats, answer and shadow baseline."""
+    q, s, a = Query.__table__, GenerationStatsRecord.__table__, Answer.__table__
+    t, sh = Tenant.__table__, ShadowRun.__table__
+    method = func.coalesce(s.c.method, Query.params["method"].as_string())
+    k = func.coalesce(
+        s.c.num_speculative_tokens, cast(Query.params["num_speculative_tokens"].as_string(), String)
+    )
+    cols = [
+        q.c.id.label("query_id"),
+        q.c.queued_at,
+        q.c.status,
+        t.c.name.label("tenant"),
+        q.c.collection,
+        method.label("method"),
+        a.c.model_pair,
+        k.label("num_speculative_tokens"),
+        s.c.id.label("stats_id"),
+        s.c.num_output_tokens,
+        s.c.num_target_forwards,
+        s.c.num_drafts,
+        s.c.num_draft_tokens,
+        s.c.num_accepted_tokens,
+        s.c.accepted_per_position,
+        *(s.c[f"{m}_ms"] for m in LATENCY_METRICS),
+        sh.c.status.label("shadow_status"),
+        sh.c.baseline_generation_ms,
+        sh.c.mismatched_tokens,
+    ]
+    cols += [literal(v).label(name) for name, v in (extra or {}).items()]
+    stmt = (
+        select(*cols)
+        .select_from(q)
+        .join(t, t.c.id == q.c.tenant_id)
+        .outerjoin(s, s.c.query_id == q.c.id)
+        .outerjoin(a, a.c.query_id == q.c.id)
+        .outerjoin(sh, sh.c.query_id == q.c.id)
+        .where(q.c.queued_at >= window.since, q.c.queued_at < window.until, q.c.queue != EVAL_QUEUE)
+    )
+    return stmt.subquery("base")
+
+
+def _count(cond: Any) -> Any:
+    return func.coalesce(func.sum(case((cond, 1), else_=0)), 0)
+
+
+def _sum(expr: Any, cond: Any) -> Any:
+    return func.sum(case((cond, expr)))
+
+
+def counters(session: Session, b: Subquery, keys: Sequence[str]) -> dict[tuple[Any, ...], dict]:
+    """Counts and sums per key tuple: requests, outcomes, tokens, drafts, shadow baselines."""
+    answered = and_(b.c.status == "succeeded", b.c.stats_id.is_not(None))
+    timed = and_(answered, b.c.generation_ms > 0)
+    spec = and_(answered, b.c.method != "none")
+    shadow_done = and_(b.c.shadow_status == "done", b.c.generation_ms > 0)
+    shadow_done = and_(shadow_done, b.c.baseline_generation_ms > 0)
+    cols = {
+        "requests": func.count(),
+        "succeeded": _count(b.c.status == "succeeded"),
+        "failed": _count(b.c.status == "failed"),
+        "in_flight": _count(b.c.status.in_(("queued", "running"))),
+        "tokens_timed": _sum(b.c.num_output_tokens, timed),
+        "generation_ms_timed": _sum(b.c.generation_ms, timed),
+        "output_tokens": _sum(b.c.num_output_tokens, answered),
+        "target_forwards": _sum(b.c.num_target_forwards, answered),
+        "drafts": _sum(b.c.num_drafts, answered),
+        "draft_tokens": _sum(b.c.num_draft_tokens, answered),
+        "accepted_tokens": _sum(b.c.num_accepted_tokens, answered),
+        "speculative_requests": _count(spec),
+        "net_loss": _count(
+            and_(spec, b.c.num_drafts > 0, b.c.num_accepted_tokens < b.c.num_drafts)
+        ),
+        "shadow_samples": _count(shadow_done),
+        "shadow_pending": _count(b.c.shadow_status.in_(("pending", "running"))),
+        "shadow_failed": _count(b.c.shadow_status == "failed"),
+        "shadow_spec_ms": _sum(b.c.generation_ms, shadow_done),
+        "shadow_base_ms": _sum(b.c.baseline_generation_ms, shadow_done),
+        "exactness_violations": _count(and_(shadow_done, b.c.mismatched_tokens > 0)),
+        "mismatched_tokens": func.coalesce(_sum(b.c.mismatched_tokens, shadow_done), 0),
+        "measured_loss": _count(and_(shadow_done, b.c.generation_ms > b.c.baseline_generation_ms)),
+    }
+    key_cols = [b.c[k] for k in keys]
+    stmt = select(*key_cols, *(c.label(n) for n, c in cols.items())).group_by(*key_cols)
+    out = {}
+    for row in session.execute(stmt).mappings():
+        out[tuple(row[k] for k in keys)] = {n: row[n] for n in cols}
+    return out
+
+
+def latency_values(b: Subquery, keys: Sequence[str]) -> Any:
+    """Rows (keys..., metric, x): every answered query's latency of each kind, unpivoted."""
+    parts = [
+        select(
+            *(b.c[k] for k in keys),
+            literal(m).label("metric"),
+            cast(b.c[f"{m}_ms"], Float).label("x"),
+        ).where(b.c.status == "succeeded", b.c[f"{m}_ms"].is_not(None))
+        for m in LATENCY_METRICS
+    ]
+    return union_all(*parts)
+
+
+def _ratio(num: Any, den: Any, scale: float = 1.0) -> float | None:
+    if num is None or not den:
+        return None
+    return float(num) * scale / float(den)
+
+
+def summarize(c: dict[str, Any], pct: dict[str, dict], curve: list[int]) -> dict[str, Any]:
+    """The report's fields for one group (or the whole window) from its raw aggregates."""
+    drafts = c["drafts"] or 0
+    mal = _ratio(c["accepted_tokens"], drafts)
+    samples = int(c["shadow_samples"])
+    empty = {n: None for n in ("p50", "p95", "p99")}
+    return {
+        "requests": int(c["requests"]),
+        "succeeded": int(c["succeeded"]),
+        "failed": int(c["failed"]),
+        "in_flight": int(c["in_flight"]),
+        "latency_ms": {m: pct.get(m, dict(empty)) for m in LATENCY_METRICS},
+        "output_tokens": int(c["output_tokens"] or 0),
+        "output_tokens_per_s": _ratio(c["tokens_timed"], c["generation_ms_timed"], 1000.0),
+        "acceptance_rate": _ratio(c["accepted_tokens"], c["draft_tokens"]),
+        "mean_acceptance_length": None if mal is None else 1.0 + mal,
+        "tokens_per_target_pass": _ratio(c["output_tokens"], c["target_forwards"]),
+        "acceptance_curve": [
+            {"position": i, "accepted": n, "rate": _ratio(n, drafts)}
+            for i, n in enumerate(curve, start=1)
+        ],
+        "speculative_requests": int(c["speculative_requests"]),
+        "net_loss_share": _ratio(c["net_loss"], c["speculative_requests"]),
+        "shadow": {
+            "samples": samples,
+            "pending": int(c["shadow_pending"]),
+            "failed": int(c["shadow_failed"]),
+            "speedup": _ratio(c["shadow_base_ms"], c["shadow_spec_ms"]),
+            "exactness_violations": int(c["exactness_violations"]),
+            "mismatched_tokens": int(c["mismatched_tokens"] or 0),
+            "measured_net_loss_share": _ratio(c["measured_loss"], samples),
+        },
+    }
+
+
+def aggregate(session: Session, window: Window, keys: Sequence[str]) -> list[dict[str, Any]]:
+    """One summarized dict per key tuple in ``window`` (a single one when ``keys`` is empty).
+
+    Each dict carries its key columns by name, then the fields of ``summarize``; sorted by
+    request count, busiest first.
+    """
+    b = base(window)
+    counts = counters(session, b, keys)
+    pcts = percentiles(session, select(latency_values(b, keys).subquery()), keys)
+    curves = position_sums(session, b, keys)
+    rows = []
+    for key, c in counts.items():
+        row = dict(zip(keys, key, strict=True))
+        row.update(summarize(c, pcts.get(key, {}), curves.get(key, [])))
+        rows.append(row)
+    rows.sort(key=lambda r: (-r["requests"], [str(r[k]) for k in keys]))
+    return rows

@@ -1,0 +1,81 @@
+"""The audit report's charts as matplotlib Figures (object API: no pyplot, no global state)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
+
+SIZE = (8.0, 3.4)
+
+
+def _empty(fig: Figure, message: str) -> Figure:
+    ax = fig.subplots()
+    ax.text(0.5, 0.5, message, ha="center", va="center", transform=ax.transAxes)
+    ax.set_axis_off()
+    return fig
+
+
+def latency_over_time(timeline: dict[str, Any], metric: str = "total") -> Figure:
+    """P50/P95/P99 of ``metric`` latency per timeline bucket."""
+    fig = Figure(figsize=SIZE)
+    points = [p for p in timeline["points"] if p["latency_ms"][metric]["p50"] is not None]
+    if not points:
+        return _empty(fig, "no answered requests in this window")
+    ax = fig.subplots()
+    xs: list[Any] = [datetime.fromisoformat(p["start"]) for p in points]
+    for name, style in (("p50", "-o"), ("p95", "-s"), ("p99", "-^")):
+        ax.plot(xs, [p["latency_ms"][metric][name] for p in points], style, ms=3, label=name)
+    ax.set_ylabel(f"{metric} latency (ms)")
+    ax.set_title(f"{metric} latency per {timeline['bucket_seconds'] // 60} min bucket")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="upper left")
+    fig.autofmt_xdate()
+    return fig
+
+
+def acceptance_by_position(series: list[tuple[str, list[dict[str, Any]]]]) -> Figure:
+    """Acceptance rate at each draft position, one line per (label, curve)."""
+    fig = Figure(figsize=SIZE)
+    series = [(label, curve) for label, curve in series if curve]
+    if not series:
+        return _empty(fig, "no speculative drafts in this window")
+    ax = fig.subplots()
+    for label, curve in series[:8]:
+        ax.plot(
+            [c["position"] for c in curve],
+            [c["rate"] or 0.0 for c in curve],
+            "-o",
+            ms=3,
+            label=label,
+        )
+    ax.set_xlabel("draft position")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_ylabel("share of drafts accepted")
+    ax.set_ylim(0, 1)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="upper right")
+    return fig
+
+
+def speedup_by_segment(groups: list[dict[str, Any]], keys: list[str]) -> Figure:
+    """Per group: measured speedup (shadow baselines) beside tokens per target pass."""
+    fig = Figure(figsize=(SIZE[0], max(SIZE[1], 0.35 * len(groups) + 1)))
+    rows = [g for g in groups if g.get("method") != "none"][:20]
+    if not rows:
+        return _empty(fig, "no speculative requests in this window")
+    ax = fig.subplots()
+    labels = [" / ".join(str(g[k]) for k in keys) or "all" for g in rows]
+    ys = list(range(len(rows)))
+    measured = [g["shadow"]["speedup"] or 0.0 for g in rows]
+    per_pass = [g["tokens_per_target_pass"] or 0.0 for g in rows]
+    ax.barh([y - 0.2 for y in ys], measured, height=0.4, label="measured speedup (shadow)")
+    ax.barh([y + 0.2 for y in ys], per_pass, height=0.4, label="tokens per target pass")
+    ax.axvline(1.0, color="k", lw=0.8)
+    ax.set_yticks(ys, labels, fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel("x baseline (1 = no gain)")
+    ax.legend(fontsize=7, loc="lower right")
+    return fig

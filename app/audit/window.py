@@ -1,0 +1,98 @@
+"""A report's request: its time window, grouping and format, validated with errors naming the field.
+
+Every error is a ``ValueError`` whose message starts with the field (``since: ...``), which the
+admin route turns into a 422 naming that field and the CLI into a one-line error.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+FORMATS = ("json", "csv", "html")
+GROUPINGS = ("tenant", "collection", "method", "model_pair", "num_speculative_tokens")
+DEFAULT_GROUP_BY = ("tenant", "collection", "method", "model_pair")
+DEFAULT_SPAN = timedelta(days=1)
+
+
+@dataclass(frozen=True)
+class Window:
+    """A half-open time window ``[since, until)`` in UTC."""
+
+    since: datetime
+    until: datetime
+
+    @property
+    def span(self) -> timedelta:
+        """How long the window is."""
+        return self.until - self.since
+
+    def previous(self) -> Window:
+        """The window of the same length that ends where this one starts."""
+        return Window(self.since - self.span, self.since)
+
+    def trailing(self, span: timedelta) -> Window:
+        """The ``span`` before this window's start (e.g. the trailing week)."""
+        return Window(self.since - span, self.since)
+
+
+def parse_time(field: str, value: str | datetime) -> datetime:
+    """``value`` as an aware UTC datetime; ValueError naming ``field`` when it is not ISO 8601.
+
+    A time without a zone is taken as UTC; a bare date is its midnight.
+    """
+    if isinstance(value, datetime):
+        parsed = value
+    else:
+        text = value.strip()
+        if not text:
+            raise ValueError(f"{field}: empty time; expected ISO 8601, e.g. 2026-11-29T12:00:00Z")
+        try:
+            parsed = datetime.fromisoformat(text.replace("z", "Z"))
+        except ValueError:
+            raise ValueError(
+                f"{field}: not an ISO 8601 time: {value!r} (e.g. 2026-11-29T12:00:00Z)"
+            ) from None
+    return parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed.astimezone(UTC)
+
+
+def parse_window(
+    since: str | datetime | None,
+    until: str | datetime | None,
+    *,
+    now: datetime | None = None,
+) -> Window:
+    """The window ``[since, until)``; until defaults to now, since to one day before until.
+
+    Raises ValueError (naming the field) for a malformed time or an inverted or empty window.
+    """
+    end = parse_time("until", until) if until is not None else (now or datetime.now(UTC))
+    start = parse_time("since", since) if since is not None else end - DEFAULT_SPAN
+    if start >= end:
+        raise ValueError(
+            f"since: {start.isoformat()} is not before until {end.isoformat()} "
+            "(the window is inverted or empty)"
+        )
+    return Window(start, end)
+
+
+def parse_group_by(value: str | list[str] | tuple[str, ...] | None) -> tuple[str, ...]:
+    """The grouping columns (comma-separated or a list); ValueError naming an unknown one."""
+    if value is None:
+        return DEFAULT_GROUP_BY
+    items = value.split(",") if isinstance(value, str) else list(value)
+    names = tuple(dict.fromkeys(i.strip() for i in items if i.strip()))
+    unknown = [n for n in names if n not in GROUPINGS]
+    if unknown:
+        raise ValueError(
+            f"group_by: unknown grouping {', '.join(map(repr, unknown))}; "
+            f"choose from {', '.join(GROUPINGS)}"
+        )
+    return names
+
+
+def check_format(fmt: str) -> str:
+    """``fmt`` when it is a known report format; ValueError naming the field otherwise."""
+    if fmt not in FORMATS:
+        raise ValueError(f"format: unknown format {fmt!r}; choose from {', '.join(FORMATS)}")
+    return fmt
