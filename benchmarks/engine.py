@@ -40,10 +40,17 @@ def random_pair(vocab: int, hidden: int, layers: int, weak: float, seed: int) ->
 
     torch.manual_seed(seed)
     config = LlamaConfig(
-        vocab_size=vocab, hidden_size=hidden, intermediate_size=hidden * 8 // 3,
-        num_hidden_layers=layers, num_attention_heads=max(1, hidden // 64),
-        num_key_value_heads=max(1, hidden // 128), max_position_embeddings=2048,
-        tie_word_embeddings=False, bos_token_id=None, eos_token_id=None, pad_token_id=None,
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=hidden * 8 // 3,
+        num_hidden_layers=layers,
+        num_attention_heads=max(1, hidden // 64),
+        num_key_value_heads=max(1, hidden // 128),
+        max_position_embeddings=2048,
+        tie_word_embeddings=False,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
     )
     target = LlamaForCausalLM(config).eval()
     with torch.no_grad():
@@ -131,7 +138,7 @@ def run_rows(
 ) -> list[dict[str, Any]]:
     """Time every row on every prompt (rows interleaved per prompt); return per-row totals."""
     engine = SpeculativeEngine(target, draft, max_speculative_tokens=max(ks))
-    rows: list[tuple[str, Any, Any]] = [("none", "none", 1)]
+    rows: list[tuple[str, Any, Any]] = [("none", "none", 1), ("transformers greedy", "hf_none", 1)]
     rows += [(f"draft_model k={k}", "draft_model", k) for k in [*ks, "auto"]]
     rows += [(f"ngram k={k}", "ngram", k) for k in (4, "auto")]
     rows += [(f"transformers assisted k={k}", "hf_assisted", k) for k in hf_ks]
@@ -144,6 +151,8 @@ def run_rows(
             draft.generation_config.num_assistant_tokens_schedule = "constant"
             draft.generation_config.assistant_confidence_threshold = 0.0
             return hf_generate(target, prompt, max_new, assistant_model=draft), None
+        if method == "hf_none":
+            return hf_generate(target, prompt, max_new), None
         if method == "hf_lookup":
             return hf_generate(target, prompt, max_new, prompt_lookup_num_tokens=k), None
         params = SamplingParams(max_new_tokens=max_new, method=method, num_speculative_tokens=k)
@@ -153,7 +162,9 @@ def run_rows(
     with torch.inference_mode():
         for _, method, k in rows:  # warm-up (and adaptive-k cost calibration)
             run(method, k, prompts[0][:32])
-    totals = [dict(name=n, method=m, k=k, seconds=0.0, tokens=0, same=True, stats=[]) for n, m, k in rows]
+    totals = [
+        dict(name=n, method=m, k=k, seconds=0.0, tokens=0, same=True, stats=[]) for n, m, k in rows
+    ]
     baseline: dict[int, list[int]] = {}
     with torch.inference_mode():
         for i, prompt in enumerate(prompts):
@@ -209,17 +220,33 @@ def summarise(rows: list[dict[str, Any]], costs: dict[str, Any]) -> list[list[st
         r_k = r_of(costs, k_bar)
         predicted = e / (r_k + k_bar * cost_c)
         line += [
-            f"{accepted / drafted:.2f}", f"{1 + accepted / drafts:.2f}", f"{e:.2f}",
-            f"{alpha:.2f}" if alpha is not None else "—", f"{r_k:.2f}", f"{cost_c:.2f}",
-            f"{predicted:.2f}x", f"{(decode_tps(row) / base_decode) / predicted:.2f}",
+            f"{accepted / drafted:.2f}",
+            f"{1 + accepted / drafts:.2f}",
+            f"{e:.2f}",
+            f"{alpha:.2f}" if alpha is not None else "—",
+            f"{r_k:.2f}",
+            f"{cost_c:.2f}",
+            f"{predicted:.2f}x",
+            f"{(decode_tps(row) / base_decode) / predicted:.2f}",
         ]
         table.append(line)
     return table
 
 
 HEADER = [
-    "row", "tok/s", "speedup", "decode speedup", "same tokens", "accept rate", "mean acc len",
-    "E", "alpha", "r_k", "c", "predicted S", "efficiency",
+    "row",
+    "tok/s",
+    "speedup",
+    "decode speedup",
+    "same tokens",
+    "accept rate",
+    "mean acc len",
+    "E",
+    "alpha",
+    "r_k",
+    "c",
+    "predicted S",
+    "efficiency",
 ]
 
 
@@ -247,7 +274,10 @@ def benchmark(title: str, target: Any, draft: Any, prompts: list[list[int]], arg
     print(f"\nauto vs best fixed k ({best['name']}): {ratio:.2f}x")
     tps = {r["name"]: r["tokens"] / r["seconds"] for r in rows}
     for k in args.hf_ks:
-        for ours, theirs in (("draft_model", "transformers assisted"), ("ngram", "transformers prompt lookup")):
+        for ours, theirs in (
+            ("draft_model", "transformers assisted"),
+            ("ngram", "transformers prompt lookup"),
+        ):
             if f"{ours} k={k}" in tps:
                 ratio = tps[f"{ours} k={k}"] / tps[f"{theirs} k={k}"]
                 print(f"{ours} k={k} vs {theirs} k={k}: {ratio:.2f}x tokens/s")
@@ -288,7 +318,9 @@ def main() -> None:
         params = sum(p.numel() for p in big.parameters()) / 1e6
         prompts = token_prompts(8192, max(2, args.prompts // 3), args.prompt_len, seed=1)
         args.ks, args.hf_ks = [4], [4]
-        benchmark(f"random Llama {params:.0f}M, draft = target (alpha = 1)", big, big, prompts, args)
+        benchmark(
+            f"random Llama {params:.0f}M, draft = target (alpha = 1)", big, big, prompts, args
+        )
 
 
 if __name__ == "__main__":

@@ -16,7 +16,8 @@ estimate starts from what recent requests of the same method saw (kept on the en
 Why: the best fixed k depends on alpha, which differs by request (a quoting answer accepts far
 more than free text) and by method; a static k is right for one of them and wrong for the rest,
 while S(k) with a live alpha picks small k when drafts fail and long drafts when they succeed.
-The costs r_k and c are measured once per engine (``CostModel``), since they depend on hardware.
+The costs r_k and c depend on hardware and load: measured once per engine, then refined from the
+wall time of the engine's own rounds (``CostModel``).
 """
 
 from __future__ import annotations
@@ -26,16 +27,54 @@ from dataclasses import dataclass, field
 
 @dataclass
 class CostModel:
-    """Relative costs of one round: target pass over k+1 tokens and k proposer steps."""
+    """Cost of a round with k drafts, relative to a one-token target pass: r_k + k * c.
+
+    Starts from a one-time measurement (``target_slope``, ``proposer_cost``) and then follows
+    the wall time of the engine's own rounds: a least-squares line ``seconds = a + b * k`` over
+    recent rounds gives the slope b / a, blended with the measured one in proportion to how much
+    the observed k varied (a policy that always picks the same k says nothing about the slope).
+    Rounds are timed anyway (the accepted count reaches the host once per round), so this costs
+    no device synchronisation, and it tracks a machine whose load changes.
+    """
 
     target_slope: float = 0.12
-    """r_k = 1 + target_slope * k: the extra cost of each verified token, relative to one pass."""
+    """Measured r_k = 1 + target_slope * k: extra cost of each verified token."""
     proposer_cost: float = 0.0
-    """c: cost of one proposer step relative to a one-token target pass (0 for n-gram lookup)."""
+    """Measured c: one proposer step relative to a one-token target pass (0 for n-gram lookup)."""
+    prior_weight: float = 4.0
+    """How much evidence (rounds x variance of k) the one-time measurement counts for."""
+    decay: float = 0.99
+    """Per-round decay of observed rounds: about the last 100 rounds matter."""
+    _sums: list[float] = field(default_factory=lambda: [0.0] * 5, init=False, repr=False)
+    """Decayed sums over observed rounds: weight, k, k^2, seconds, k * seconds."""
+
+    def observe(self, k: int, seconds: float) -> None:
+        """Record the wall time of a round that verified ``k`` draft tokens."""
+        w, sk, skk, st, skt = (self.decay * v for v in self._sums)
+        self._sums = [w + 1.0, sk + k, skk + k * k, st + seconds, skt + k * seconds]
+
+    @property
+    def slope(self) -> float:
+        """Return (r_k + k c - 1) / k: the relative cost of each extra drafted token."""
+        prior = self.target_slope + self.proposer_cost
+        w, sk, skk, st, skt = self._sums
+        if w < 2.0:
+            return prior
+        mean_k, mean_t = sk / w, st / w
+        var_k = skk / w - mean_k**2
+        if var_k <= 1e-9:
+            return prior
+        b = (skt / w - mean_k * mean_t) / var_k
+        a = mean_t - b * mean_k
+        if a <= 0.0:
+            return prior
+        evidence = w * var_k
+        observed = max(0.0, b / a)
+        return (evidence * observed + self.prior_weight * prior) / (evidence + self.prior_weight)
 
     def round_cost(self, k: int) -> float:
         """Return r_k + k * c, the cost of a round with k drafts in one-token target passes."""
-        return 1.0 + self.target_slope * k + k * self.proposer_cost
+        return 1.0 + self.slope * k
 
 
 def expected_tokens(alpha: float, k: int) -> float:

@@ -245,6 +245,7 @@ class SpeculativeEngine:
             proposer.begin(tokens)
 
         while not finished:
+            round_started = time.perf_counter()
             remaining = budget - len(output)
             k = adaptive.next_k() if adaptive is not None else fixed_k
             # Never draft past the budget: a round emits at most k + 1 tokens.
@@ -265,6 +266,7 @@ class SpeculativeEngine:
                 stats.num_draft_tokens += num_draft
                 if adaptive is not None:
                     adaptive.observe(num_draft, accepted)
+                    adaptive.cost.observe(num_draft, time.perf_counter() - round_started)
             for i, token in enumerate(emitted):
                 if token in eos:
                     emitted = emitted[: i + 1]

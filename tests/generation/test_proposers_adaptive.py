@@ -77,3 +77,19 @@ def test_recent_acceptance_moves_toward_finished_requests() -> None:
     assert recent.alpha == 0.6
     recent.update(1.0)
     assert 0.6 < recent.alpha < 1.0
+
+
+def test_cost_model_learns_the_slope_from_timed_rounds() -> None:
+    cost = CostModel(target_slope=0.05, proposer_cost=0.05)  # a measurement that was off
+    assert cost.round_cost(4) == pytest.approx(1.4)
+    for i in range(300):
+        k = 1 + i % 3
+        cost.observe(k, 0.004 * (1 + 0.3 * k) * (1.1 if i % 2 else 0.9))
+    assert cost.round_cost(4) == pytest.approx(1 + 0.3 * 4, rel=0.05)
+
+
+def test_cost_model_keeps_the_measurement_when_k_never_varies() -> None:
+    cost = CostModel(target_slope=0.1, proposer_cost=0.2)
+    for _ in range(50):
+        cost.observe(3, 0.01)
+    assert cost.round_cost(2) == pytest.approx(1.6)
