@@ -64,7 +64,7 @@ def build_report(
     """The report over ``window`` grouped by ``group_by``; an empty window gives an empty report."""
     th = thresholds or Thresholds()
     [overall] = aggregate(session, window, [])
-    groups = aggregate(session, window, list(group_by)) if overall["requests"] else []
+    groups = aggregate(session, window, list(group_by)) if overall["requests"] and group_by else []
     report: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
         "since": window.since.isoformat(),

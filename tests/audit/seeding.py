@@ -85,6 +85,7 @@ def seed(
                 "method": method,
                 "model_pair": None if failed else pair,
                 "status": "failed" if failed else "succeeded",
+                "queued_at": queued,
             }
             qrows.append(
                 {
