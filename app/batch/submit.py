@@ -9,11 +9,12 @@ query per item are written in one transaction, so a refused or failed submit lea
 from __future__ import annotations
 
 import json
+import logging
 import math
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import select
@@ -23,6 +24,8 @@ from app.batch.records import Batch, BatchItem
 from app.db.models import Query, Tenant, utcnow
 from app.queries import QueryRequest, RequestError, validate_request
 from app.settings import Settings
+
+log = logging.getLogger(__name__)
 
 OVERRIDES = ("method", "num_speculative_tokens", "max_tokens")
 LINE_FIELDS = {
@@ -202,6 +205,27 @@ def check_collections(session: Session, specs: Sequence[ItemSpec]) -> None:
             )
 
 
+def parse_when(field: str, value: str | None) -> datetime | None:
+    """An ISO 8601 time as an aware UTC datetime (naive means UTC); RequestError naming ``field``."""
+    if value is None or value == "":
+        return None
+    try:
+        when = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        raise RequestError(field, f"not an ISO 8601 time: {value!r}") from None
+    return when if when.tzinfo is not None else when.replace(tzinfo=UTC)
+
+
+def dispatch_new(batch: Batch, dispatch: Callable[[uuid.UUID, int, int], None]) -> bool:
+    """Send a new batch's first chunk tasks; False (the watchdog sends them later) on failure."""
+    try:
+        dispatch(batch.id, batch.epoch, batch.lanes)
+    except Exception as exc:  # broker down: the batch is stored, the watchdog revives it
+        log.warning("dispatch of batch %s failed, left for the watchdog: %s", batch.id, exc)
+        return False
+    return True
+
+
 def create_batch(
     session: Session,
     settings: Settings,
@@ -245,7 +269,8 @@ def create_batch(
         heartbeat_at=now,
     )
     session.add(batch)
-    for position, spec in enumerate(specs):
+    queries = []
+    for spec in specs:
         query = Query(
             id=uuid.uuid4(),
             tenant_id=spec.tenant_id,
@@ -259,16 +284,20 @@ def create_batch(
             # The batch's chunk tasks carry these queries; the outbox must not send each one.
             enqueued_at=now,
         )
-        session.add(query)
-        session.add(
-            BatchItem(
-                batch_id=batch.id,
-                position=position,
-                query_id=query.id,
-                original_query_id=spec.original_query_id,
-                expected_source=spec.expected_source,
-                status="pending",
-            )
+        queries.append(query)
+    session.add_all(queries)
+    # Without ORM relationships the unit of work does not order these inserts: queries first.
+    session.flush()
+    session.add_all(
+        BatchItem(
+            batch_id=batch.id,
+            position=position,
+            query_id=query.id,
+            original_query_id=spec.original_query_id,
+            expected_source=spec.expected_source,
+            status="pending",
         )
+        for position, (spec, query) in enumerate(zip(specs, queries, strict=True))
+    )
     session.commit()
     return batch

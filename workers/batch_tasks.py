@@ -1,0 +1,114 @@
+"""Batch chunk tasks on the ``batch`` queue, their dispatch as a Celery group, and the watchdog.
+
+A batch runs as ``lanes`` (at most ``batch_max_concurrency``) chunk tasks sent as one ``group``.
+Each answers up to ``batch_chunk_size`` items through ``app.batch.runner`` and then re-sends
+itself to the back of the batch queue, so a long batch is many short tasks (time limits hold,
+other batches interleave) without one message per item.
+
+Interactive work first: the worker consumes ``answer`` before ``batch`` (Redis transport,
+``queue_order_strategy="priority"``; chunk messages also carry the lowest priority step), but that
+order only matters between tasks. So a chunk task on a worker that also serves ``answer`` checks
+the ``answer`` queue between items and, when something waits, re-sends itself and returns: the
+interactive query waits for at most the one item in flight, not a whole chunk.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import uuid
+from typing import Any
+
+from celery import Celery, Task, group
+from celery.canvas import Signature
+from celery.signals import worker_ready, worker_shutdown
+
+from workers import runtime
+from workers.app import BATCH_TASK
+
+log = logging.getLogger(__name__)
+
+# Lowest of the Redis transport's priority steps (0 is served first).
+BATCH_PRIORITY = 9
+
+_watchdogs: dict[int, Any] = {}
+
+
+def chunk_signature(app: Celery, batch_id: uuid.UUID | str, epoch: int) -> Signature:
+    """The signature of one chunk task of the batch, routed to the batch queue."""
+    return app.signature(
+        BATCH_TASK,
+        args=[str(batch_id), int(epoch)],
+        queue="batch",
+        priority=BATCH_PRIORITY,
+        immutable=True,
+    )
+
+
+def dispatch(app: Celery, batch_id: uuid.UUID | str, epoch: int, lanes: int) -> None:
+    """Send the batch's ``lanes`` chunk tasks as one group; raises when the broker is down."""
+    group(chunk_signature(app, batch_id, epoch) for _ in range(max(1, lanes))).apply_async()
+
+
+def consumes(app: Celery, queue: str) -> bool:
+    """Whether this worker process consumes ``queue`` (all queues when none were selected)."""
+    selected = app.amqp.queues.consume_from
+    return not selected or queue in selected
+
+
+def answer_waiting(app: Celery) -> bool:
+    """Whether interactive ``answer`` messages wait in the broker (False when it cannot tell)."""
+    try:
+        with app.pool.acquire(block=True, timeout=2) as conn:
+            _, count, _ = conn.default_channel.queue_declare(queue="answer", passive=True)
+            return bool(count)
+    except Exception:  # no such queue yet, or the broker hiccuped: keep going
+        return False
+
+
+def register(app: Celery) -> None:
+    """Register the chunk task on ``app`` and run the batch watchdog beside its workers."""
+
+    @app.task(name=BATCH_TASK, bind=True, acks_late=True)
+    def batch_chunk(self: Task, batch_id: str, epoch: int) -> dict[str, Any]:
+        """Answer up to one chunk of the batch's items; re-queue itself while items remain."""
+        from app.batch.runner import run_chunk
+
+        resources = runtime.resources(self.app)
+        settings = resources.settings
+        polite = settings.batch_yield_to_interactive and consumes(self.app, "answer")
+        outcome = run_chunk(
+            resources,
+            uuid.UUID(batch_id),
+            int(epoch),
+            max_items=settings.batch_chunk_size,
+            should_yield=(lambda: answer_waiting(self.app)) if polite else (lambda: False),
+            host=self.request.hostname or socket.gethostname(),
+        )
+        if outcome in ("more", "yield"):
+            # Sent before this message is acknowledged: a crash in between duplicates the lane,
+            # which is harmless (items are claimed one by one) and the next epoch retires.
+            chunk_signature(self.app, batch_id, epoch).apply_async()
+        return {"batch_id": batch_id, "epoch": epoch, "outcome": outcome}
+
+    def mine(sender: Any) -> bool:
+        return getattr(sender, "app", None) is app
+
+    @worker_ready.connect(weak=False)
+    def start_watchdog(sender: Any = None, **_: Any) -> None:
+        if not mine(sender) or not consumes(app, "batch"):
+            return
+        from app.batch.watchdog import Watchdog
+
+        res = runtime.resources(app)
+        _watchdogs[id(app)] = Watchdog(
+            res.session_factory,
+            res.settings,
+            lambda batch_id, epoch, lanes: dispatch(app, batch_id, epoch, lanes),
+        ).start()
+
+    @worker_shutdown.connect(weak=False)
+    def stop_watchdog(sender: Any = None, **_: Any) -> None:
+        watchdog = _watchdogs.pop(id(app), None)
+        if watchdog is not None:
+            watchdog.stop()
