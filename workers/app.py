@@ -18,6 +18,7 @@ from app.settings import Settings
 
 ANSWER_TASK = "specrag.answer_query"
 INGEST_TASK = "specrag.ingest"
+BATCH_TASK = "specrag.batch_chunk"  # workers/batch_tasks.py
 QUEUES = ("answer", "batch", "ingest")
 
 
@@ -30,7 +31,7 @@ class SpecragCelery(Celery):
 
 def create_celery(settings: Settings) -> SpecragCelery:
     """A configured Celery app for ``settings`` with the specrag tasks registered."""
-    from workers import runtime, tasks
+    from workers import batch_tasks, runtime, tasks
 
     app = SpecragCelery("specrag", set_as_current=False)
     app.settings = settings
@@ -46,7 +47,11 @@ def create_celery(settings: Settings) -> SpecragCelery:
         accept_content=["json"],
         task_queues=[Queue(name) for name in QUEUES],
         task_default_queue="answer",
-        task_routes={ANSWER_TASK: {"queue": "answer"}, INGEST_TASK: {"queue": "ingest"}},
+        task_routes={
+            ANSWER_TASK: {"queue": "answer"},
+            INGEST_TASK: {"queue": "ingest"},
+            BATCH_TASK: {"queue": "batch"},
+        },
         task_acks_late=True,
         task_reject_on_worker_lost=True,
         worker_prefetch_multiplier=1,
@@ -61,6 +66,7 @@ def create_celery(settings: Settings) -> SpecragCelery:
         task_send_sent_event=False,
     )
     tasks.register(app)
+    batch_tasks.register(app)
     runtime.connect_signals(app)
     return app
 

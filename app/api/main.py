@@ -8,7 +8,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from app.api import errors
-from app.api.routes import admin, health, queries
+from app.api.routes import admin, batches, health, queries
 from app.outbox import Send, Sweeper
 from app.settings import Settings
 
@@ -54,4 +54,5 @@ def create_app(settings: Settings, *, send: Send | None = None, sweeper: bool = 
     app.include_router(health.router)
     app.include_router(queries.router)
     app.include_router(admin.router)
+    app.include_router(batches.router)
     return app
