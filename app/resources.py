@@ -84,10 +84,13 @@ class Resources:
     def warm(self, *, answer: bool = True, ingest: bool = True) -> None:
         """Load now what the given kinds of work need (so the first task does not pay for it)."""
         if answer or ingest:
-            _ = self.retrieval
+            # One encode loads the embedding model's weights and warms its kernels.
+            self.retrieval.embedder.encode(["warm up"])
         if answer:
-            _ = self.tokenizer
-            _ = self.engine
+            from generation import SamplingParams
+
+            ids = self.tokenizer.encode("Passages:\nwarm up", add_special_tokens=False)
+            self.engine.generate(ids, SamplingParams(max_new_tokens=2))
 
 
 def _device(device: str, engine: str) -> str:

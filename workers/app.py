@@ -79,8 +79,9 @@ def _transport_options(broker: str, settings: Settings) -> dict[str, Any]:
             "visibility_timeout": max(3600, 2 * settings.task_time_limit),
             "socket_connect_timeout": settings.broker_timeout_seconds,
         }
-    if broker.startswith("sqla+"):
-        return {"polling_interval": 0.1}
+    if broker.startswith("sqla+sqlite"):
+        # kombu hands these to create_engine: wait for SQLite's lock instead of failing at once.
+        return {"connect_args": {"timeout": 30}}
     return {}
 
 
