@@ -1,0 +1,94 @@
+"""The shipped demo pair loads offline from the repository and decodes consistently."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from generation import SamplingParams, SpeculativeEngine, load_tokenizer
+from retrieval.prompt import Passage, format_prompt
+
+MAX_TOTAL_BYTES = 80 * 1024 * 1024
+CORPUS = Path(__file__).resolve().parents[2] / "demo" / "corpus"
+
+
+@pytest.fixture(scope="module")
+def engine(
+    demo_dirs: tuple[Path, Path], monkeypatch_module: pytest.MonkeyPatch
+) -> SpeculativeEngine:
+    target, draft = demo_dirs
+    return SpeculativeEngine.from_pretrained(target, draft, device="cpu")
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module() -> Iterator[pytest.MonkeyPatch]:
+    # Offline: any attempt to reach a model hub fails instead of downloading.
+    mp = pytest.MonkeyPatch()
+    mp.setenv("HF_HUB_OFFLINE", "1")
+    mp.setenv("TRANSFORMERS_OFFLINE", "1")
+    yield mp
+    mp.undo()
+
+
+def test_pair_is_complete_and_small(demo_dirs: tuple[Path, Path]) -> None:
+    total = 0
+    for d in demo_dirs:
+        for name in (
+            "model.safetensors",
+            "config.json",
+            "generation_config.json",
+            "tokenizer.json",
+        ):
+            assert (d / name).is_file(), f"{d} lacks {name}"
+        total += sum(f.stat().st_size for f in d.iterdir() if f.is_file())
+    assert total <= MAX_TOTAL_BYTES, f"demo pair is {total / 2**20:.1f} MiB, limit 80 MiB"
+
+
+def test_pair_shares_one_tokenizer_with_eos(demo_dirs: tuple[Path, Path]) -> None:
+    target, draft = demo_dirs
+    assert (target / "tokenizer.json").read_bytes() == (draft / "tokenizer.json").read_bytes()
+    tok = load_tokenizer(target)
+    assert tok.eos_token_id is not None
+    for d in demo_dirs:
+        config = json.loads((d / "config.json").read_text())
+        gen = json.loads((d / "generation_config.json").read_text())
+        assert config["model_type"] == "llama"
+        assert config["eos_token_id"] == gen["eos_token_id"] == tok.eos_token_id
+        assert config["vocab_size"] == len(tok)
+
+
+def test_target_step_is_much_larger_than_draft(engine: SpeculativeEngine) -> None:
+    # The issue asks for a measured >= 8x step-cost ratio (models/README.md); here only the
+    # structural precondition: the draft is shallow and narrow next to the target.
+    assert engine.draft is not None
+    t, d = engine.target.config, engine.draft.config
+    assert d.num_hidden_layers * 3 <= t.num_hidden_layers
+    assert d.hidden_size < t.hidden_size
+
+
+def _demo_prompt() -> str:
+    text = (CORPUS / "assert.md").read_text().split("\n", 2)[2]
+    words = text.split()
+    passages = [Passage('The "assert" statement', " ".join(words[:120]))]
+    other = (CORPUS / "pass.md").read_text().split("\n", 2)[2]
+    passages.append(Passage('The "pass" statement', " ".join(other.split()[:80])))
+    return format_prompt("What does the assert statement do?", passages)
+
+
+@pytest.mark.parametrize("method", ["draft_model", "ngram"])
+def test_greedy_is_token_identical_with_and_without_speculation(
+    engine: SpeculativeEngine, demo_dirs: tuple[Path, Path], method: str
+) -> None:
+    tok = load_tokenizer(demo_dirs[0])
+    ids = tok(_demo_prompt())["input_ids"]
+    plain = engine.generate(ids, SamplingParams(max_new_tokens=32, temperature=0.0, method="none"))
+    spec = engine.generate(
+        ids,
+        SamplingParams(max_new_tokens=32, temperature=0.0, method=method, num_speculative_tokens=4),
+    )
+    assert plain.token_ids, "the target produced nothing"
+    assert spec.token_ids == plain.token_ids
+    assert spec.stats.num_draft_tokens > 0, f"{method} never proposed a token"

@@ -1,0 +1,1 @@
+"""Training code for the bundled demo model pair (models/demo/); not part of the installed packages."""

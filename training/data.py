@@ -1,0 +1,97 @@
+"""Seeded, resumable batches of tokenized RAG examples, bucketed by length to waste little padding.
+
+Batch ``(round, index)`` is a pure function of the seed, so a resumed run sees exactly the
+batches an uninterrupted one would have seen.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from transformers import PreTrainedTokenizerFast
+
+from training.corpus import Document
+from training.qa import DEFAULT_MAX_WORDS, Example, chunk_tables, make_examples
+
+ANSWER_WEIGHT_SPLIT = 0.5  # share of the loss carried by answer tokens (the copying we measure)
+
+
+@dataclass
+class Batch:
+    """Right-padded token rows; ``is_answer``/``is_real`` mark which labels count and how."""
+
+    input_ids: torch.Tensor  # [batch, seq]
+    is_real: torch.Tensor  # [batch, seq] bool: position predicts a real next token
+    is_answer: torch.Tensor  # [batch, seq] bool: that next token belongs to the answer
+
+
+def encode_example(tok: PreTrainedTokenizerFast, ex: Example) -> tuple[list[int], int]:
+    """Token ids of prompt + answer + EOS, and how many of them are the prompt."""
+    p = tok(ex.prompt, add_special_tokens=False)["input_ids"]
+    a = tok(ex.answer, add_special_tokens=False)["input_ids"]
+    return p + a + [tok.eos_token_id], len(p)
+
+
+def collate(rows: Sequence[tuple[list[int], int]], pad_id: int) -> Batch:
+    """One right-padded batch; position t's label is token t+1."""
+    width = max(len(ids) for ids, _ in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    real = torch.zeros((len(rows), width), dtype=torch.bool)
+    ans = torch.zeros((len(rows), width), dtype=torch.bool)
+    for r, (seq, n_prompt) in enumerate(rows):
+        ids[r, : len(seq)] = torch.tensor(seq)
+        real[r, : len(seq) - 1] = True
+        ans[r, n_prompt - 1 : len(seq) - 1] = True
+    return Batch(ids, real, ans)
+
+
+class BatchStream:
+    """Rounds of freshly generated examples, cut into length-bucketed batches of ~tokens_per_batch."""
+
+    def __init__(
+        self,
+        docs: Sequence[Document],
+        tok: PreTrainedTokenizerFast,
+        seed: int,
+        tokens_per_batch: int = 8192,
+        examples_per_round: int = 384,
+        max_len: int = 1280,
+    ) -> None:
+        self.docs, self.tok, self.seed = docs, tok, seed
+        self.tokens_per_batch, self.examples_per_round, self.max_len = (
+            tokens_per_batch,
+            examples_per_round,
+            max_len,
+        )
+        self.tables = chunk_tables(docs, DEFAULT_MAX_WORDS)
+        self._cache: tuple[int, list[list[tuple[list[int], int]]]] | None = None
+
+    def round_batches(self, rnd: int) -> list[list[tuple[list[int], int]]]:
+        """The batches of round ``rnd``, each a list of encoded examples."""
+        if self._cache and self._cache[0] == rnd:
+            return self._cache[1]
+        examples = make_examples(
+            self.docs, self.examples_per_round, seed=self.seed * 100_003 + rnd, tables=self.tables
+        )
+        enc = [encode_example(self.tok, e) for e in examples]
+        enc = [e for e in enc if len(e[0]) <= self.max_len]
+        enc.sort(key=lambda e: len(e[0]))
+        batches: list[list[tuple[list[int], int]]] = []
+        cur: list[tuple[list[int], int]] = []
+        for e in enc:
+            if cur and (len(cur) + 1) * len(e[0]) > self.tokens_per_batch:
+                batches.append(cur)
+                cur = []
+            cur.append(e)
+        if cur:
+            batches.append(cur)
+        random.Random(self.seed * 7 + rnd).shuffle(batches)
+        self._cache = (rnd, batches)
+        return batches
+
+    def batch(self, rnd: int, index: int) -> Batch:
+        """Batch ``index`` of round ``rnd``."""
+        return collate(self.round_batches(rnd)[index], self.tok.pad_token_id)

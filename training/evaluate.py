@@ -1,0 +1,190 @@
+"""Measure the shipped pair: held-out perplexity, per-step cost, acceptance and speedup.
+
+    python -m training.evaluate --models models/demo --prompts 24 --out runs/demo/eval.json
+
+Held-out RAG prompts are built from documents the training split never saw, in the product's
+shape (three passages of up to ~220 words).  Every method decodes greedily through
+``SpeculativeEngine``; outputs must equal the target-only ones.  Beside every acceptance figure
+stands the answers' distinct word-bigram ratio (looping text would make acceptance meaningless).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from generation import SamplingParams, SpeculativeEngine, load_tokenizer
+from generation.costs import time_forward
+from training.corpus import build_corpus
+from training.qa import chunk_documents, make_examples
+
+
+@dataclass
+class Tally:
+    """Totals of one decoding method over the evaluation prompts."""
+
+    ms: float = 0.0
+    drafted: int = 0
+    accepted: int = 0
+    tokens: int = 0
+    fwd: int = 0
+    cites: int = 0
+    verbatim: int = 0
+    bigram: list[float] = field(default_factory=list)
+
+
+def bigram_ratio(text: str) -> float:
+    """Distinct word bigrams / word bigrams of ``text`` (1.0 when it has fewer than 2 words)."""
+    words = text.split()
+    pairs = list(zip(words, words[1:], strict=False))
+    return len(set(pairs)) / len(pairs) if pairs else 1.0
+
+
+@torch.inference_mode()
+def perplexity(model: Any, seqs: list[tuple[list[int], int]]) -> float:
+    """exp(mean NLL) over each sequence's tokens from index ``start`` on."""
+    total, count = 0.0, 0
+    for ids, start in seqs:
+        x = torch.tensor([ids])
+        logits = model(input_ids=x).logits[0, :-1].float()
+        nll = torch.nn.functional.cross_entropy(logits, x[0, 1:], reduction="none")
+        total += float(nll[max(0, start - 1) :].sum())
+        count += len(ids) - max(1, start)
+    return math.exp(total / count)
+
+
+def grounded(answer: str, prompt: str) -> tuple[bool, bool]:
+    """(cites a passage, its quote of >= 5 words appears verbatim in that passage)."""
+    m = re.search(r"\[(\d+)\]", answer)
+    if not m:
+        return False, False
+    blocks = re.split(r"\n\[\d+\] ", prompt.split("\nQuestion:")[0])
+    n = int(m.group(1))
+    q = re.search(r'"([^"]+)', answer)
+    if not q or n >= len(blocks) or len(q.group(1).split()) < 5:
+        return True, False
+    return True, " ".join(q.group(1).split()) in " ".join(blocks[n].split())
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--models", type=Path, default=Path("models/demo"))
+    ap.add_argument("--prompts", type=int, default=24)
+    ap.add_argument("--max-new-tokens", type=int, default=96)
+    ap.add_argument("--k", type=int, default=4)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+
+    tdir, ddir = args.models / "target", args.models / "draft"
+    tok = load_tokenizer(tdir)
+    engine = SpeculativeEngine.from_pretrained(tdir, ddir, device="cpu")
+    corpus = build_corpus(args.seed)
+    result: dict[str, Any] = {}
+
+    # Held-out perplexity: plain text of held-out documents, and answers of held-out RAG prompts.
+    chunks = chunk_documents(corpus.heldout, 220)[::3][:80]
+    text_seqs = [(tok(f"{c.title}\n{c.text}")["input_ids"], 0) for c in chunks]
+    rag = make_examples(
+        corpus.heldout, 60, seed=10_000 + args.seed, max_words=(220,), n_passages=(3,)
+    )
+    ans_seqs = []
+    for e in rag:
+        p = tok(e.prompt)["input_ids"]
+        ans_seqs.append((p + tok(e.answer)["input_ids"] + [tok.eos_token_id], len(p)))
+    for role, model in (("target", engine.target), ("draft", engine.draft)):
+        result[f"{role}_ppl_text"] = perplexity(model, text_seqs)
+        result[f"{role}_ppl_answers"] = perplexity(model, ans_seqs)
+    result["heldout_text_tokens"] = sum(len(s) for s, _ in text_seqs)
+
+    # Per-step cost, side by side, at the product's prompt length.
+    ctx = 900
+    t_costs, d_costs = [], []
+    for _ in range(5):
+        t_costs.append(time_forward(engine.target, ctx, 1, repeats=5))
+        d_costs.append(time_forward(engine.draft, ctx, 1, repeats=5))
+    result["target_step_ms"] = 1000 * statistics.median(t_costs)
+    result["draft_step_ms"] = 1000 * statistics.median(d_costs)
+    result["step_cost_ratio"] = statistics.median(t_costs) / statistics.median(d_costs)
+
+    # Decoding through the engine, methods interleaved per prompt so load noise hits all alike.
+    methods = ("none", "draft_model", "ngram")
+    agg = {m: Tally() for m in methods}
+    identical = True
+    prompts = rag[: args.prompts]
+    for e in prompts:
+        ids = tok(e.prompt)["input_ids"]
+        outs = {}
+        for m in methods:
+            params = SamplingParams(
+                max_new_tokens=args.max_new_tokens,
+                temperature=0.0,
+                method=m,
+                num_speculative_tokens=args.k,
+            )
+            t0 = time.perf_counter()
+            r = engine.generate(ids, params)
+            dt = time.perf_counter() - t0
+            outs[m] = r.token_ids
+            s = r.stats.to_dict()
+            a = agg[m]
+            a.ms += 1000 * dt
+            a.drafted += int(s["num_draft_tokens"])
+            a.accepted += int(s["num_accepted_tokens"])
+            a.tokens += int(s["num_output_tokens"])
+            a.fwd += int(s["num_target_forwards"])
+            text = str(tok.decode(r.token_ids, skip_special_tokens=True))
+            a.bigram.append(bigram_ratio(text))
+            c, v = grounded(text, e.prompt)
+            a.cites += c
+            a.verbatim += v
+        identical &= outs["draft_model"] == outs["none"] == outs["ngram"]
+    base = agg["none"].ms
+    for m in methods:
+        a = agg[m]
+        result[m] = {
+            "acceptance_rate": a.accepted / a.drafted if a.drafted else None,
+            "speedup": base / a.ms,
+            "tokens_per_s": 1000 * a.tokens / a.ms,
+            "tokens_per_target_forward": a.tokens / max(1, a.fwd),
+            "bigram_ratio": statistics.mean(a.bigram),
+            "cites_passage": a.cites / len(prompts),
+            "verbatim_quote": a.verbatim / len(prompts),
+            "mean_output_tokens": a.tokens / len(prompts),
+        }
+    result["identical_greedy_output"] = identical
+    result["prompts"] = len(prompts)
+    result["mean_prompt_tokens"] = statistics.mean(len(tok(e.prompt)["input_ids"]) for e in prompts)
+    sample = prompts[0]
+    result["sample_question"] = sample.prompt.rsplit("Question:", 1)[1]
+    result["sample_answer"] = tok.decode(
+        engine.generate(
+            tok(sample.prompt)["input_ids"],
+            SamplingParams(
+                max_new_tokens=args.max_new_tokens,
+                temperature=0.0,
+                method="ngram",
+                num_speculative_tokens=args.k,
+            ),
+        ).token_ids,
+        skip_special_tokens=True,
+    )
+    text = json.dumps(result, indent=2)
+    print(text)
+    if args.out:
+        args.out.write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
