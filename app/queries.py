@@ -243,3 +243,19 @@ def wait_for(
                     )
                 return query
         time.sleep(poll)
+
+
+def require_collection(session: Session, tenant: str, collection: str) -> None:
+    """RequestError naming ``collection`` unless the tenant has ingested into it."""
+    from retrieval.records import CollectionIndex
+
+    found = session.scalar(
+        select(CollectionIndex.id).where(
+            CollectionIndex.tenant == tenant, CollectionIndex.collection == collection
+        )
+    )
+    if found is None:
+        raise RequestError(
+            "collection",
+            f"no collection {collection!r} for tenant {tenant!r}: ingest documents first",
+        )

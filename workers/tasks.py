@@ -14,7 +14,7 @@ def register(app: Celery) -> None:
     """Register the specrag tasks on ``app`` under their stable names."""
     from workers.app import ANSWER_TASK, INGEST_TASK
 
-    @app.task(name=ANSWER_TASK, bind=True)
+    @app.task(name=ANSWER_TASK, bind=True, shared=False)
     def answer_query(self: Task, query_id: str) -> dict[str, str]:
         """Answer the stored query ``query_id``; returns its id and what happened to it."""
         from app.pipeline import answer_query as run
@@ -24,7 +24,7 @@ def register(app: Celery) -> None:
         outcome = run(resources, query_id, host=hostname)
         return {"id": query_id, "outcome": outcome}
 
-    @app.task(name=INGEST_TASK, bind=True)
+    @app.task(name=INGEST_TASK, bind=True, shared=False)
     def ingest(
         self: Task, paths: list[str], collection: str, tenant: str = "default"
     ) -> dict[str, Any]:

@@ -57,6 +57,7 @@ def ask(
         create_query,
         get_or_create_tenant,
         query_view,
+        require_collection,
         validate_request,
         wait_for,
     )
@@ -76,6 +77,7 @@ def ask(
     )
     _, session_factory = prepare(settings)
     with session_factory() as session:
+        require_collection(session, tenant, request.collection)
         query, _ = create_query(session, get_or_create_tenant(session, tenant), request)
     if local:
         from app.pipeline import answer_query

@@ -11,7 +11,7 @@ from app.api.errors import ApiError
 from app.api.schemas import ErrorOut, QueryAccepted, QueryCreate, QueryOut
 from app.db import Tenant
 from app.outbox import send_and_mark
-from app.queries import create_query, get_query, query_view, validate_request
+from app.queries import create_query, get_query, query_view, require_collection, validate_request
 
 router = APIRouter(prefix="/v1/queries", tags=["queries"])
 ERRORS: dict[int | str, dict[str, Any]] = {
@@ -35,6 +35,7 @@ def submit_query(
     validated = validate_request(settings, body.model_dump())
     tenant = session.get(Tenant, caller.tenant_id)
     assert tenant is not None
+    require_collection(session, tenant.name, validated.collection)
     query, created = create_query(session, tenant, validated, idempotency_key=idempotency_key)
     if not created:
         same = (

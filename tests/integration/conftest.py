@@ -1,0 +1,125 @@
+"""Fixtures for the service's integration tests: settings on real PostgreSQL and Redis, an ingested
+collection, a live Celery worker (in-process or as a ``specrag worker`` subprocess), the API served
+by uvicorn on a loopback port, and private ``redis-server`` processes that tests may stop.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from app.settings import Settings
+from tests.integration.helpers import ApiServer, RedisServer, WorkerProcess
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+CORPUS_FILES = ["assert.md", "pass.md", "del.md"]
+COLLECTION = "docs"
+
+
+@pytest.fixture(scope="session")
+def service_settings(
+    migrated_pg_url: str, redis_url: str, tiny_models: dict[str, Path], tmp_path_factory: Any
+) -> Settings:
+    """Settings on the session's PostgreSQL and Redis with the tiny pair and fast recovery."""
+    return Settings(
+        data_dir=tmp_path_factory.mktemp("service_data"),
+        database_url=migrated_pg_url,
+        broker_url=redis_url,
+        target_model=tiny_models["target"],
+        draft_model=tiny_models["draft"],
+        device="cpu",
+        default_max_tokens=8,
+        heartbeat_seconds=0.5,
+        stale_after_seconds=4.0,
+        sweep_interval_seconds=0.5,
+        outbox_grace_seconds=0.5,
+    )
+
+
+@pytest.fixture(scope="session")
+def keys(service_settings: Settings) -> dict[str, str]:
+    """API keys: tenant ``acme`` (owns the collection), tenant ``globex``, and an admin of acme."""
+    from app.db import make_engine, make_session_factory
+    from app.keys import create_key
+
+    engine = make_engine(service_settings)
+    with make_session_factory(engine)() as session:
+        made = {
+            "acme": create_key(session, "acme"),
+            "globex": create_key(session, "globex"),
+            "admin": create_key(session, "acme", admin=True),
+        }
+    engine.dispose()
+    return made
+
+
+@pytest.fixture(scope="session")
+def ingested(service_settings: Settings) -> str:
+    """The collection ``docs`` of tenant ``acme``, ingested from three demo corpus files."""
+    from app.db import prepare
+    from app.resources import Resources
+
+    engine, session_factory = prepare(service_settings)
+    corpus = REPO_ROOT / "demo" / "corpus"
+    report = Resources(service_settings, session_factory).retrieval.ingest(
+        [corpus / name for name in CORPUS_FILES], collection=COLLECTION, tenant="acme"
+    )
+    engine.dispose()
+    assert report.ok, report.to_dict()
+    return COLLECTION
+
+
+@pytest.fixture(scope="session")
+def live_worker(service_settings: Settings, ingested: str) -> Iterator[Any]:
+    """A live Celery worker (solo pool, in this process) consuming answer and batch on Redis."""
+    from celery.contrib.testing.worker import start_worker
+
+    from workers import create_celery
+
+    app = create_celery(service_settings)
+    with start_worker(
+        app,
+        pool="solo",
+        concurrency=1,
+        perform_ping_check=False,
+        queues=["answer", "batch"],
+        shutdown_timeout=30,
+    ) as worker:
+        yield worker
+
+
+@pytest.fixture(scope="session")
+def api(service_settings: Settings) -> Iterator[ApiServer]:
+    """The API for ``service_settings``, served over HTTP for the whole session."""
+    with ApiServer(service_settings) as server:
+        yield server
+
+
+@pytest.fixture
+def private_redis(tmp_path: Path) -> Iterator[RedisServer]:
+    """A started private Redis (skips when redis-server is not installed)."""
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not installed: cannot stop and restart a broker in this test")
+    server = RedisServer(tmp_path)
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def worker_process(tmp_path: Path) -> Iterator[Callable[[Settings, str], WorkerProcess]]:
+    """Factory of started ``specrag worker`` subprocesses; all are stopped after the test."""
+    started: list[WorkerProcess] = []
+
+    def make(settings: Settings, name: str) -> WorkerProcess:
+        worker = WorkerProcess(settings, tmp_path / f"{name}.log", name).start()
+        started.append(worker)
+        return worker
+
+    yield make
+    for worker in started:
+        worker.stop()

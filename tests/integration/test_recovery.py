@@ -1,0 +1,104 @@
+"""Nothing lost, nothing twice: a broker down at submit time, a worker killed mid-answer.
+
+Both tests use a private redis-server of their own, so that stopping it (or the worker on it)
+cannot disturb the session's shared worker.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable
+
+import pytest
+from sqlalchemy import func, select
+
+from app.client import SpecragClient
+from app.db import Answer, GenerationStatsRecord, Query, make_engine, make_session_factory
+from app.settings import Settings
+from tests.integration.helpers import ApiServer, RedisServer, WorkerProcess
+
+pytestmark = pytest.mark.integration
+
+
+def _row(settings: Settings, query_id: str) -> tuple[Query, int, int]:
+    engine = make_engine(settings)
+    qid = uuid.UUID(query_id)
+    with make_session_factory(engine)() as session:
+        query = session.get(Query, qid)
+        answers = session.scalar(
+            select(func.count()).select_from(Answer).where(Answer.query_id == qid)
+        )
+        stats = session.scalar(
+            select(func.count())
+            .select_from(GenerationStatsRecord)
+            .where(GenerationStatsRecord.query_id == qid)
+        )
+    engine.dispose()
+    assert query is not None
+    return query, int(answers or 0), int(stats or 0)
+
+
+def test_broker_down_at_submit_gives_202_and_the_query_is_answered_later(
+    service_settings: Settings, private_redis: RedisServer, keys: dict[str, str], ingested: str
+) -> None:
+    from celery.contrib.testing.worker import start_worker
+
+    from workers import create_celery
+
+    settings = service_settings.model_copy(update={"broker_url": private_redis.url(1)})
+    with ApiServer(settings) as api, SpecragClient(api.url, keys["acme"]) as client:
+        private_redis.stop()
+        started = time.monotonic()
+        query_id = client.submit("What does assert do?", ingested, max_tokens=2)
+        assert time.monotonic() - started < 10, "submit must not hang on a dead broker"
+        stored, _, _ = _row(settings, query_id)
+        assert stored.status == "queued" and stored.enqueued_at is None
+        private_redis.start()  # same port: the API's sweeper finds the broker again
+        deadline = time.monotonic() + 30
+        while _row(settings, query_id)[0].enqueued_at is None:
+            assert time.monotonic() < deadline, "the sweeper never enqueued the stored query"
+            time.sleep(0.2)
+        app = create_celery(settings)
+        with start_worker(app, pool="solo", perform_ping_check=False, queues=["answer"]):
+            done = client.wait(query_id, timeout=120)
+    assert done["status"] == "succeeded", done
+    query, answers, stats = _row(settings, query_id)
+    assert (answers, stats, query.attempts) == (1, 1, 1)
+
+
+def test_worker_killed_mid_answer_is_requeued_and_completes_once(
+    service_settings: Settings,
+    private_redis: RedisServer,
+    keys: dict[str, str],
+    ingested: str,
+    worker_process: Callable[[Settings, str], WorkerProcess],
+) -> None:
+    settings = service_settings.model_copy(update={"broker_url": private_redis.url(2)})
+    first = worker_process(settings, "first")
+    first.wait_ready()
+    with ApiServer(settings) as api, SpecragClient(api.url, keys["acme"]) as client:
+        # Long enough to be killed in the middle: hundreds of tokens from the tiny pair.
+        query_id = client.submit("What does assert do?", ingested, max_tokens=120, method="none")
+        deadline = time.monotonic() + 60
+        while client.get(query_id)["status"] != "running":
+            assert time.monotonic() < deadline, "the worker never started the query"
+            time.sleep(0.02)
+        first.kill()  # SIGKILL: no chance to clean up, the message stays unacknowledged
+        killed_at = time.monotonic()
+        assert client.get(query_id)["status"] == "running"
+        second = worker_process(settings, "second")
+        second.wait_ready()
+        done = client.wait(query_id, timeout=120)
+        recovered_in = time.monotonic() - killed_at
+    assert done["status"] == "succeeded", done
+    assert recovered_in < 120, f"re-queued and answered {recovered_in:.0f} s after the kill"
+    query, answers, stats = _row(settings, query_id)
+    assert (answers, stats) == (1, 1)
+    assert query.attempts == 2 and query.worker_host and query.worker_host.startswith("second@")
+    assert _any_answer_log(second) == 1
+
+
+def _any_answer_log(worker: WorkerProcess) -> int:
+    """How many times the second worker reported answering a query."""
+    return worker.log.read_text().count("'outcome': 'succeeded'")
