@@ -16,17 +16,18 @@ from __future__ import annotations
 import argparse
 import copy
 import random
+import statistics
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
+from transformers import DynamicCache
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from generation import SamplingParams, SpeculativeEngine  # noqa: E402
-from generation.costs import time_forward  # noqa: E402
 from generation.loading import has_tokenizer, load_tokenizer  # noqa: E402
 
 
@@ -107,22 +108,30 @@ def solve_alpha(e: float, k: float) -> float | None:
     return (lo + hi) / 2
 
 
-def measure_costs(target: Any, draft: Any | None, ks: list[int], context: int) -> dict[str, Any]:
-    """Return measured seconds of target passes (1 and k+1 tokens) and of a draft pass."""
-    costs: dict[str, Any] = {"target_1": time_forward(target, context, 1, repeats=15)}
-    costs["target"] = {k: time_forward(target, context, k + 1, repeats=15) for k in ks}
-    costs["draft_1"] = time_forward(draft, context, 1, repeats=15) if draft is not None else None
-    return costs
+def probe_costs(
+    target: Any, draft: Any | None, prompt: list[int], ks: list[int], clock: Any, repeats: int = 3
+) -> dict[str, list[float]]:
+    """Return seconds of target passes over 1 and k+1 tokens and of 1-token draft passes.
 
-
-def r_of(costs: dict[str, Any], k: float) -> float:
-    """Return r_k = target(k+1 tokens) / target(1 token), interpolated for fractional k."""
-    points = [(0.0, 1.0)] + sorted((q, t / costs["target_1"]) for q, t in costs["target"].items())
-    for (k0, r0), (k1, r1) in zip(points[:-1], points[1:], strict=True):
-        if k <= k1:
-            return r0 + (r1 - r0) * (k - k0) / (k1 - k0)
-    (k0, r0), (k1, r1) = points[-2], points[-1]
-    return r1 + (r1 - r0) * (k - k1) / (k1 - k0)
+    Timed after this prompt (the context the rows decode at), interleaved with the rows so that
+    a change of machine load shows in both.
+    """
+    probes: dict[str, list[float]] = {"target_1": [], "draft_1": []}
+    probes.update({f"target_{k + 1}": [] for k in ks})
+    for name, model in (("target", target), ("draft", draft)):
+        if model is None:
+            continue
+        cache = DynamicCache(config=model.config)
+        model(input_ids=torch.tensor([prompt]), cache=cache, use_cache=True, logits_to_keep=1)
+        sizes = [1] + ([k + 1 for k in ks] if name == "target" else [])
+        for _ in range(repeats):
+            for size in sizes:
+                ids = torch.tensor([prompt[:size]])
+                start = clock()
+                model(input_ids=ids, cache=cache, use_cache=True)
+                probes[f"{name}_{size}"].append(clock() - start)
+                cache.crop(-size)
+    return probes
 
 
 def hf_generate(target: Any, prompt: list[int], max_new: int, **kwargs: Any) -> list[int]:
@@ -134,9 +143,14 @@ def hf_generate(target: Any, prompt: list[int], max_new: int, **kwargs: Any) -> 
 
 
 def run_rows(
-    target: Any, draft: Any, prompts: list[list[int]], max_new: int, ks: list[int], hf_ks: list[int]
-) -> list[dict[str, Any]]:
-    """Time every row on every prompt (rows interleaved per prompt); return per-row totals."""
+    target: Any, draft: Any, prompts: list[list[int]], args: Any
+) -> tuple[list[dict[str, Any]], dict[str, float]]:
+    """Time every row and the cost probes on every prompt, interleaved in a shuffled order.
+
+    Returns per-row totals and the median probe times. Each prompt's prefill (a one-token
+    generation) is timed too, so decode-phase speedups exclude it for every row alike.
+    """
+    max_new, ks, hf_ks, clock = args.max_new_tokens, args.ks, args.hf_ks, args.clock
     engine = SpeculativeEngine(target, draft, max_speculative_tokens=max(ks))
     rows: list[tuple[str, Any, Any]] = [("none", "none", 1), ("transformers greedy", "hf_none", 1)]
     rows += [(f"draft_model k={k}", "draft_model", k) for k in [*ks, "auto"]]
@@ -144,67 +158,89 @@ def run_rows(
     rows += [(f"transformers assisted k={k}", "hf_assisted", k) for k in hf_ks]
     rows += [(f"transformers prompt lookup k={k}", "hf_lookup", k) for k in hf_ks]
 
-    def run(method: str, k: Any, prompt: list[int]) -> tuple[list[int], Any]:
+    def run(method: str, k: Any, prompt: list[int], new: int = max_new) -> tuple[list[int], Any]:
         if method == "hf_assisted":
             # transformers reads the draft length from the draft's generation_config.
             draft.generation_config.num_assistant_tokens = k
             draft.generation_config.num_assistant_tokens_schedule = "constant"
             draft.generation_config.assistant_confidence_threshold = 0.0
-            return hf_generate(target, prompt, max_new, assistant_model=draft), None
+            return hf_generate(target, prompt, new, assistant_model=draft), None
         if method == "hf_none":
-            return hf_generate(target, prompt, max_new), None
+            return hf_generate(target, prompt, new), None
         if method == "hf_lookup":
-            return hf_generate(target, prompt, max_new, prompt_lookup_num_tokens=k), None
-        params = SamplingParams(max_new_tokens=max_new, method=method, num_speculative_tokens=k)
+            return hf_generate(target, prompt, new, prompt_lookup_num_tokens=k), None
+        params = SamplingParams(max_new_tokens=new, method=method, num_speculative_tokens=k)
         result = engine.generate(prompt, params)
         return result.token_ids, result.stats
 
-    with torch.inference_mode():
-        for _, method, k in rows:  # warm-up (and adaptive-k cost calibration)
-            run(method, k, prompts[0][:32])
     totals = [
         dict(name=n, method=m, k=k, seconds=0.0, tokens=0, same=True, stats=[]) for n, m, k in rows
     ]
-    baseline: dict[int, list[int]] = {}
+    probes: dict[str, list[float]] = {}
+    prefill_seconds = 0.0
     with torch.inference_mode():
+        for _, method, k in rows:  # warm-up (and adaptive-k cost calibration)
+            run(method, k, prompts[0][:32], new=8)
         for i, prompt in enumerate(prompts):
-            order = list(range(len(rows)))
+            order = list(range(len(rows) + 2))
             random.Random(i).shuffle(order)  # no row always runs first (or last) on the machine
-            for j in [0] + [o for o in order if o != 0]:
+            for j in order:
+                if j == len(rows):
+                    start = clock()
+                    run("none", 1, prompt, new=1)
+                    prefill_seconds += clock() - start
+                    continue
+                if j == len(rows) + 1:
+                    for name, times in probe_costs(target, draft, prompt, ks, clock).items():
+                        probes.setdefault(name, []).extend(times)
+                    continue
                 row = totals[j]
-                start = time.perf_counter()
+                start = clock()
                 tokens, stats = run(row["method"], row["k"], prompt)
-                row["seconds"] += time.perf_counter() - start
+                row["seconds"] += clock() - start
                 row["tokens"] += len(tokens)
-                baseline.setdefault(i, tokens)
-                row["same"] = row["same"] and tokens == baseline[i]
+                row.setdefault("outputs", []).append(tokens)
                 if stats is not None:
                     row["stats"].append(stats)
-    return totals
+    for row in totals:
+        row["same"] = row["outputs"] == totals[0]["outputs"]  # row 0: target alone
+        row["decode_seconds"] = row["seconds"] - prefill_seconds
+        row["decode_tokens"] = row["tokens"] - len(prompts)
+    costs = {name: statistics.median(times) for name, times in probes.items() if times}
+    return totals, costs
 
 
-def summarise(rows: list[dict[str, Any]], costs: dict[str, Any]) -> list[list[str]]:
+def r_of(costs: dict[str, float], k: float) -> float:
+    """Return r_k = target(k+1 tokens) / target(1 token), interpolated for fractional k."""
+    measured = sorted(
+        (int(name.split("_")[1]) - 1, t / costs["target_1"])
+        for name, t in costs.items()
+        if name.startswith("target_")
+    )
+    k0, r0 = measured[0]
+    for k1, r1 in measured[1:]:
+        if k <= k1:
+            return r0 + (r1 - r0) * (k - k0) / (k1 - k0)
+        k0, r0 = k1, r1
+    return r0
+
+
+def summarise(rows: list[dict[str, Any]], costs: dict[str, float]) -> list[list[str]]:
     """Return table lines: speedups, acceptance, E, alpha, r_k, c, predicted S, efficiency.
 
     The predicted S models decode rounds only, so efficiency compares it with the decode-phase
-    speedup: tokens after the first over the time after the first (both rows exclude the
-    prompt's prefill, which speculation cannot shorten).
+    speedup (each prompt's timed prefill subtracted from every row alike).
     """
-
-    def decode_tps(row: dict[str, Any]) -> float:
-        stats = row["stats"]
-        tokens = sum(s.num_output_tokens - 1 for s in stats)
-        return tokens / (sum(s.generation_ms - s.ttft_ms for s in stats) / 1e3)
-
-    base, base_decode = rows[0]["tokens"] / rows[0]["seconds"], decode_tps(rows[0])
-    c = costs["draft_1"] / costs["target_1"] if costs["draft_1"] else 0.0
+    base = rows[0]["tokens"] / rows[0]["seconds"]
+    base_decode = rows[0]["decode_tokens"] / rows[0]["decode_seconds"]
+    c = costs["draft_1"] / costs["target_1"] if "draft_1" in costs else 0.0
     table = []
     for row in rows:
         tps = row["tokens"] / row["seconds"]
-        stats = row["stats"]
-        line = [row["name"], f"{tps:.1f}", f"{tps / base:.2f}x"]
-        line.append(f"{decode_tps(row) / base_decode:.2f}x" if stats else "—")
+        decode = (row["decode_tokens"] / row["decode_seconds"]) / base_decode
+        line = [row["name"], f"{tps:.1f}", f"{tps / base:.2f}x", f"{decode:.2f}x"]
         line.append("yes" if row["same"] else "NO")
+        stats = row["stats"]
         drafted = sum(s.num_draft_tokens for s in stats)
         if not stats or not drafted:
             table.append(line + ["—"] * 8)
@@ -227,7 +263,7 @@ def summarise(rows: list[dict[str, Any]], costs: dict[str, Any]) -> list[list[st
             f"{r_k:.2f}",
             f"{cost_c:.2f}",
             f"{predicted:.2f}x",
-            f"{(decode_tps(row) / base_decode) / predicted:.2f}",
+            f"{decode / predicted:.2f}",
         ]
         table.append(line)
     return table
@@ -250,12 +286,12 @@ HEADER = [
 ]
 
 
-def print_table(title: str, lines: list[list[str]], costs: dict[str, Any]) -> None:
+def print_table(title: str, lines: list[list[str]], costs: dict[str, float]) -> None:
     print(f"\n### {title}\n")
-    t1 = costs["target_1"] * 1e3
-    parts = ", ".join(f"{k + 1} tok {v * 1e3:.2f} ms" for k, v in costs["target"].items())
-    draft = f"{costs['draft_1'] * 1e3:.2f} ms" if costs["draft_1"] else "—"
-    print(f"Measured passes: target 1 tok {t1:.2f} ms, {parts}; draft 1 tok {draft}\n")
+    passes = ", ".join(
+        f"{name.replace('_', ' ')} tok {t * 1e3:.2f} ms" for name, t in sorted(costs.items())
+    )
+    print(f"Median measured passes ({passes})\n")
     print("| " + " | ".join(HEADER) + " |")
     print("|" + "---|" * len(HEADER))
     for line in lines:
@@ -263,16 +299,12 @@ def print_table(title: str, lines: list[list[str]], costs: dict[str, Any]) -> No
 
 
 def benchmark(title: str, target: Any, draft: Any, prompts: list[list[int]], args: Any) -> None:
-    rows = run_rows(target, draft, prompts, args.max_new_tokens, args.ks, args.hf_ks)
-    context = len(prompts[0]) + args.max_new_tokens // 2
-    costs = measure_costs(target, draft, sorted({*args.ks, 4}), context)
+    rows, costs = run_rows(target, draft, prompts, args)
     print_table(title, summarise(rows, costs), costs)
-    auto = next(r for r in rows if r["name"] == "draft_model k=auto")
-    fixed = [r for r in rows if r["method"] == "draft_model" and r["k"] != "auto"]
-    best = max(fixed, key=lambda r: r["tokens"] / r["seconds"])
-    ratio = (auto["tokens"] / auto["seconds"]) / (best["tokens"] / best["seconds"])
-    print(f"\nauto vs best fixed k ({best['name']}): {ratio:.2f}x")
     tps = {r["name"]: r["tokens"] / r["seconds"] for r in rows}
+    fixed = [f"draft_model k={k}" for k in args.ks]
+    best = max(fixed, key=lambda name: tps[name])
+    print(f"\nauto vs best fixed k ({best}): {tps['draft_model k=auto'] / tps[best]:.2f}x tokens/s")
     for k in args.hf_ks:
         for ours, theirs in (
             ("draft_model", "transformers assisted"),
@@ -294,7 +326,14 @@ def main() -> None:
     parser.add_argument("--hf-ks", type=lambda s: [int(x) for x in s.split(",")], default=[4])
     parser.add_argument("--threads", type=int, default=1, help="torch threads (shared CPU: 1)")
     parser.add_argument("--no-large", action="store_true", help="skip the >=50M draft=target row")
+    parser.add_argument(
+        "--clock",
+        choices=["cpu", "wall"],
+        default="cpu",
+        help="cpu: process CPU time (robust on a shared machine; one thread); wall: elapsed time",
+    )
     args = parser.parse_args()
+    args.clock = time.process_time if args.clock == "cpu" else time.perf_counter
     torch.set_num_threads(args.threads)
 
     if args.target:

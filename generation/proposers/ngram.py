@@ -2,43 +2,55 @@
 
 In RAG the prompt holds the retrieved passages and answers quote them, so the longest recent
 n-gram of the sequence (n from ``max_n`` down to ``min_n``) is searched earlier in the
-context and the tokens that followed its most recent earlier occurrence are proposed.
-Its draft distribution is one-hot on the proposed tokens.
+context and the tokens that followed it are proposed. Its draft distribution is one-hot on the
+proposed tokens.
 """
 
 from __future__ import annotations
 
-import numpy as np
+from bisect import bisect_right
+
 import torch
-from numpy.lib.stride_tricks import sliding_window_view
 
 from generation.proposers.base import Draft
 
 
-def find_continuation(tokens: np.ndarray, k: int, max_n: int, min_n: int = 1) -> np.ndarray:
+def pick_start(starts: list[int], n: int, k: int, seq_len: int) -> int | None:
+    """Return where the proposal begins, given the sorted earlier ``starts`` of the suffix n-gram.
+
+    The most recent match with ``k`` following tokens wins (answers quote nearby text); when
+    none has ``k``, the earliest (longest continuation) does — in a repetitive stream the most
+    recent match sits just before the suffix and would leave a single token.
+    """
+    # Matches must end before the suffix begins, so that at least one token follows them.
+    usable = bisect_right(starts, seq_len - n - 1)
+    if usable == 0:
+        return None
+    full = bisect_right(starts, seq_len - n - k, hi=usable)
+    return (starts[full - 1] if full else starts[0]) + n
+
+
+def find_continuation(tokens: list[int], k: int, max_n: int, min_n: int = 1) -> list[int]:
     """Return up to ``k`` tokens that followed an earlier match of the longest suffix n-gram.
 
-    ``tokens``: [seq_len] int64. Longer matches are tried first because they predict better.
-    Among matches of one length the most recent with ``k`` following tokens wins (answers quote
-    nearby text); when none has ``k``, the earliest (longest continuation) does — in a
-    repetitive stream the most recent match is just before the suffix and leaves one token.
+    A direct scan, the reference for ``NgramProposer``'s incremental index.
     """
-    seq_len = tokens.shape[0]
+    seq_len = len(tokens)
     for n in range(min(max_n, seq_len - 1), min_n - 1, -1):
         suffix = tokens[seq_len - n :]
-        # windows[i] = tokens[i : i + n]; only starts whose match ends before the suffix starts
-        # (i + n < seq_len) leave at least one following token to propose.
-        windows = sliding_window_view(tokens[: seq_len - 1], n)
-        hits = np.flatnonzero((windows == suffix).all(axis=1))
-        if hits.size:
-            full = hits[hits + n + k <= seq_len]
-            start = int(full[-1] if full.size else hits[0]) + n
-            return tokens[start : min(start + k, seq_len)]
-    return tokens[:0]
+        starts = [i for i in range(seq_len - n) if tokens[i : i + n] == suffix]
+        start = pick_start(starts, n, k, seq_len)
+        if start is not None:
+            return tokens[start : start + k]
+    return []
 
 
 class NgramProposer:
-    """Drafts by prompt lookup; stateless between rounds apart from a host copy of the ids."""
+    """Drafts by prompt lookup from an index of every n-gram's start positions.
+
+    The index grows with the sequence (``max_n`` dictionary updates per token), so a lookup
+    costs ``max_n`` dictionary reads however long the context is.
+    """
 
     def __init__(self, device: torch.device, max_n: int = 4, min_n: int = 1) -> None:
         if not 1 <= min_n <= max_n:
@@ -46,30 +58,38 @@ class NgramProposer:
         self.device = device
         self.max_n = max_n
         self.min_n = min_n
-        self._buffer = np.zeros(0, dtype=np.int64)
-        self._len = 0
+        self._index: list[dict[tuple[int, ...], list[int]]] = []
+        self._indexed = 0
 
     def begin(self, tokens: list[int]) -> None:
-        """Copy the prompt into a growable host buffer (no per-round list conversion)."""
-        self._buffer = np.zeros(max(64, 2 * len(tokens)), dtype=np.int64)
-        self._len = 0
-        self._sync(tokens)
+        """Index the prompt (and any token already emitted)."""
+        self._index = [{} for _ in range(self.max_n + 1)]
+        self._indexed = 0
+        self._extend(tokens)
 
-    def _sync(self, tokens: list[int]) -> None:
-        if len(tokens) > self._buffer.shape[0]:
-            grown = np.zeros(2 * len(tokens), dtype=np.int64)
-            grown[: self._len] = self._buffer[: self._len]
-            self._buffer = grown
-        self._buffer[self._len : len(tokens)] = tokens[self._len :]
-        self._len = len(tokens)
+    def _extend(self, tokens: list[int]) -> None:
+        for end in range(self._indexed + 1, len(tokens) + 1):
+            for n in range(self.min_n, min(self.max_n, end) + 1):
+                key = tuple(tokens[end - n : end])
+                self._index[n].setdefault(key, []).append(end - n)
+        self._indexed = len(tokens)
 
     def propose(
         self, tokens: list[int], k: int, temperature: float, generator: torch.Generator | None
     ) -> Draft:
         """Return the looked-up continuation (possibly empty) with a one-hot distribution."""
-        self._sync(tokens)
-        found = find_continuation(self._buffer[: self._len], k, self.max_n, self.min_n)
-        return Draft(token_ids=torch.from_numpy(found.copy()).to(self.device), probs=None)
+        self._extend(tokens)
+        seq_len = len(tokens)
+        found: list[int] = []
+        for n in range(min(self.max_n, seq_len - 1), self.min_n - 1, -1):
+            starts = self._index[n].get(tuple(tokens[seq_len - n :]))
+            start = pick_start(starts, n, k, seq_len) if starts else None
+            if start is not None:
+                found = tokens[start : start + k]
+                break
+        return Draft(
+            token_ids=torch.tensor(found, dtype=torch.long, device=self.device), probs=None
+        )
 
     def rollback(self, tokens: list[int], num_draft_tokens: int, num_accepted: int) -> None:
-        """Nothing to undo: drafts never entered the buffer."""
+        """Nothing to undo: drafts never entered the index."""

@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
-import numpy as np
+import random
+
 import pytest
+import torch
 
 from generation.adaptive import AdaptiveK, CostModel, RecentAcceptance, best_k, expected_tokens
-from generation.proposers import find_continuation
+from generation.proposers import NgramProposer, find_continuation
 
 
 def lookup(tokens: list[int], k: int, max_n: int = 4) -> list[int]:
-    return find_continuation(np.array(tokens, dtype=np.int64), k, max_n).tolist()
+    """Return the proposer's draft, checked against the direct-scan reference."""
+    proposer = NgramProposer(torch.device("cpu"), max_n=max_n)
+    proposer.begin(tokens[:3])
+    found = proposer.propose(tokens, k, 0.0, None).token_ids.tolist()
+    assert found == find_continuation(tokens, k, max_n)
+    return found
 
 
 def test_longest_suffix_match_wins_over_a_more_recent_shorter_one() -> None:
@@ -37,11 +44,22 @@ def test_prefers_a_match_with_a_full_continuation() -> None:
     assert lookup([1, 2, 3, 1, 4, 5, 1], 2) == [4, 5]
 
 
-def test_rejects_bad_n_range() -> None:
-    from generation.proposers import NgramProposer
+def test_incremental_index_agrees_with_a_direct_scan() -> None:
+    rng = random.Random(0)
+    for trial in range(30):
+        vocab = rng.choice([2, 3, 5, 20])
+        tokens = [rng.randrange(vocab) for _ in range(rng.randrange(1, 60))]
+        proposer = NgramProposer(torch.device("cpu"), max_n=3)
+        proposer.begin(tokens[:1])
+        for end in range(1, len(tokens) + 1):  # the sequence grows as in generation
+            k = rng.randrange(1, 6)
+            found = proposer.propose(tokens[:end], k, 0.0, None).token_ids.tolist()
+            assert found == find_continuation(tokens[:end], k, 3), (trial, end)
 
+
+def test_rejects_bad_n_range() -> None:
     with pytest.raises(ValueError, match="min_n <= max_n"):
-        NgramProposer(device=None, max_n=0)  # type: ignore[arg-type]
+        NgramProposer(torch.device("cpu"), max_n=0)
 
 
 def test_expected_tokens_matches_the_formula() -> None:

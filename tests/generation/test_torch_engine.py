@@ -123,9 +123,9 @@ def test_draft_method_without_draft_is_refused() -> None:
 
 def test_adaptive_k_uses_recent_requests_of_the_same_method() -> None:
     target = build_model("llama", vocab_size=VOCAB, seed=5)
-    # The draft is the target itself, so its measured cost would make k=1 best; give it the
-    # costs of a cheap draft instead.
-    costs = {"draft_model": CostModel(target_slope=0.1, proposer_cost=0.1)}
+    # The draft is the target itself, so its real cost would make k=1 best; give it the costs
+    # of a cheap draft, trusted over the timed rounds (huge prior weight).
+    costs = {"draft_model": CostModel(target_slope=0.1, proposer_cost=0.1, prior_weight=1e12)}
     engine = SpeculativeEngine(target, target, max_speculative_tokens=8, costs=costs)
     before = engine._recent["draft_model"].alpha
     for _ in range(3):
