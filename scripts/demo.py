@@ -1,0 +1,149 @@
+"""``make demo``: one question answered end to end on the embedded defaults, no servers needed.
+
+Steps: migrate the embedded SQLite database, ingest demo/corpus, start a real ``specrag worker``
+subprocess (embedded SQLAlchemy broker), serve the HTTP API on a loopback port, submit the demo
+question with the Python client exactly as the web backend does (API → database → queue →
+worker), wait, print the answer with its sources and decoding stats, and stop the worker.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO_ROOT))
+SPECRAG = Path(sys.executable).parent / "specrag"
+QUESTION = "What does the assert statement do?"
+COLLECTION = "demo"
+
+
+def run_cli(*args: str) -> dict[str, Any]:
+    """Run ``specrag ARGS --json`` and return its JSON; exits with its error line on failure."""
+    proc = subprocess.run(
+        [str(SPECRAG), *args, "--json"], capture_output=True, text=True, cwd=REPO_ROOT
+    )
+    if proc.returncode != 0:
+        sys.exit(
+            f"demo: `specrag {' '.join(args)}` failed: {proc.stderr.strip().splitlines()[-1:]}"
+        )
+    data: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return data
+
+
+def start_worker(log_path: Path) -> subprocess.Popen[bytes]:
+    """A real worker process on the embedded broker; returns once it is consuming."""
+    log = open(log_path, "wb")
+    proc = subprocess.Popen(
+        [str(SPECRAG), "worker", "--queues", "answer,batch", "--loglevel", "INFO"],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        cwd=REPO_ROOT,
+    )
+    deadline = time.monotonic() + 600
+    while " ready." not in log_path.read_text(errors="replace"):
+        if proc.poll() is not None:
+            sys.exit(f"demo: the worker exited early; see {log_path}")
+        if time.monotonic() > deadline:
+            proc.kill()
+            sys.exit(f"demo: the worker was not ready in 10 minutes; see {log_path}")
+        time.sleep(0.5)
+    return proc
+
+
+def stop_worker(proc: subprocess.Popen[bytes]) -> None:
+    """Warm shutdown (finish the current task), then make sure it is gone."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def show(view: dict[str, Any], question: str) -> None:
+    """Print the answer, its sources and its stats for people."""
+    print(f"\nQuestion: {question}\n")
+    if view["status"] != "succeeded":
+        print(f"The query {view['status']}: {view.get('error')}")
+        return
+    print(f"Answer:{view['answer'] if view['answer'].startswith(' ') else ' ' + view['answer']}\n")
+    print("Sources:")
+    for rank, src in enumerate(view.get("sources", []), start=1):
+        print(f"  [{rank}] {src['document']} — {src.get('title') or ''} (score {src['score']:.3f})")
+    s = view["stats"]
+    rate = "n/a" if s["acceptance_rate"] is None else f"{s['acceptance_rate']:.2f}"
+    mal = "n/a" if s["mean_acceptance_length"] is None else f"{s['mean_acceptance_length']:.2f}"
+    print("\nDecoding stats:")
+    print(
+        f"  method {s['method']}, k={s['num_speculative_tokens']}, model pair {view.get('model_pair')}"
+    )
+    print(f"  {s['num_output_tokens']} tokens in {s['num_target_forwards']} target forward passes")
+    print(f"  drafted {s['num_draft_tokens']}, accepted {s['num_accepted_tokens']} (rate {rate})")
+    print(f"  mean acceptance length {mal}; accepted per position {s['accepted_per_position']}")
+    timings = ("queue_ms", "retrieval_ms", "ttft_ms", "generation_ms", "total_ms")
+    print("  " + ", ".join(f"{k[:-3]} {s[k]:.0f} ms" for k in timings if s.get(k) is not None))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--question", default=QUESTION)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--json", action="store_true", help="Print the query as JSON.")
+    args = parser.parse_args()
+
+    from app.settings import Settings
+
+    settings = Settings()
+    for name, path in (("target", settings.target_model), ("draft", settings.draft_model)):
+        if path is None or not (Path(path) / "config.json").is_file():
+            sys.exit(f"demo: the {name} model is missing at {path} (see models/README.md)")
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+
+    print("demo: migrating the embedded database ...", flush=True)
+    run_cli("db", "upgrade")
+    print("demo: ingesting demo/corpus (unchanged files are skipped) ...", flush=True)
+    # A relative path, as a user would type it: sources are stored as given.
+    report = run_cli("ingest", "demo/corpus", "--collection", COLLECTION)
+    print(f"demo:   {report.get('added', 0)} added, {report.get('unchanged', 0)} unchanged")
+    key = run_cli("keys", "create", "--tenant", "default")["key"]
+
+    print("demo: starting a worker (loads the model pair once) ...", flush=True)
+    worker = start_worker(settings.data_dir / "demo-worker.log")
+    try:
+        import uvicorn
+
+        from app.api import create_app
+        from app.client import SpecragClient
+
+        server = uvicorn.Server(uvicorn.Config(create_app(settings), port=0, log_level="warning"))
+        thread = threading.Thread(target=server.run, daemon=True)
+        thread.start()
+        while not server.started:
+            time.sleep(0.05)
+        port = server.servers[0].sockets[0].getsockname()[1]
+        with SpecragClient(f"http://127.0.0.1:{port}", key) as client:
+            print("demo: submitting the question through the API and the queue ...", flush=True)
+            query_id = client.submit(args.question, COLLECTION, max_tokens=args.max_tokens)
+            view = client.wait(query_id, timeout=600)
+        server.should_exit = True
+        thread.join(10)
+    finally:
+        stop_worker(worker)
+    if args.json:
+        print(json.dumps(view, indent=2))
+    else:
+        show(view, args.question)
+    sys.exit(0 if view["status"] == "succeeded" else 1)
+
+
+if __name__ == "__main__":
+    main()
