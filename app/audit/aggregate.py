@@ -15,10 +15,25 @@ speculative generation took longer than the greedy non-speculative one.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import uuid
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
-from sqlalchemy import Float, String, Subquery, and_, case, cast, func, literal, select, union_all
+from sqlalchemy import (
+    Column,
+    FromClause,
+    MetaData,
+    Select,
+    String,
+    Subquery,
+    Table,
+    and_,
+    case,
+    cast,
+    func,
+    select,
+)
 from sqlalchemy.orm import Session
 
 from app.audit.records import ShadowRun
@@ -30,8 +45,41 @@ LATENCY_METRICS = ("queue", "retrieval", "ttft", "generation", "total")
 EVAL_QUEUE = "eval"
 
 
-def base(window: Window, extra: dict[str, Any] | None = None) -> Subquery:
+def base(window: Window) -> Subquery:
     """One row per query queued in ``window``, with its tenant, stats, answer and shadow baseline."""
+    return base_select(window).subquery("base")
+
+
+@contextmanager
+def materialized(session: Session, window: Window) -> Iterator[Table]:
+    """``base(window)`` copied once into a temporary table, dropped when the block ends.
+
+    A report runs a dozen aggregates over the same rows; joining five tables for each of them
+    costs more than all the aggregates together, so the join runs once. On PostgreSQL the
+    transaction also gets enough ``work_mem`` for its sorts to stay in memory.
+    """
+    sel = base_select(window)
+    cols = [Column(c.name, c.type) for c in sel.selected_columns]
+    table = Table(f"audit_base_{uuid.uuid4().hex[:12]}", MetaData(), *cols, prefixes=["TEMPORARY"])
+    conn = session.connection()
+    if conn.dialect.name == "postgresql":
+        conn.exec_driver_sql("SET LOCAL work_mem = '64MB'")
+        # Compiling these one-off scans costs more than it saves.
+        conn.exec_driver_sql("SET LOCAL jit = off")
+    table.create(conn)
+    try:
+        conn.execute(table.insert().from_select([c.name for c in cols], sel))
+        if conn.dialect.name == "postgresql":
+            # Row counts and widths let the planner hash-aggregate instead of sorting.
+            keys = "tenant, collection, method, model_pair, num_speculative_tokens"
+            conn.exec_driver_sql(f"ANALYZE {table.name} ({keys})")
+        yield table
+    finally:
+        table.drop(session.connection())
+
+
+def base_select(window: Window) -> Select[Any]:
+    """The statement behind ``base``: one row per query of the window (golden runs left out)."""
     q, s, a = Query.__table__, GenerationStatsRecord.__table__, Answer.__table__
     t, sh = Tenant.__table__, ShadowRun.__table__
     method = func.coalesce(s.c.method, Query.params["method"].as_string())
@@ -59,7 +107,6 @@ def base(window: Window, extra: dict[str, Any] | None = None) -> Subquery:
         sh.c.baseline_generation_ms,
         sh.c.mismatched_tokens,
     ]
-    cols += [literal(v).label(name) for name, v in (extra or {}).items()]
     stmt = (
         select(*cols)
         .select_from(q)
@@ -69,7 +116,7 @@ def base(window: Window, extra: dict[str, Any] | None = None) -> Subquery:
         .outerjoin(sh, sh.c.query_id == q.c.id)
         .where(q.c.queued_at >= window.since, q.c.queued_at < window.until, q.c.queue != EVAL_QUEUE)
     )
-    return stmt.subquery("base")
+    return stmt
 
 
 def _count(cond: Any) -> Any:
@@ -80,7 +127,7 @@ def _sum(expr: Any, cond: Any) -> Any:
     return func.sum(case((cond, expr)))
 
 
-def counters(session: Session, b: Subquery, keys: Sequence[str]) -> dict[tuple[Any, ...], dict]:
+def counters(session: Session, b: FromClause, keys: Sequence[str]) -> dict[tuple[Any, ...], dict]:
     """Counts and sums per key tuple: requests, outcomes, tokens, drafts, shadow baselines."""
     answered = and_(b.c.status == "succeeded", b.c.stats_id.is_not(None))
     timed = and_(answered, b.c.generation_ms > 0)
@@ -120,17 +167,12 @@ def counters(session: Session, b: Subquery, keys: Sequence[str]) -> dict[tuple[A
     return out
 
 
-def latency_values(b: Subquery, keys: Sequence[str]) -> Any:
-    """Rows (keys..., metric, x): every answered query's latency of each kind, unpivoted."""
-    parts = [
-        select(
-            *(b.c[k] for k in keys),
-            literal(m).label("metric"),
-            cast(b.c[f"{m}_ms"], Float).label("x"),
-        ).where(b.c.status == "succeeded", b.c[f"{m}_ms"].is_not(None))
-        for m in LATENCY_METRICS
-    ]
-    return union_all(*parts)
+def latency_percentiles(
+    session: Session, b: FromClause, keys: Sequence[str], metrics: Sequence[str] = LATENCY_METRICS
+) -> dict[tuple[Any, ...], dict[str, dict[str, float | None]]]:
+    """P50/P95/P99 of each latency of answered queries per key tuple (see ``sql.percentiles``)."""
+    columns = {m: f"{m}_ms" for m in metrics}
+    return percentiles(session, b, keys, columns, b.c.status == "succeeded")
 
 
 def _ratio(num: Any, den: Any, scale: float = 1.0) -> float | None:
@@ -174,15 +216,14 @@ def summarize(c: dict[str, Any], pct: dict[str, dict], curve: list[int]) -> dict
     }
 
 
-def aggregate(session: Session, window: Window, keys: Sequence[str]) -> list[dict[str, Any]]:
-    """One summarized dict per key tuple in ``window`` (a single one when ``keys`` is empty).
+def aggregate(session: Session, b: FromClause, keys: Sequence[str]) -> list[dict[str, Any]]:
+    """One summarized dict per key tuple of the rows ``b`` (a single one when ``keys`` is empty).
 
-    Each dict carries its key columns by name, then the fields of ``summarize``; sorted by
-    request count, busiest first.
+    ``b`` is ``base(window)`` or its ``materialized`` copy. Each dict carries its key columns by
+    name, then the fields of ``summarize``; sorted by request count, busiest first.
     """
-    b = base(window)
     counts = counters(session, b, keys)
-    pcts = percentiles(session, select(latency_values(b, keys).subquery()), keys)
+    pcts = latency_percentiles(session, b, keys)
     curves = position_sums(session, b, keys)
     rows = []
     for key, c in counts.items():

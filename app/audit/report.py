@@ -14,11 +14,18 @@ from dataclasses import asdict, dataclass
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import FromClause, select
 from sqlalchemy.orm import Session
 
-from app.audit.aggregate import aggregate, base, counters, latency_values, summarize
-from app.audit.sql import bucket_index, percentiles
+from app.audit.aggregate import (
+    aggregate,
+    base,
+    counters,
+    latency_percentiles,
+    materialized,
+    summarize,
+)
+from app.audit.sql import bucket_index
 from app.audit.window import DEFAULT_GROUP_BY, Window
 from app.settings import Settings
 
@@ -63,8 +70,11 @@ def build_report(
 ) -> dict[str, Any]:
     """The report over ``window`` grouped by ``group_by``; an empty window gives an empty report."""
     th = thresholds or Thresholds()
-    [overall] = aggregate(session, window, [])
-    groups = aggregate(session, window, list(group_by)) if overall["requests"] and group_by else []
+    with materialized(session, window) as rows:
+        [overall] = aggregate(session, rows, [])
+        busy = overall["requests"] > 0
+        groups = aggregate(session, rows, list(group_by)) if busy and group_by else []
+        points = timeline(session, window, rows) if busy else _no_timeline(window)
     report: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
         "since": window.since.isoformat(),
@@ -74,7 +84,7 @@ def build_report(
         "group_by": list(group_by),
         **overall,
         "groups": groups,
-        "timeline": timeline(session, window) if overall["requests"] else _no_timeline(window),
+        "timeline": points,
         "alerts": [],
         "thresholds": asdict(th),
     }
@@ -94,14 +104,16 @@ def _no_timeline(window: Window) -> dict[str, Any]:
     return {"bucket_seconds": _bucket_seconds(window), "points": []}
 
 
-def timeline(session: Session, window: Window) -> dict[str, Any]:
-    """Requests and latency percentiles per time bucket of the window (empty buckets left out)."""
+def timeline(session: Session, window: Window, b: FromClause) -> dict[str, Any]:
+    """Requests and latency percentiles per time bucket of the window (empty buckets left out).
+
+    ``b`` holds the window's rows (``base`` or its ``materialized`` copy).
+    """
     width = _bucket_seconds(window)
-    b = base(window)
     idx = bucket_index(session, b.c.queued_at, window.since, width).label("bucket")
     bb = select(*b.c, idx).subquery("bucketed")
     counts = counters(session, bb, ["bucket"])
-    pcts = percentiles(session, select(latency_values(bb, ["bucket"]).subquery()), ["bucket"])
+    pcts = latency_percentiles(session, bb, ["bucket"], ("total", "ttft"))
     points = []
     for (bucket,), c in sorted(counts.items(), key=lambda kv: int(kv[0][0])):
         s = summarize(c, pcts.get((bucket,), {}), [])
@@ -193,24 +205,28 @@ def _collapse(key: dict[str, Any], where: str, rate: float, why: str) -> dict[st
 
 def _acceptance(session: Session, window: Window, keys: list[str]) -> dict[Any, float]:
     """Acceptance rate per key tuple (and None for the whole window) over ``window``."""
-    b = base(window)
     out: dict[Any, float] = {}
-    for ks, label in ((keys, True), ([], False)):
-        for key, c in counters(session, b, ks).items():
-            if c["draft_tokens"]:
-                out[key if label else None] = float(c["accepted_tokens"]) / c["draft_tokens"]
+    accepted = drafted = 0
+    for key, c in counters(session, base(window), keys).items():
+        # Token counts add up across groups, so the whole window's rate needs no second scan.
+        accepted += c["accepted_tokens"] or 0
+        drafted += c["draft_tokens"] or 0
+        if c["draft_tokens"]:
+            out[key] = float(c["accepted_tokens"]) / c["draft_tokens"]
+    if drafted:
+        out[None] = accepted / drafted
     return out
 
 
 def _p95_total(session: Session, window: Window, keys: list[str]) -> dict[Any, tuple[float, int]]:
     """P95 total latency and sample count per key tuple (None: whole window) over ``window``."""
     b = base(window)
+    counts = counters(session, b, keys)
     out: dict[Any, tuple[float, int]] = {}
     for ks, label in ((keys, True), ([], False)):
-        values = select(latency_values(b, ks).subquery())
-        counts = counters(session, b, ks)
-        for key, by_metric in percentiles(session, values, ks).items():
+        for key, by_metric in latency_percentiles(session, b, ks, ("total",)).items():
             p95 = by_metric.get("total", {}).get("p95")
+            n = sum(int(c["succeeded"]) for k, c in counts.items() if not label or k == key)
             if p95 is not None:
-                out[key if label else None] = (p95, int(counts[key]["succeeded"]))
+                out[key if label else None] = (p95, n)
     return out

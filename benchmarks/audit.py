@@ -1,0 +1,96 @@
+"""Time the audit report over 100k stored requests (PostgreSQL, with SQLite beside it).
+
+Seeds a fresh database per dialect with bulk inserts (``tests/audit/seeding.py``): ``--rows``
+queries in a one-day window (answers with two sources each, stats, shadow baselines on a few)
+plus a fifth as many in the previous day, so the alert queries have something to compare.
+Then times ``render_report`` per format (median of ``--repeat`` runs) and prints a table.
+
+    .venv/bin/python benchmarks/audit.py [--rows 100000] [--repeat 3] [--skip-sqlite]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from sqlalchemy import Engine, create_engine
+from sqlalchemy.orm import Session
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from app.audit import render_report  # noqa: E402
+from app.db.schema import upgrade  # noqa: E402
+from tests.audit.seeding import seed  # noqa: E402
+
+START = datetime(2026, 6, 1, tzinfo=UTC)
+DAY = timedelta(days=1)
+PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/test"
+
+
+def seed_db(engine: Engine, rows: int) -> float:
+    """Migrate and seed; returns the seconds it took."""
+    t0 = time.perf_counter()
+    upgrade(engine)
+    seed(engine, rows, start=START, span=DAY, seed=1, shadow_share=0.05, chunk=10_000)
+    seed(engine, rows // 5, start=START - DAY, span=DAY, seed=2, chunk=10_000)
+    return time.perf_counter() - t0
+
+
+def time_report(engine: Engine, fmt: str, repeat: int) -> tuple[float, int]:
+    """Median seconds of one report in ``fmt`` (fresh session each run), and its size."""
+    times, size = [], 0
+    for _ in range(repeat):
+        with Session(engine) as session:
+            t0 = time.perf_counter()
+            _, body = render_report(
+                session, since=START.isoformat(), until=(START + DAY).isoformat(), fmt=fmt
+            )
+            times.append(time.perf_counter() - t0)
+            size = len(body)
+    return statistics.median(times), size
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--rows", type=int, default=100_000)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--skip-sqlite", action="store_true")
+    args = ap.parse_args()
+
+    import psycopg
+
+    name = f"specrag_bench_audit_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    engines = {"postgresql": create_engine(f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}")}
+    tmp = tempfile.TemporaryDirectory()
+    if not args.skip_sqlite:
+        engines["sqlite"] = create_engine(f"sqlite:///{tmp.name}/audit.db")
+    try:
+        print(f"rows in window: {args.rows} (+{args.rows // 5} in the previous day)")
+        print("| database | seed (s) | format | report (s, median) | bytes |")
+        print("|---|---|---|---|---|")
+        for dialect, engine in engines.items():
+            seeded = seed_db(engine, args.rows)
+            if dialect == "postgresql":
+                with engine.begin() as conn:
+                    conn.exec_driver_sql("ANALYZE")
+            for fmt in ("json", "csv", "html"):
+                secs, size = time_report(engine, fmt, args.repeat)
+                print(f"| {dialect} | {seeded:.1f} | {fmt} | {secs:.2f} | {size} |", flush=True)
+    finally:
+        for engine in engines.values():
+            engine.dispose()
+        with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        tmp.cleanup()
+
+
+if __name__ == "__main__":
+    main()
