@@ -133,6 +133,9 @@ def answer_query(
             if isinstance(exc, Exception):
                 _fail(sf, qid, message)
                 log.warning("query %s failed: %s", qid, message)
+                from app.audit.privacy import scrub_question
+
+                scrub_question(sf, s, qid)  # a failed query is final: keep only its stored form
                 return "failed"
             # Shutdown or interrupt: not the query's fault, so it goes back on the outbox.
             _release(sf, qid)
@@ -195,7 +198,7 @@ def _run(resources: Resources, qid: uuid.UUID) -> Outcome:
     first_token_at = (
         gen_started + timedelta(milliseconds=stats.ttft_ms) if stats.ttft_ms is not None else None
     )
-    return _record(
+    outcome = _record(
         sf,
         qid,
         text=text,
@@ -207,6 +210,17 @@ def _run(resources: Resources, qid: uuid.UUID) -> Outcome:
         prompt_tokens=len(prompt_ids),
         times={"retrieved_at": retrieved_at, "first_token_at": first_token_at, "done_at": done_at},
     )
+    if outcome == "succeeded":
+        from app.audit import privacy, shadow
+
+        # Audit, once the answer is recorded: maybe a shadow sample (its baseline is decoded
+        # later on the batch queue), and the question kept as store_questions says.
+        shadow.sample(
+            sf, resources.settings, qid, params=params, prompt_ids=prompt_ids,
+            output_ids=list(result.token_ids),
+        )  # fmt: skip
+        privacy.scrub_question(sf, resources.settings, qid)
+    return outcome
 
 
 def _record(
@@ -247,14 +261,15 @@ def _record(
         fields = {n: stats.get(n) for n in GenerationStatsRecord.STAT_FIELDS}
         fields["num_speculative_tokens"] = None if k is None else str(k)
         fields["accepted_per_position"] = list(stats.get("accepted_per_position") or [])
-        session.add(answer)
-        session.add(GenerationStatsRecord(query_id=qid, **fields))
-        session.execute(
-            update(Query)
-            .where(Query.id == qid, Query.status.in_(("queued", "running")))
-            .values(status="succeeded", error=None, **times)
-        )
         try:
+            session.add(answer)
+            session.add(GenerationStatsRecord(query_id=qid, **fields))
+            # The flush (here, before the UPDATE) is where a second answer hits the unique key.
+            session.execute(
+                update(Query)
+                .where(Query.id == qid, Query.status.in_(("queued", "running")))
+                .values(status="succeeded", error=None, **times)
+            )
             session.commit()
         except IntegrityError:
             # Another run of this query recorded its answer first: the unique constraint decided.

@@ -1,0 +1,84 @@
+"""The service's CLI commands: --json output, one-line errors, nothing stored for bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from click.testing import CliRunner
+from sqlalchemy import func, select
+
+from app.cli import main
+from app.db import ApiKey, Query, prepare
+from app.settings import Settings
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _env(data: Path, tiny: dict[str, Path] | None = None) -> dict[str, str]:
+    env = {"SPECRAG_DATA_DIR": str(data), "SPECRAG_DEVICE": "cpu"}
+    if tiny:
+        env |= {
+            "SPECRAG_TARGET_MODEL": str(tiny["target"]),
+            "SPECRAG_DRAFT_MODEL": str(tiny["draft"]),
+        }
+    return env
+
+
+def test_db_upgrade_and_keys_create(tmp_path: Path) -> None:
+    runner = CliRunner()
+    env = _env(tmp_path)
+    up = runner.invoke(main, ["db", "upgrade", "--json"], env=env)
+    assert up.exit_code == 0, up.output
+    current = json.loads(runner.invoke(main, ["db", "current", "--json"], env=env).output)
+    assert current["current"] == current["head"] == json.loads(up.output)["revision"]
+    made = runner.invoke(main, ["keys", "create", "--tenant", "acme", "--json"], env=env)
+    key = json.loads(made.output)["key"]
+    _, factory = prepare(Settings(data_dir=tmp_path))
+    with factory() as session:
+        stored = session.scalars(select(ApiKey)).one()
+    assert stored.key_hash != key and key not in stored.key_hash and len(stored.key_hash) == 64
+
+
+def test_unmigrated_database_is_a_one_line_error(tmp_path: Path) -> None:
+    env = _env(tmp_path) | {"SPECRAG_DATABASE_URL": f"sqlite:///{tmp_path / 'other.db'}"}
+    result = CliRunner().invoke(main, ["keys", "create", "--tenant", "acme"], env=env)
+    assert result.exit_code == 1
+    assert result.output.strip().count("\n") == 0 and "specrag db upgrade" in result.output
+
+
+def test_bad_ask_input_names_the_field_and_stores_nothing(tmp_path: Path) -> None:
+    runner = CliRunner()
+    env = _env(tmp_path)
+    for args, field in (
+        (["--max-tokens", "0"], "max_tokens"),
+        (["--method", "beam"], "method"),
+        (["--temperature", "9"], "temperature"),
+        ([], "collection"),  # not ingested
+    ):
+        result = runner.invoke(
+            main, ["ask", "Why?", "--collection", "nope", "--local", *args], env=env
+        )
+        assert result.exit_code == 1, result.output
+        assert result.output.startswith(f"error: {field}: ") and result.output.count("\n") == 1
+    _, factory = prepare(Settings(data_dir=tmp_path))
+    with factory() as session:
+        assert session.scalar(select(func.count()).select_from(Query)) == 0
+
+
+def test_ask_local_prints_the_contract_json(tmp_path: Path, tiny_models: dict[str, Path]) -> None:
+    runner = CliRunner()
+    env = _env(tmp_path, tiny_models)
+    ingest = runner.invoke(
+        main,
+        ["ingest", str(ROOT / "demo" / "corpus" / "pass.md"), "--collection", "c", "--json"],
+        env=env,
+    )
+    assert ingest.exit_code == 0, ingest.output
+    result = runner.invoke(
+        main, ["ask", "What is pass?", "-c", "c", "--local", "--max-tokens", "3", "--json"], env=env
+    )
+    assert result.exit_code == 0, result.output
+    view = json.loads(result.output.strip().splitlines()[-1])
+    assert {"id", "status", "answer", "sources", "stats"} <= set(view)
+    assert view["status"] == "succeeded" and view["sources"][0]["document"].endswith("pass.md")

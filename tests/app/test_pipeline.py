@@ -1,0 +1,120 @@
+"""The pipeline on the embedded SQLite database with real retrieval and the tiny model pair."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session, sessionmaker
+
+from app.db import Answer, GenerationStatsRecord, Query, prepare
+from app.pipeline import _record, answer_query, claim
+from app.queries import create_query, get_or_create_tenant, validate_request
+from app.resources import Resources
+from app.settings import Settings
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def resources(tmp_path_factory: Any, tiny_models: dict[str, Path]) -> Resources:
+    """Resources on a fresh SQLite database with two demo files ingested for tenant acme."""
+    settings = Settings(
+        data_dir=tmp_path_factory.mktemp("pipeline"),
+        target_model=tiny_models["target"],
+        draft_model=tiny_models["draft"],
+        device="cpu",
+    )
+    _, factory = prepare(settings)
+    res = Resources(settings, factory)
+    corpus = ROOT / "demo" / "corpus"
+    report = res.retrieval.ingest(
+        [corpus / "assert.md", corpus / "pass.md"], collection="docs", tenant="acme"
+    )
+    assert report.ok
+    return res
+
+
+def _submit(res: Resources, collection: str = "docs", **params: Any) -> uuid.UUID:
+    req = validate_request(
+        res.settings, {"question": "What does assert do?", "collection": collection, **params}
+    )
+    with res.session_factory() as session:
+        return create_query(session, get_or_create_tenant(session, "acme"), req)[0].id
+
+
+def _count(factory: sessionmaker[Session], model: Any, qid: uuid.UUID) -> int:
+    with factory() as session:
+        return int(
+            session.scalar(select(func.count()).select_from(model).where(model.query_id == qid))
+            or 0
+        )
+
+
+def test_answer_is_recorded_once_with_sources_stats_and_timings(resources: Resources) -> None:
+    qid = _submit(resources, max_tokens=5, num_speculative_tokens=3)
+    assert answer_query(resources, qid, host="test-host") == "succeeded"
+    assert answer_query(resources, qid, host="other") == "skipped"  # a second delivery
+    with resources.session_factory() as session:
+        query = session.get(Query, qid)
+        assert query is not None and query.answer is not None and query.stats is not None
+        assert (query.status, query.attempts, query.worker_host) == ("succeeded", 1, "test-host")
+        assert [s.rank for s in query.answer.sources] == list(
+            range(1, len(query.answer.sources) + 1)
+        )
+        assert query.answer.sources and query.answer.sources[0].document.endswith("assert.md")
+        assert query.answer.index_version is not None and query.answer.model_pair
+        stats = query.stats.to_dict()
+        assert stats["num_speculative_tokens"] == 3 and stats["method"] == "draft_model"
+        assert 1 <= stats["num_output_tokens"] <= 5
+        assert stats["total_ms"] >= stats["retrieval_ms"] + stats["generation_ms"]
+        assert len(stats["accepted_per_position"]) == 3
+        assert query.started_at <= query.retrieved_at <= query.done_at  # type: ignore[operator]
+    assert _count(resources.session_factory, Answer, qid) == 1
+
+
+def test_a_late_second_run_cannot_record_a_second_answer(resources: Resources) -> None:
+    qid = _submit(resources, max_tokens=2)
+    assert answer_query(resources, qid) == "succeeded"
+    stats = {
+        "method": "none",
+        "num_speculative_tokens": None,
+        "num_output_tokens": 1,
+        "num_target_forwards": 1,
+        "num_drafts": 0,
+        "num_draft_tokens": 0,
+        "num_accepted_tokens": 0,
+    }
+    outcome = _record(
+        resources.session_factory,
+        qid,
+        text="late",
+        cited=[],
+        stats=stats,
+        model_pair="x",
+        engine_kind="torch",
+        index_version=None,
+        prompt_tokens=1,
+        times={},
+    )
+    assert outcome == "duplicate"
+    assert _count(resources.session_factory, Answer, qid) == 1
+    assert _count(resources.session_factory, GenerationStatsRecord, qid) == 1
+
+
+def test_unknown_collection_fails_the_query_with_a_readable_error(resources: Resources) -> None:
+    qid = _submit(resources, collection="nope")
+    assert answer_query(resources, qid) == "failed"
+    with resources.session_factory() as session:
+        query = session.get(Query, qid)
+        assert query is not None and query.status == "failed" and "nope" in (query.error or "")
+    assert answer_query(resources, uuid.uuid4()) == "missing"
+
+
+def test_claim_is_atomic(resources: Resources) -> None:
+    qid = _submit(resources)
+    assert claim(resources.session_factory, qid, "a") == 1
+    assert claim(resources.session_factory, qid, "b") is None
