@@ -19,6 +19,7 @@ from app.settings import Settings
 ANSWER_TASK = "specrag.answer_query"
 INGEST_TASK = "specrag.ingest"
 BATCH_TASK = "specrag.batch_chunk"  # workers/batch_tasks.py
+SHADOW_TASK = "specrag.audit.shadow"  # workers/audit_tasks.py
 QUEUES = ("answer", "batch", "ingest")
 
 
@@ -31,7 +32,7 @@ class SpecragCelery(Celery):
 
 def create_celery(settings: Settings) -> SpecragCelery:
     """A configured Celery app for ``settings`` with the specrag tasks registered."""
-    from workers import batch_tasks, runtime, tasks
+    from workers import audit_tasks, batch_tasks, runtime, tasks
 
     app = SpecragCelery("specrag", set_as_current=False)
     app.settings = settings
@@ -51,6 +52,7 @@ def create_celery(settings: Settings) -> SpecragCelery:
             ANSWER_TASK: {"queue": "answer"},
             INGEST_TASK: {"queue": "ingest"},
             BATCH_TASK: {"queue": "batch"},
+            SHADOW_TASK: {"queue": "batch"},
         },
         task_acks_late=True,
         task_reject_on_worker_lost=True,
@@ -67,6 +69,7 @@ def create_celery(settings: Settings) -> SpecragCelery:
     )
     tasks.register(app)
     batch_tasks.register(app)
+    audit_tasks.register(app)
     runtime.connect_signals(app)
     return app
 

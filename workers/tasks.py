@@ -22,6 +22,10 @@ def register(app: Celery) -> None:
         resources = runtime.resources(self.app)
         hostname = self.request.hostname or socket.gethostname()
         outcome = run(resources, query_id, host=hostname)
+        if outcome == "succeeded":
+            from workers.audit_tasks import send_shadow_if_sampled
+
+            send_shadow_if_sampled(self.app, query_id)  # no-op unless shadow sampling is on
         return {"id": query_id, "outcome": outcome}
 
     @app.task(name=INGEST_TASK, bind=True, shared=False)

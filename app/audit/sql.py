@@ -129,7 +129,7 @@ def position_sums(
     ones were padded with zeros.
     """
     col = base.c[column]
-    key_cols = [base.c[k] for k in keys]
+    key_cols: list[ColumnElement[Any]] = [base.c[k] for k in keys]
     if dialect(session) == "postgresql":
         key_cols = c_collated(base, keys)
         elems = func.json_array_elements_text(col).table_valued(

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import Engine, create_engine
@@ -70,3 +71,54 @@ def audit_db(
         engine.dispose()
         with psycopg.connect(raw, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@dataclass
+class Live:
+    """A working service in-process: tiny model pair, real MiniLM + FAISS, embedded SQLite."""
+
+    settings: Any
+    resources: Any
+    collection: str = "docs"
+    tenant: str = "acme"
+
+    def ask(self, question: str, **params: Any) -> uuid.UUID:
+        """Store a query of ``tenant`` and answer it through app.pipeline; returns its id."""
+        from app.pipeline import answer_query
+        from app.queries import create_query, get_or_create_tenant, validate_request
+
+        with self.resources.session_factory() as session:
+            tenant = get_or_create_tenant(session, self.tenant)
+            request = validate_request(
+                self.settings, {"question": question, "collection": self.collection, **params}
+            )
+            query, _ = create_query(session, tenant, request)
+        assert answer_query(self.resources, query.id) == "succeeded"
+        return query.id
+
+
+@pytest.fixture(scope="module")
+def live(tiny_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
+    """Every query shadow-sampled, questions stored hashed; three demo files ingested."""
+    from app.db import prepare
+    from app.resources import Resources
+    from app.settings import Settings
+
+    settings = Settings(
+        data_dir=tmp_path_factory.mktemp("audit_live"),
+        target_model=tiny_models["target"],
+        draft_model=tiny_models["draft"],
+        device="cpu",
+        default_max_tokens=12,
+        shadow_sample_rate=1.0,
+        store_questions="hashed",
+    )
+    engine, session_factory = prepare(settings)
+    resources = Resources(settings, session_factory)
+    corpus = Path(__file__).resolve().parents[2] / "demo" / "corpus"
+    report = resources.retrieval.ingest(
+        [corpus / n for n in ("assert.md", "pass.md", "del.md")], collection="docs", tenant="acme"
+    )
+    assert report.ok, report.to_dict()
+    yield Live(settings, resources)
+    engine.dispose()
