@@ -42,6 +42,25 @@ class GenerationStats:
     total_ms: float | None = None
     """Service timing: submit to done (set by the service)."""
 
+    def record_round(self, num_draft_tokens: int, num_accepted: int, num_emitted: int) -> None:
+        """Count one target pass that verified ``num_draft_tokens`` and kept ``num_emitted``.
+
+        ``num_accepted`` counts only accepted drafts that were kept (an end-of-sequence token
+        among them drops what follows); the rest of ``num_emitted`` came from the target.
+        """
+        self.num_target_forwards += 1
+        self.num_output_tokens += num_emitted
+        if num_draft_tokens == 0:
+            return
+        self.num_drafts += 1
+        self.num_draft_tokens += num_draft_tokens
+        self.num_accepted_tokens += num_accepted
+        missing = num_draft_tokens - len(self.accepted_per_position)
+        if missing > 0:
+            self.accepted_per_position.extend([0] * missing)
+        for position in range(num_accepted):
+            self.accepted_per_position[position] += 1
+
     @property
     def acceptance_rate(self) -> float | None:
         """num_accepted_tokens / num_draft_tokens, or None when nothing was drafted."""

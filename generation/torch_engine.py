@@ -9,6 +9,7 @@ round when nothing was drafted (method ``none``, no n-gram match, or one token l
 from __future__ import annotations
 
 import time
+from numbers import Integral
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +72,14 @@ def speculative_decode(
     if accepted < k:
         cache.crop(accepted - k)
     return accepted, host[2 : 2 + accepted] + [host[1]], next_token
+
+
+def cut_at_eos(emitted: list[int], eos: set[int]) -> tuple[list[int], bool]:
+    """Return the tokens up to and including the first end-of-sequence token, and whether one was."""
+    for i, token in enumerate(emitted):
+        if token in eos:
+            return emitted[: i + 1], True
+    return emitted, False
 
 
 def _max_context(model: Any) -> int:
@@ -169,9 +178,12 @@ class SpeculativeEngine:
             raise TypeError(f"params: expected SamplingParams, got {type(params).__name__}")
         if len(prompt_token_ids) == 0:
             raise ValueError("prompt_token_ids: empty prompt; at least one token is needed")
-        bad = [
-            t for t in prompt_token_ids if not isinstance(t, int) or not 0 <= t < self.vocab_size
+        not_ints = [
+            t for t in prompt_token_ids if isinstance(t, bool) or not isinstance(t, Integral)
         ]
+        if not_ints:
+            raise ValueError(f"prompt_token_ids: token ids must be integers, got {not_ints[0]!r}")
+        bad = [t for t in prompt_token_ids if not 0 <= t < self.vocab_size]
         if bad:
             raise ValueError(
                 f"prompt_token_ids: {len(bad)} ids outside the vocabulary [0, {self.vocab_size}), "
@@ -208,8 +220,8 @@ class SpeculativeEngine:
     @torch.inference_mode()
     def generate(self, prompt_token_ids: list[int], params: SamplingParams) -> GenerationResult:
         """Generate up to ``params.max_new_tokens`` tokens after ``prompt_token_ids``."""
-        prompt_token_ids = list(prompt_token_ids)
         self.check_request(prompt_token_ids, params)
+        prompt_token_ids = [int(t) for t in prompt_token_ids]
         started = time.perf_counter()
         temperature = float(params.temperature)
         generator = None
@@ -230,6 +242,7 @@ class SpeculativeEngine:
         last_token = sample_from_logits(prefill(self.target, prompt, cache), temperature, generator)
         output = last_token.tolist()
         stats.ttft_ms = (time.perf_counter() - started) * 1000.0
+        stats.num_output_tokens = 1
         tokens = prompt_token_ids + output
         finished = output[0] in eos or budget == 1
 
@@ -260,26 +273,11 @@ class SpeculativeEngine:
                 accepted, emitted, last_token = speculative_decode(
                     self.target, cache, last_token, draft, temperature, generator
                 )
-            stats.num_target_forwards += 1
-            if num_draft:
-                stats.num_drafts += 1
-                stats.num_draft_tokens += num_draft
-                if adaptive is not None:
-                    adaptive.observe(num_draft, accepted)
-                    adaptive.cost.observe(num_draft, time.perf_counter() - round_started)
-            for i, token in enumerate(emitted):
-                if token in eos:
-                    emitted = emitted[: i + 1]
-                    finished = True
-                    break
-            kept_accepted = min(accepted, len(emitted))
-            stats.num_accepted_tokens += kept_accepted
-            if len(stats.accepted_per_position) < num_draft:
-                stats.accepted_per_position.extend(
-                    [0] * (num_draft - len(stats.accepted_per_position))
-                )
-            for i in range(kept_accepted):
-                stats.accepted_per_position[i] += 1
+            if num_draft and adaptive is not None:
+                adaptive.observe(num_draft, accepted)
+                adaptive.cost.observe(num_draft, time.perf_counter() - round_started)
+            emitted, finished = cut_at_eos(emitted, eos)
+            stats.record_round(num_draft, min(accepted, len(emitted)), len(emitted))
             output.extend(emitted)
             tokens.extend(emitted)
             finished = finished or len(output) >= budget
@@ -288,6 +286,5 @@ class SpeculativeEngine:
 
         if adaptive is not None:
             self._recent[method].update(adaptive.request_alpha())
-        stats.num_output_tokens = len(output)
         stats.generation_ms = (time.perf_counter() - started) * 1000.0
         return GenerationResult(token_ids=output, stats=stats)

@@ -132,6 +132,7 @@ class EngineConformance:
             ([], {}, "empty"),
             ([1, -1, 2], {}, "outside the vocabulary"),
             ([1, "VOCAB", 2], {}, "outside the vocabulary"),
+            ([1, 2.5], {}, "must be integers"),
             ("LONG", {}, "context"),
         ],
     )

@@ -105,6 +105,17 @@ def test_end_of_sequence_stops_generation() -> None:
             check_stats_invariants(result.stats, len(expected), 20)
 
 
+def test_numpy_token_ids_are_accepted() -> None:
+    import numpy as np
+
+    target = build_model("llama", vocab_size=VOCAB, seed=2)
+    engine = SpeculativeEngine(target)
+    prompt = np.arange(5, 15, dtype=np.int64)
+    result = engine.generate(list(prompt), SamplingParams(max_new_tokens=6, method="ngram"))
+    assert result.token_ids == reference_greedy(target, prompt.tolist(), 6)
+    assert all(type(t) is int for t in result.token_ids)
+
+
 def test_context_limit_caps_generation() -> None:
     target = build_model("llama", vocab_size=VOCAB, seed=2, max_positions=40)
     engine = SpeculativeEngine(target, target)
