@@ -69,7 +69,7 @@ def answer_waiting(app: Celery) -> bool:
 def register(app: Celery) -> None:
     """Register the chunk task on ``app`` and run the batch watchdog beside its workers."""
 
-    @app.task(name=BATCH_TASK, bind=True, acks_late=True)
+    @app.task(name=BATCH_TASK, bind=True, acks_late=True, shared=False)
     def batch_chunk(self: Task, batch_id: str, epoch: int) -> dict[str, Any]:
         """Answer up to one chunk of the batch's items; re-queue itself while items remain."""
         from app.batch.runner import run_chunk

@@ -133,7 +133,7 @@ def _line_spec(
         raise RequestError("expected_source", "a golden set line needs a non-empty string")
     if data.get("collection") is None:
         if collection is None:
-            raise RequestError("collection", "missing (give it on the line or with --collection)")
+            raise RequestError("collection", "missing (give it on the line or for the whole batch)")
         data["collection"] = collection
     data.update(overrides)
     return ItemSpec(tenant_id, validate_request(settings, data), expected_source=expected)

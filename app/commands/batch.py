@@ -107,16 +107,25 @@ def submit(
     emit(data, as_json, text=f"batch {batch.id}: {batch.total} items queued")
 
 
-def _load(batch_id: str) -> tuple[Any, dict[str, Any]]:
-    from app.batch.views import batch_view, get_batch
+def _factory() -> Any:
     from app.db import prepare
 
-    _, session_factory = prepare(get_settings())
+    return prepare(get_settings())[1]
+
+
+def _view(session_factory: Any, batch_id: str) -> dict[str, Any]:
+    from app.batch.views import batch_view, get_batch
+
     with session_factory() as session:
         batch = get_batch(session, batch_id, None)
         if batch is None:
             raise LookupError(f"no batch {batch_id}")
-        return session_factory, batch_view(batch)
+        return batch_view(batch)
+
+
+def _load(batch_id: str) -> tuple[Any, dict[str, Any]]:
+    session_factory = _factory()
+    return session_factory, _view(session_factory, batch_id)
 
 
 @batch_group.command("status")
@@ -166,7 +175,7 @@ def watch(batch_id: str, interval: float, timeout: float | None, as_json: bool) 
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(f"batch {batch_id} still {view['status']} after {timeout} s")
             time.sleep(interval)
-            _, view = _load(batch_id)
+            view = _view(session_factory, batch_id)
     emit(view, as_json, text=_line(view))
 
 
@@ -183,7 +192,7 @@ def cancel(batch_id: str, as_json: bool) -> None:
     bid = parse_id(batch_id)
     assert bid is not None
     cancel_batch(session_factory, bid)
-    _, view = _load(batch_id)
+    view = _view(session_factory, batch_id)
     emit(view, as_json, text=_line(view))
 
 

@@ -111,7 +111,7 @@ class WorkerProcess:
                 "-Q",
                 queues,
                 "--loglevel",
-                "WARNING",
+                os.environ.get("SPECRAG_TEST_WORKER_LOGLEVEL", "WARNING"),
             ],
             cwd=REPO_ROOT,
             env={**os.environ, **env},
@@ -161,7 +161,13 @@ def start_worker(
         worker.stop()
 
 
-def wait_until(check: Callable[[], Any], timeout: float, what: str, poll: float = 0.2) -> Any:
+def wait_until(
+    check: Callable[[], Any],
+    timeout: float,
+    what: str,
+    poll: float = 0.2,
+    explain: Callable[[], str] | None = None,
+) -> Any:
     """``check()``'s first truthy value; fails the test saying ``what`` after ``timeout`` s."""
     deadline = time.monotonic() + timeout
     while True:
@@ -169,7 +175,8 @@ def wait_until(check: Callable[[], Any], timeout: float, what: str, poll: float 
         if value:
             return value
         if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")
+            detail = f"\n{explain()}" if explain is not None else ""
+            pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}{detail}")
         time.sleep(poll)
 
 

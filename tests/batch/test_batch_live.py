@@ -66,6 +66,7 @@ def test_200_item_batch_completes_with_each_item_answered_exactly_once(
         240,
         "the 200-item batch to finish",
         poll=0.5,
+        explain=lambda: f"{batch_row(session_factory, batch_id).__dict__}\n{worker.tail()}",
     )
     batch = batch_row(session_factory, batch_id)
     assert (batch.status, batch.succeeded, batch.failed, batch.cancelled) == (
@@ -113,6 +114,9 @@ def test_interactive_query_is_served_before_the_remaining_batch_items(
     )
     interactive = query_status(session_factory, qid)
     assert interactive.status == "succeeded"
+    wait_until(
+        lambda: batch_row(session_factory, batch_id).finished_at is not None, 120, "batch end"
+    )
     with session_factory() as session:
         during = session.scalar(
             select(func.count())
@@ -132,9 +136,6 @@ def test_interactive_query_is_served_before_the_remaining_batch_items(
     # in between; a chunk of 10 without yielding would let up to 10 through.
     assert during <= 2, f"{during} batch items finished while the interactive query waited"
     assert after > 20, "the batch should still have had most of its items left"
-    wait_until(
-        lambda: batch_row(session_factory, batch_id).finished_at is not None, 120, "batch end"
-    )
 
 
 def test_cancel_stops_the_batch_and_in_flight_items_finish(
@@ -167,3 +168,46 @@ def test_cancel_stops_the_batch_and_in_flight_items_finish(
     assert all(q is None for s, q in statuses if s == "cancelled")
     assert all(q == s for s, q in statuses if s != "cancelled")
     assert cancel(session_factory, batch_id) == "cancelled"  # idempotent
+
+
+def test_rerun_of_stored_queries_through_the_cli_reports_identical_answers(
+    worker: Any, batch_env: dict[str, str], session_factory: Any, settings: Any, celery_app: Any
+) -> None:
+    import csv
+    import io
+    import json
+
+    from click.testing import CliRunner
+
+    from app.cli import main
+
+    def cli(*args: str) -> str:
+        result = CliRunner().invoke(main, ["batch", *args], env=batch_env)
+        assert result.exit_code == 0, result.output
+        return result.output
+
+    for question in ("Is assert skipped under -O?", "What is a starred target?"):
+        qid = ask(session_factory, settings, celery_app, question)
+        wait_until(
+            lambda q=qid: query_status(session_factory, q).done_at, 60, "an interactive query"
+        )
+    # Every finished interactive query so far (greedy, max_tokens 2) re-run with the same models
+    # and the same index: the answers must come out identical.
+    submitted = json.loads(cli("submit", "--stored", "--collection", "demo", "--json"))
+    assert submitted["total"] >= 3 and submitted["dispatched"] is True
+    final = json.loads(
+        cli("watch", submitted["id"], "--json", "--timeout", "120", "--interval", "0.2")
+    )
+    assert (final["status"], final["succeeded"]) == ("succeeded", submitted["total"])
+    report = json.loads(cli("report", submitted["id"], "--json"))
+    assert report["counts"]["identical"] == submitted["total"], report["counts"]
+    assert report["compared"] == submitted["total"]
+    assert report["before"]["model_pairs"] == report["after"]["model_pairs"]
+    assert report["after"]["service_ms"]["p95"] is not None
+    rows = list(csv.DictReader(io.StringIO(cli("report", submitted["id"], "--format", "csv"))))
+    assert len(rows) == submitted["total"] and {r["class"] for r in rows} == {"identical"}
+    assert all(r["original_query_id"] for r in rows)
+    page = cli("report", submitted["id"], "--format", "html")
+    assert page.startswith("<!doctype html>") and "identical" in page
+    status = json.loads(cli("status", submitted["id"], "--items", "--json"))
+    assert [i["status"] for i in status["items"]] == ["succeeded"] * submitted["total"]

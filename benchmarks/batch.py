@@ -1,0 +1,312 @@
+"""Batch benchmark: throughput on one worker vs the pipeline back to back; interactive p95 under load.
+
+Needs PostgreSQL and Redis (scripts/ensure-services.sh). Creates a fresh database, ingests four
+demo documents, builds tiny random-weight models unless SPECRAG_TARGET_MODEL/DRAFT_MODEL point at
+real ones, and starts ``specrag worker`` subprocesses (solo pool, queues answer,batch).
+
+Phases (one run, side by side, so that machine noise hits all of them):
+1. throughput: N questions answered back to back by ``app.pipeline.answer_query`` in this
+   process, then the same N questions as a batch on one worker (submit → finished), repeated
+   ``--rounds`` times alternating; the ratio of median times is printed.
+2. interactive latency: M interactive queries one after another on an idle worker, then while a
+   long batch runs on that worker (yield to interactive on), then with yield off; p50/p95 of the
+   service-measured ``total_ms`` (queued → answered).
+
+    .venv/bin/python benchmarks/batch.py [--items 40] [--interactive 20] [--max-tokens 24]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+QUESTIONS = (
+    "What exception does a failing assert raise?",
+    "How does starred assignment collect the remaining items?",
+    "How do I loop over an asynchronous iterator?",
+    "Which characters may an identifier contain?",
+)
+FILES = ("assert.md", "assignment.md", "async.md", "atom-identifiers.md")
+
+
+def build_models(root: Path) -> dict[str, str]:
+    """Tiny random-weight Llama target (4 layers) and draft (1 layer) with a trained BPE tokenizer."""
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    from tests.conftest import _train_tokenizer
+
+    _train_tokenizer(root / "tok")
+    tok = AutoTokenizer.from_pretrained(root / "tok")
+    out = {}
+    for name, layers in (("target", 4), ("draft", 1)):
+        torch.manual_seed(0 if name == "target" else 1)
+        cfg = LlamaConfig(
+            vocab_size=len(tok),
+            hidden_size=256,
+            intermediate_size=512,
+            num_hidden_layers=layers,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=2048,
+            eos_token_id=None,  # random weights would stop at random; measure full lengths
+            bos_token_id=None,
+        )
+        LlamaForCausalLM(cfg).save_pretrained(root / name)
+        tok.save_pretrained(root / name)
+        out[name] = str(root / name)
+    return out
+
+
+def setup(tmp: Path) -> tuple[dict[str, str], str]:
+    """(SPECRAG_* environment, PostgreSQL admin URL of the maintenance DB) for a fresh database."""
+    import psycopg
+    from sqlalchemy import create_engine
+
+    from app.db.schema import upgrade
+
+    name = f"specrag_bench_{uuid.uuid4().hex[:8]}"
+    admin = "postgresql://postgres@127.0.0.1:5432/test"
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    url = f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
+    engine = create_engine(url)
+    upgrade(engine)
+    engine.dispose()
+    models = {"target": os.environ.get("SPECRAG_TARGET_MODEL", ""), "draft": ""}
+    if not models["target"]:
+        models = build_models(tmp / "models")
+    else:
+        models["draft"] = os.environ.get("SPECRAG_DRAFT_MODEL", "")
+    env = {
+        "SPECRAG_DATA_DIR": str(tmp / "data"),
+        "SPECRAG_DATABASE_URL": url,
+        "SPECRAG_BROKER_URL": "redis://127.0.0.1:6379/13",
+        "SPECRAG_TARGET_MODEL": models["target"],
+        "SPECRAG_DRAFT_MODEL": models["draft"],
+        "SPECRAG_DEVICE": "cpu",
+        "SPECRAG_BATCH_MAX_CONCURRENCY": "1",
+        "HF_HUB_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
+    os.environ.update(env)
+    return env, name
+
+
+def start_worker(env: dict[str, str], log: Path, **extra: str) -> subprocess.Popen[bytes]:
+    """A ``specrag worker -Q answer,batch`` subprocess in its own process group."""
+    return subprocess.Popen(
+        [str(Path(sys.executable).parent / "specrag"), "worker", "-Q", "answer,batch"],
+        env={**os.environ, **env, **extra},
+        stdout=log.open("ab"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    """Warm-stop the worker (SIGTERM), SIGKILL after 30 s."""
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def wait_query(sf: Any, qid: uuid.UUID, timeout: float = 300) -> Any:
+    """The query once finished (polling)."""
+    from app.queries import wait_for
+
+    return wait_for(sf, qid, timeout=timeout, poll=0.02)
+
+
+def ask(sf: Any, settings: Any, celery: Any, question: str, max_tokens: int) -> uuid.UUID:
+    """Store and send one interactive query; returns its id."""
+    from app.outbox import send_and_mark
+    from app.queries import create_query, get_or_create_tenant, validate_request
+    from workers import send_query
+
+    req = validate_request(
+        settings, {"question": question, "collection": "demo", "max_tokens": max_tokens}
+    )
+    with sf() as session:
+        query, _ = create_query(session, get_or_create_tenant(session, "default"), req)
+    send_and_mark(sf, query.id, "answer", lambda q, queue: send_query(celery, q, queue))
+    return query.id
+
+
+def submit(sf: Any, settings: Any, celery: Any, n: int, max_tokens: int) -> uuid.UUID:
+    """Store and dispatch a batch of ``n`` questions; returns its id."""
+    from app.batch import submit as sub
+    from app.queries import get_or_create_tenant
+    from workers.batch_tasks import dispatch
+
+    lines = [json.dumps({"question": f"{QUESTIONS[i % 4]} ({i})"}) for i in range(n)]
+    with sf() as session:
+        tenant = get_or_create_tenant(session, "default")
+        specs = sub.parse_jsonl(
+            lines, settings, tenant.id, collection="demo", overrides={"max_tokens": max_tokens}
+        )
+        batch = sub.create_batch(session, settings, tenant, specs, source="jsonl", source_detail={})
+    dispatch(celery, batch.id, batch.epoch, batch.lanes)
+    return batch.id
+
+
+def batch_done(sf: Any, batch_id: uuid.UUID) -> bool:
+    from app.batch.views import get_batch
+
+    with sf() as session:
+        batch = get_batch(session, batch_id, None)
+        return batch is not None and batch.finished_at is not None
+
+
+def back_to_back(sf: Any, settings: Any, resources: Any, n: int, max_tokens: int) -> float:
+    """Seconds to answer ``n`` stored queries one after another in this process."""
+    from app.pipeline import answer_query
+    from app.queries import create_query, get_or_create_tenant, validate_request
+
+    ids = []
+    with sf() as session:
+        tenant = get_or_create_tenant(session, "default")
+        for i in range(n):
+            req = validate_request(
+                settings,
+                {
+                    "question": f"{QUESTIONS[i % 4]} ({i})",
+                    "collection": "demo",
+                    "max_tokens": max_tokens,
+                },
+            )
+            query, _ = create_query(session, tenant, req, queue="batch")
+            ids.append(query.id)
+    # Mark them sent so that no worker's outbox sweep takes them meanwhile.
+    from sqlalchemy import update
+
+    from app.db import Query, utcnow
+
+    with sf() as session:
+        session.execute(update(Query).where(Query.id.in_(ids)).values(enqueued_at=utcnow()))
+        session.commit()
+    t0 = time.perf_counter()
+    for qid in ids:
+        answer_query(resources, qid)
+    return time.perf_counter() - t0
+
+
+def interactive(sf: Any, settings: Any, celery: Any, m: int, max_tokens: int) -> list[float]:
+    """total_ms of ``m`` interactive queries asked one after another (each after the last)."""
+    from app.db import Query
+    from app.db.models import GenerationStatsRecord
+
+    out = []
+    for i in range(m):
+        qid = ask(sf, settings, celery, QUESTIONS[i % 4], max_tokens)
+        wait_query(sf, qid)
+        with sf() as session:
+            stats = session.query(GenerationStatsRecord).filter_by(query_id=qid).one()
+            assert session.get(Query, qid).status == "succeeded"  # type: ignore[union-attr]
+            out.append(float(stats.total_ms))
+        time.sleep(0.05)
+    return out
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1))))]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--items", type=int, default=40)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--interactive", type=int, default=20)
+    parser.add_argument("--max-tokens", type=int, default=24)
+    args = parser.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="specrag-bench-batch-"))
+    env, dbname = setup(tmp)
+    import redis
+
+    redis.Redis(db=13).flushdb()
+    from app.db import prepare
+    from app.resources import Resources
+    from app.settings import Settings
+    from workers import create_celery
+
+    settings = Settings()
+    _, sf = prepare(settings)
+    resources = Resources(settings, sf)
+    resources.retrieval.ingest([REPO / "demo" / "corpus" / f for f in FILES], collection="demo")
+    resources.warm()
+    celery = create_celery(settings)
+    log = tmp / "worker.log"
+    worker = start_worker(env, log)
+    wait_query(sf, ask(sf, settings, celery, "warm up", 2), timeout=300)
+
+    rows = []
+    pipe, queue = [], []
+    for _ in range(args.rounds):
+        pipe.append(back_to_back(sf, settings, resources, args.items, args.max_tokens))
+        t0 = time.perf_counter()
+        bid = submit(sf, settings, celery, args.items, args.max_tokens)
+        while not batch_done(sf, bid):
+            time.sleep(0.05)
+        queue.append(time.perf_counter() - t0)
+    p, q = statistics.median(pipe), statistics.median(queue)
+    rows.append(("pipeline back to back", f"{args.items / p:.2f} items/s", f"{p:.1f} s", "1.00"))
+    rows.append(
+        ("batch, one worker", f"{args.items / q:.2f} items/s", f"{q:.1f} s", f"{p / q:.2f}")
+    )
+
+    idle = interactive(sf, settings, celery, args.interactive, args.max_tokens)
+    lat = [("idle", idle)]
+    for label, yield_on in (("during batch, yield on", True), ("during batch, yield off", False)):
+        if not yield_on:
+            stop(worker)
+            worker = start_worker(env, log, SPECRAG_BATCH_YIELD_TO_INTERACTIVE="false")
+            wait_query(sf, ask(sf, settings, celery, "warm up", 2), timeout=300)
+        bid = submit(sf, settings, celery, 100_000 // 100, args.max_tokens)
+        time.sleep(2.0)
+        lat.append((label, interactive(sf, settings, celery, args.interactive, args.max_tokens)))
+        from app.batch.runner import cancel
+
+        cancel(sf, bid)
+        while not batch_done(sf, bid):
+            time.sleep(0.1)
+    stop(worker)
+
+    print(
+        f"\nthroughput ({args.items} items, max_tokens {args.max_tokens}, median of "
+        f"{args.rounds} rounds)\n"
+    )
+    print("| path | throughput | time | vs pipeline |\n|---|---|---|---|")
+    for row in rows:
+        print("| " + " | ".join(row) + " |")
+    print(f"\ninteractive latency (total_ms, {args.interactive} queries each)\n")
+    print("| condition | p50 ms | p95 ms | p95 vs idle |\n|---|---|---|---|")
+    base = pct(idle, 95)
+    for label, values in lat:
+        print(
+            f"| {label} | {pct(values, 50):.0f} | {pct(values, 95):.0f} | "
+            f"{pct(values, 95) / base:.2f} |"
+        )
+    import psycopg
+
+    with psycopg.connect("postgresql://postgres@127.0.0.1:5432/test", autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)')
+
+
+if __name__ == "__main__":
+    main()
