@@ -17,6 +17,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
@@ -24,7 +25,7 @@ from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.db import Answer, AnswerSource, GenerationStatsRecord, Query, Tenant, utcnow
+from app.db import Answer, AnswerSource, GenerationStatsRecord, Query, utcnow
 from app.resources import Resources
 
 log = logging.getLogger(__name__)
@@ -43,11 +44,27 @@ def _aware(dt: datetime) -> datetime:
     return dt if dt.tzinfo is not None else dt.replace(tzinfo=UTC)
 
 
-def claim(session_factory: sessionmaker[Session], query_id: uuid.UUID, host: str) -> int | None:
-    """Mark a queued query running on ``host``; returns its attempt number, or None if not queued."""
+@dataclass(frozen=True)
+class Claimed:
+    """What a worker needs of a query it has just claimed."""
+
+    attempt: int
+    tenant_id: int
+    question: str
+    collection: str
+    params: dict[str, Any]
+    queued_at: datetime
+    started_at: datetime
+
+
+def claim(sf: sessionmaker[Session], query_id: uuid.UUID, host: str) -> Claimed | None:
+    """Mark a queued query running on ``host`` and return it; None if it is not queued.
+
+    One UPDATE ... RETURNING: the status check and the read are a single round trip.
+    """
     now = utcnow()
-    with session_factory() as session:
-        result = session.execute(
+    with sf() as session:
+        row = session.execute(
             update(Query)
             .where(Query.id == query_id, Query.status == "queued")
             .values(
@@ -57,11 +74,19 @@ def claim(session_factory: sessionmaker[Session], query_id: uuid.UUID, host: str
                 worker_host=host,
                 attempts=Query.attempts + 1,
             )
-        )
+            .returning(
+                Query.attempts,
+                Query.tenant_id,
+                Query.question,
+                Query.collection,
+                Query.params,
+                Query.queued_at,
+            )
+        ).one_or_none()
         session.commit()
-        if getattr(result, "rowcount", 0) != 1:
-            return None
-        return session.scalars(select(Query.attempts).where(Query.id == query_id)).one()
+    if row is None:
+        return None
+    return Claimed(row[0], row[1], row[2], row[3], dict(row[4]), row[5], now)
 
 
 @contextmanager
@@ -116,16 +141,16 @@ def answer_query(
     qid = query_id if isinstance(query_id, uuid.UUID) else uuid.UUID(str(query_id))
     host = host or socket.gethostname()
     sf = resources.session_factory
-    attempt = claim(sf, qid, host)
-    if attempt is None:
+    claimed = claim(sf, qid, host)
+    if claimed is None:
         with sf() as session:
             status = session.scalar(select(Query.status).where(Query.id == qid))
         log.info("query %s not claimed (status %s)", qid, status)
         return "missing" if status is None else "skipped"
     s = resources.settings
-    with heartbeat(sf, qid, attempt, s.heartbeat_seconds, float(s.task_time_limit)):
+    with heartbeat(sf, qid, claimed.attempt, s.heartbeat_seconds, float(s.task_time_limit)):
         try:
-            return _run(resources, qid)
+            return _run(resources, qid, claimed)
         except BaseException as exc:
             # Anything that escapes (bad collection, out of context, time limit) fails the query
             # with a message the client can read; a killed process never gets here (the reaper does).
@@ -142,20 +167,14 @@ def answer_query(
             raise
 
 
-def _run(resources: Resources, qid: uuid.UUID) -> Outcome:
+def _run(resources: Resources, qid: uuid.UUID, claimed: Claimed) -> Outcome:
     from generation import SamplingParams
     from retrieval import build_prompt
 
     sf = resources.session_factory
-    with sf() as session:
-        query, tenant = session.execute(
-            select(Query, Tenant.name)
-            .join(Tenant, Tenant.id == Query.tenant_id)
-            .where(Query.id == qid)
-        ).one()
-        question, collection, params = query.question, query.collection, dict(query.params)
-        queued_at, started_at = query.queued_at, query.started_at
-    assert started_at is not None
+    tenant = resources.tenant_name(claimed.tenant_id)
+    question, collection, params = claimed.question, claimed.collection, claimed.params
+    queued_at, started_at = claimed.queued_at, claimed.started_at
 
     t0 = time.perf_counter()
     retrieval = resources.retrieval

@@ -27,6 +27,7 @@ class Resources:
         self._engine: Any = None
         self._tokenizer: Any = None
         self._retrieval: Any = None
+        self._tenants: dict[int, str] = {}
 
     @property
     def engine(self) -> Any:
@@ -80,6 +81,19 @@ class Resources:
                     max_query_chars=s.max_question_chars,
                 )
             return self._retrieval
+
+    def tenant_name(self, tenant_id: int) -> str:
+        """The name of tenant ``tenant_id`` (cached: tenants are never renamed)."""
+        name = self._tenants.get(tenant_id)
+        if name is None:
+            from app.db import Tenant
+
+            with self.session_factory() as session:
+                tenant = session.get(Tenant, tenant_id)
+                if tenant is None:
+                    raise LookupError(f"tenant {tenant_id} does not exist")
+                name = self._tenants[tenant_id] = tenant.name
+        return name
 
     def warm(self, *, answer: bool = True, ingest: bool = True) -> None:
         """Load now what the given kinds of work need (so the first task does not pay for it)."""

@@ -116,5 +116,6 @@ def test_unknown_collection_fails_the_query_with_a_readable_error(resources: Res
 
 def test_claim_is_atomic(resources: Resources) -> None:
     qid = _submit(resources)
-    assert claim(resources.session_factory, qid, "a") == 1
+    first = claim(resources.session_factory, qid, "a")
+    assert first is not None and first.attempt == 1 and first.question == "What does assert do?"
     assert claim(resources.session_factory, qid, "b") is None

@@ -1,0 +1,242 @@
+"""Service overhead and queue throughput through Redis on loopback, with one live worker.
+
+Overhead is what the service adds around the work: total − retrieval − generation, where total
+runs from the query's insert to its recorded answer (queue wait, claim, prompt building,
+tokenisation and the database writes included). It is measured on queries submitted one at a time,
+so the queue holds nothing else. Throughput: a burst of queued queries on one worker, all of them
+answered and none twice.
+
+    .venv/bin/python benchmarks/service.py --sequential 100 --burst 200
+
+Needs PostgreSQL on 127.0.0.1:5432 and ``redis-server`` (a private one is started on a free port).
+A tiny random-weight pair keeps generation short; pass --target/--draft for real checkpoints.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def tiny_pair(out: Path) -> tuple[Path, Path]:
+    """A seeded random-weight Llama target (2 layers) and draft (1 layer) with a small BPE."""
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    files = sorted(str(p) for p in (ROOT / "demo" / "corpus").glob("*.md"))[:12]
+    tok.train(
+        files,
+        trainers.BpeTrainer(
+            vocab_size=512,
+            special_tokens=["<eos>"],
+            show_progress=False,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        ),
+    )
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>")
+    dirs = []
+    for name, layers in (("target", 2), ("draft", 1)):
+        torch.manual_seed(0)
+        config = LlamaConfig(
+            vocab_size=len(fast),
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=layers,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=2048,
+            eos_token_id=fast.eos_token_id,
+            bos_token_id=None,
+        )
+        LlamaForCausalLM(config).save_pretrained(out / name)
+        fast.save_pretrained(out / name)
+        dirs.append(out / name)
+    return dirs[0], dirs[1]
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The q-th percentile (nearest rank) of ``values``."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * len(ordered) + 0.5) - 1))]
+
+
+def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    import psycopg
+    from sqlalchemy import func, select
+
+    from app.db import Answer, Query, make_engine, make_session_factory
+    from app.db.schema import upgrade
+    from app.outbox import send_and_mark
+    from app.queries import create_query, get_or_create_tenant, validate_request
+    from app.resources import Resources
+    from app.settings import Settings
+    from tests.integration.helpers import RedisServer, WorkerProcess
+    from workers import create_celery, send_query
+
+    target, draft = (
+        (Path(args.target), Path(args.draft)) if args.target else tiny_pair(work / "models")
+    )
+    dbname = f"specrag_bench_{uuid.uuid4().hex[:8]}"
+    admin = "postgresql://postgres@127.0.0.1:5432/test"
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{dbname}"')
+    redis = RedisServer(work)
+    redis.start()
+    worker = None
+    try:
+        settings = Settings(
+            data_dir=work / "data",
+            database_url=f"postgresql+psycopg://postgres@127.0.0.1:5432/{dbname}",
+            broker_url=redis.url(0),
+            target_model=target,
+            draft_model=draft,
+            device="cpu",
+        )
+        engine = make_engine(settings)
+        upgrade(engine)
+        factory = make_session_factory(engine)
+        corpus = ROOT / "demo" / "corpus"
+        Resources(settings, factory).retrieval.ingest(
+            [corpus / n for n in ("assert.md", "pass.md", "del.md")],
+            collection="docs",
+            tenant="bench",
+        )
+        worker = WorkerProcess(settings, work / "worker.log", "bench").start()
+        worker.wait_ready()
+        celery = create_celery(settings)
+        request = validate_request(
+            settings,
+            {
+                "question": "What does assert do?",
+                "collection": "docs",
+                "max_tokens": args.max_tokens,
+            },
+        )
+        with factory() as session:
+            tenant = get_or_create_tenant(session, "bench")
+
+        def submit() -> uuid.UUID:
+            with factory() as session:
+                query, _ = create_query(session, tenant, request)
+            send_and_mark(
+                factory, query.id, "answer", lambda q, queue: send_query(celery, q, queue)
+            )
+            return query.id
+
+        def wait(ids: list[uuid.UUID], timeout: float) -> None:
+            deadline = time.monotonic() + timeout
+            while True:
+                with factory() as session:
+                    open_ = session.scalar(
+                        select(func.count())
+                        .select_from(Query)
+                        .where(Query.id.in_(ids), Query.status.in_(("queued", "running")))
+                    )
+                if not open_:
+                    return
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{open_} queries still open")
+                time.sleep(0.02)
+
+        for _ in range(args.warmup):
+            wait([submit()], 120)
+        sequential = []
+        for _ in range(args.sequential):
+            qid = submit()
+            wait([qid], 120)
+            sequential.append(qid)
+
+        started = time.monotonic()
+        burst = [submit() for _ in range(args.burst)]
+        submitted_s = time.monotonic() - started
+        wait(burst, 1800)
+        with factory() as session:
+            rows = session.execute(
+                select(Query.queued_at, Query.done_at).where(Query.id.in_(burst))
+            ).all()
+            span = (max(r.done_at for r in rows) - min(r.queued_at for r in rows)).total_seconds()
+            answered = session.scalar(
+                select(func.count()).select_from(Answer).where(Answer.query_id.in_(burst))
+            )
+            succeeded = session.scalar(
+                select(func.count())
+                .select_from(Query)
+                .where(Query.id.in_(burst), Query.status == "succeeded")
+            )
+            attempts = session.scalars(select(Query.attempts).where(Query.id.in_(burst))).all()
+            stats = [
+                q.stats.to_dict()
+                for q in session.scalars(select(Query).where(Query.id.in_(sequential)))
+            ]
+        engine.dispose()
+    finally:
+        if worker is not None:
+            worker.stop()
+        redis.stop()
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)')
+    overhead = [s["total_ms"] - s["retrieval_ms"] - s["generation_ms"] for s in stats]
+    return {
+        "overhead": overhead,
+        "queue": [s["queue_ms"] for s in stats],
+        "retrieval": [s["retrieval_ms"] for s in stats],
+        "generation": [s["generation_ms"] for s in stats],
+        "total": [s["total_ms"] for s in stats],
+        "burst": args.burst,
+        "succeeded": succeeded,
+        "answers": answered,
+        "max_attempts": max(attempts),
+        "span_s": span,
+        "submit_s": submitted_s,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sequential", type=int, default=100, help="Queries timed one at a time.")
+    parser.add_argument("--burst", type=int, default=200, help="Queries queued at once.")
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--max-tokens", type=int, default=4)
+    parser.add_argument(
+        "--target", default=None, help="Target checkpoint (default: tiny random pair)."
+    )
+    parser.add_argument("--draft", default=None)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="specrag-bench-") as tmp:
+        r = run(args, Path(tmp))
+    print(
+        f"## Service overhead ({len(r['overhead'])} sequential queries, Redis on loopback, 1 worker)\n"
+    )
+    print("| ms | p50 | p95 | mean |")
+    print("|---|---|---|---|")
+    for name in ("overhead", "queue", "retrieval", "generation", "total"):
+        v = r[name]
+        print(
+            f"| {name} | {percentile(v, 50):.1f} | {percentile(v, 95):.1f} | {statistics.fmean(v):.1f} |"
+        )
+    print(f"\n## Burst: {r['burst']} queued queries, one worker\n")
+    print("| submitted | succeeded | answer rows | max attempts | submit s | wall s | queries/s |")
+    print("|---|---|---|---|---|---|---|")
+    print(
+        f"| {r['burst']} | {r['succeeded']} | {r['answers']} | {r['max_attempts']} | "
+        f"{r['submit_s']:.2f} | {r['span_s']:.1f} | {r['burst'] / r['span_s']:.1f} |"
+    )
+
+
+if __name__ == "__main__":
+    main()
