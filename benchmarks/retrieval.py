@@ -82,6 +82,7 @@ def ingest_vs_raw(embedder: Embedder, root: Path, files: list[Path], rounds: int
 
 
 def clustered(n: int, dim: int, seed: int, clusters: int = 1000) -> np.ndarray:
+    """Unit vectors around ``clusters`` random centres (rows are i.i.d.: split for queries)."""
     rng = np.random.default_rng(seed)
     centres = rng.standard_normal((clusters, dim)).astype("float32")
     x = centres[rng.integers(0, clusters, n)] + 0.6 * rng.standard_normal((n, dim)).astype(
@@ -109,8 +110,8 @@ def synthetic_collection(service: RetrievalService, name: str, n: int, index: fa
 
 
 def search_rows(embedder: Embedder, root: Path, sizes: list[int], queries: list[str]) -> list[str]:
-    service = fresh_service(root, embedder, "search")
     dim = embedder.dim
+    threads = faiss.omp_get_max_threads()
     out = [
         f"Search: {len(queries)} golden questions per row, top_k=5, after one warm-up pass",
         "",
@@ -118,19 +119,20 @@ def search_rows(embedder: Embedder, root: Path, sizes: list[int], queries: list[
         "|---|---|---|---|---|---|",
     ]
     for n in sizes:
-        vectors = clustered(n, dim, seed=n)
+        data = clustered(n + 500, dim, seed=n)
+        vectors, probe = data[:n], data[n:]  # held-out queries from the same distribution
         ids = np.arange(1, n + 1, dtype="int64")
         exact = new_flat(dim)
         exact.add_with_ids(vectors, ids)
         t0 = time.perf_counter()
         approx = new_ivf(vectors, ids)
         build = time.perf_counter() - t0
-        probe = clustered(500, dim, seed=n + 1)
         truth = exact.search(probe, 5)[1]
         got = approx.search(probe, 5)[1]
         recall = float(np.mean([len(set(a) & set(b)) / 5 for a, b in zip(truth, got, strict=True)]))
         for kind, index in (("exact (IndexIDMap2+FlatIP)", exact), ("IVF (IVFFlat)", approx)):
             name = f"c{n}-{kind[:3]}"
+            service = fresh_service(root, embedder, name)  # chunk ids 1..n in each database
             synthetic_collection(service, name, n, index)
             for q in queries[:10]:
                 service.search(q, collection=name, tenant="bench", top_k=5)  # load + warm
@@ -142,10 +144,12 @@ def search_rows(embedder: Embedder, root: Path, sizes: list[int], queries: list[
                 assert len(hits) == 5
             qv = embedder.encode(queries)
             faiss_ms = []
+            faiss.omp_set_num_threads(1)  # as RetrievalService.search runs it
             for i in range(len(queries)):
                 t = time.perf_counter()
                 index.search(qv[i : i + 1], 5)
                 faiss_ms.append((time.perf_counter() - t) * 1000)
+            faiss.omp_set_num_threads(threads)
             p50, p95 = np.percentile(times, 50), np.percentile(times, 95)
             rec = "1 (is exact)" if kind.startswith("exact") else f"{recall:.3f}"
             if kind.startswith("IVF"):
