@@ -21,8 +21,9 @@ from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
+from app.audit.aggregate import EVAL_QUEUE
 from app.audit.records import ShadowRun
-from app.db.models import utcnow
+from app.db.models import Query, utcnow
 from app.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -54,6 +55,9 @@ def sample(
     if not (greedy and speculative and is_sampled(query_id, settings.shadow_sample_rate)):
         return False
     with session_factory() as session:
+        queue = session.scalar(select(Query.queue).where(Query.id == query_id))
+        if queue == EVAL_QUEUE:
+            return False  # golden evaluations decode their own baseline
         session.add(
             ShadowRun(
                 query_id=query_id,

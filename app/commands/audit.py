@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from app.commands.common import emit, get_settings, json_option, one_line_errors
+from app.commands.retrieval import eval_group
 
 
 @click.group("audit")
@@ -70,4 +71,85 @@ def report(
     emit(summary, as_json, f"wrote {fmt} report to {out} ({summary['bytes']} bytes)")
 
 
+@eval_group.command("golden")
+@click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--collection", "-c", default=None, help="Collection for lines that name none.")
+@click.option(
+    "--tenant", default="default", show_default=True, help="Tenant owning the collections."
+)
+@click.option("--method", default="draft_model", show_default=True, help="Speculation method.")
+@click.option("--num-speculative-tokens", "k", default="4", show_default=True, help="k or 'auto'.")
+@click.option("--max-tokens", type=int, default=None, help="Answer length (default: settings).")
+@json_option
+@one_line_errors
+def eval_golden(
+    file: Path,
+    collection: str | None,
+    tenant: str,
+    method: str,
+    k: str,
+    max_tokens: int | None,
+    as_json: bool,
+) -> None:
+    """Answer FILE.jsonl with speculation and without; score, store and print the run."""
+    from app.audit.golden import read_golden, run_golden
+    from app.db import prepare
+    from app.resources import Resources
+
+    items = read_golden(file, collection)  # a malformed file is refused before any model loads
+    settings = get_settings()
+    if method not in settings.allowed_methods or method == "none":
+        allowed = ", ".join(m for m in settings.allowed_methods if m != "none")
+        raise ValueError(f"method: must be a speculation method ({allowed}), got {method!r}")
+    engine, session_factory = prepare(settings)
+    try:
+        summary = run_golden(
+            Resources(settings, session_factory), items, source_file=str(file), tenant=tenant,
+            method=method, num_speculative_tokens=int(k) if k.isdigit() else k,
+            max_tokens=max_tokens,
+        )  # fmt: skip
+    finally:
+        engine.dispose()
+    emit(summary, as_json, _golden_text(summary))
+
+
+def _fmt(value: object) -> str:
+    return "n/a" if value is None else f"{value:.3f}" if isinstance(value, float) else str(value)
+
+
+def _golden_text(s: dict) -> str:
+    return (
+        f"run {s['run_id']}: {s['items']} items, {s['errors']} errors\n"
+        f"exact match {_fmt(s['exact_match'])}  token F1 {_fmt(s['token_f1'])}  "
+        f"retrieval recall {_fmt(s['retrieval_recall'])}  faithfulness {_fmt(s['faithfulness'])}\n"
+        f"identical output {_fmt(s['identical_rate'])}  speedup {_fmt(s['speedup'])}  "
+        f"total ms p50: speculative {_fmt(s['spec_total_ms']['p50'])}, "
+        f"baseline {_fmt(s['baseline_total_ms']['p50'])}"
+    )
+
+
+@eval_group.command("compare")
+@click.argument("run_a")
+@click.argument("run_b")
+@json_option
+@one_line_errors
+def eval_compare(run_a: str, run_b: str, as_json: bool) -> None:
+    """Compare golden run RUN_B against RUN_A (ids or unique id prefixes)."""
+    from app.audit.golden import compare_runs
+    from app.db import prepare
+
+    engine, session_factory = prepare(get_settings())
+    try:
+        with session_factory() as session:
+            data = compare_runs(session, run_a, run_b)
+    finally:
+        engine.dispose()
+    lines = [f"{data['run_b']} vs {data['run_a']} ({data['common_items']} common items)"]
+    for name, m in data["metrics"].items():
+        lines.append(f"  {name:<22} {_fmt(m['a']):>10} -> {_fmt(m['b']):>10}  ({_fmt(m['delta'])})")
+    lines.append(f"  {len(data['changed_items'])} item(s) changed")
+    emit(data, as_json, "\n".join(lines))
+
+
+# `eval golden` and `eval compare` join retrieval's `eval` group (registered with it).
 COMMANDS = [audit_group]

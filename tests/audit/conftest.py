@@ -97,7 +97,7 @@ class Live:
         return query.id
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def live(tiny_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
     """Every query shadow-sampled, questions stored hashed; three demo files ingested."""
     from app.db import prepare
