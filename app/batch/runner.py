@@ -101,6 +101,12 @@ def claim_item(
         if orphan is None or orphan.query_id is None:
             return None
         session.execute(update(BatchItem).where(BatchItem.id == orphan.id).values(claimed_at=now))
+        # Marked sent: neither the outbox nor another chunk task takes it up again meanwhile.
+        session.execute(
+            update(Query)
+            .where(Query.id == orphan.query_id, Query.status == "queued")
+            .values(enqueued_at=now)
+        )
         session.commit()
         return orphan.id, orphan.query_id
 

@@ -1,0 +1,119 @@
+"""Runner bookkeeping on real PostgreSQL without a worker: claim order, exactly-once counters,
+orphans, the watchdog's epoch bump, the rate limit's schedule, cancel."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy import select, update
+
+from tests.batch.conftest import batch_row, submit_questions
+
+
+def new_batch(session_factory: Any, settings: Any, n: int) -> uuid.UUID:
+    return submit_questions(session_factory, settings, None, n, dispatch=False)
+
+
+def set_query(session_factory: Any, query_id: uuid.UUID, **values: Any) -> None:
+    from app.db import Query
+
+    with session_factory() as session:
+        session.execute(update(Query).where(Query.id == query_id).values(**values))
+        session.commit()
+
+
+def test_items_are_claimed_in_order_and_counted_once(
+    session_factory: Any, settings: Any, ingested: str
+) -> None:
+    from app.batch import runner
+
+    batch_id = new_batch(session_factory, settings, 3)
+    assert runner.start(session_factory, batch_id, 0)
+    claims = [runner.claim_item(session_factory, batch_id, settings) for _ in range(3)]
+    assert all(c is not None for c in claims)
+    assert runner.claim_item(session_factory, batch_id, settings) is None
+    item_id, query_id = claims[0]  # type: ignore[misc]
+    # Still queued: a claimed item is not final until its query is.
+    assert runner.finish_item(session_factory, item_id) == "running"
+    set_query(session_factory, query_id, status="succeeded")
+    assert runner.finish_item(session_factory, item_id) == "succeeded"
+    assert runner.finish_item(session_factory, item_id) == "succeeded"
+    assert batch_row(session_factory, batch_id).succeeded == 1
+    # The other two end outside any chunk task (e.g. answered after a reap): sync closes them.
+    for _, qid in claims[1:]:  # type: ignore[misc]
+        set_query(session_factory, qid, status="failed")
+    assert runner.sync_items(session_factory, batch_id) == 2
+    assert runner.sync_items(session_factory, batch_id) == 0
+    assert runner.maybe_finish(session_factory, batch_id) == "succeeded"
+    batch = batch_row(session_factory, batch_id)
+    assert (batch.succeeded, batch.failed, batch.finished_at is not None) == (1, 2, True)
+
+
+def test_orphans_are_reclaimed_and_stalled_batches_move_to_a_new_epoch(
+    session_factory: Any, settings: Any, ingested: str
+) -> None:
+    from app.batch import Batch, runner
+    from app.db import utcnow
+
+    batch_id = new_batch(session_factory, settings, 2)
+    assert runner.start(session_factory, batch_id, 0)
+    first = runner.claim_item(session_factory, batch_id, settings)
+    second = runner.claim_item(session_factory, batch_id, settings)
+    assert first and second
+    # Its worker died and the reaper put the query back (queued, not sent): an orphan.
+    set_query(session_factory, first[1], enqueued_at=None)
+    assert runner.claim_item(session_factory, batch_id, settings) == first
+    assert runner.claim_item(session_factory, batch_id, settings) is None
+    assert runner.stalled(session_factory, settings) == []  # heartbeat is fresh
+    old = utcnow() - timedelta(seconds=settings.batch_stale_after_seconds + 1)
+    with session_factory() as session:
+        session.execute(update(Batch).where(Batch.id == batch_id).values(heartbeat_at=old))
+        session.commit()
+    revived = [r for r in runner.stalled(session_factory, settings) if r[0] == batch_id]
+    assert revived == [(batch_id, 1, batch_row(session_factory, batch_id).lanes)]
+    assert not runner.start(session_factory, batch_id, 0), "an old epoch's chunk must stop"
+    assert runner.start(session_factory, batch_id, 1)
+
+
+def test_rate_limit_spaces_item_starts(session_factory: Any, settings: Any, ingested: str) -> None:
+    from app.batch import runner
+
+    batch_id = new_batch(session_factory, settings, 1)
+    assert runner.reserve_start(session_factory, batch_id, 0) == 0.0
+    starts = []
+    for _ in range(4):
+        asked = time.monotonic()
+        starts.append(asked + runner.reserve_start(session_factory, batch_id, 4.0))
+    # Each start is planned 1/rate after the previous one, whenever it was asked for.
+    gaps = [later - earlier for earlier, later in zip(starts, starts[1:], strict=False)]
+    assert all(0.22 <= gap <= 0.28 for gap in gaps), gaps
+
+
+def test_cancel_deletes_never_run_queries_and_keeps_in_flight_ones(
+    session_factory: Any, settings: Any, ingested: str
+) -> None:
+    from app.batch import BatchItem, runner
+    from app.db import Query
+
+    batch_id = new_batch(session_factory, settings, 5)
+    assert runner.start(session_factory, batch_id, 0)
+    item_id, query_id = runner.claim_item(session_factory, batch_id, settings)  # type: ignore[misc]
+    set_query(session_factory, query_id, status="running")  # in flight
+    assert runner.cancel(session_factory, batch_id) == "cancelled"
+    batch = batch_row(session_factory, batch_id)
+    assert (batch.status, batch.cancelled, batch.finished_at) == ("cancelled", 4, None)
+    with session_factory() as session:
+        items = session.execute(
+            select(BatchItem.status, BatchItem.query_id).where(BatchItem.batch_id == batch_id)
+        ).all()
+        assert sorted(s for s, _ in items) == ["cancelled"] * 4 + ["running"]
+        assert all(q is None for s, q in items if s == "cancelled")
+        assert session.get(Query, query_id) is not None
+    assert not runner.start(session_factory, batch_id, 0)
+    set_query(session_factory, query_id, status="succeeded")
+    assert runner.finish_item(session_factory, item_id) == "succeeded"
+    assert runner.maybe_finish(session_factory, batch_id) == "cancelled"
+    assert batch_row(session_factory, batch_id).finished_at is not None
