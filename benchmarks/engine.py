@@ -116,13 +116,16 @@ def probe_costs(
     Timed after this prompt (the context the rows decode at), interleaved with the rows so that
     a change of machine load shows in both.
     """
-    probes: dict[str, list[float]] = {"target_1": [], "draft_1": []}
+    probes: dict[str, list[float]] = {"target_1": [], "draft_1": [], "draft_prefill": []}
     probes.update({f"target_{k + 1}": [] for k in ks})
     for name, model in (("target", target), ("draft", draft)):
         if model is None:
             continue
         cache = DynamicCache(config=model.config)
+        start = clock()
         model(input_ids=torch.tensor([prompt]), cache=cache, use_cache=True, logits_to_keep=1)
+        if name == "draft":
+            probes["draft_prefill"].append(clock() - start)
         sizes = [1] + ([k + 1 for k in ks] if name == "target" else [])
         for _ in range(repeats):
             for size in sizes:
@@ -202,11 +205,20 @@ def run_rows(
                 row.setdefault("outputs", []).append(tokens)
                 if stats is not None:
                     row["stats"].append(stats)
+    draft_prefill = sum(probes["draft_prefill"])
     for row in totals:
         row["same"] = row["outputs"] == totals[0]["outputs"]  # row 0: target alone
+        # S models decode rounds only: take out the prompt's prefill by the target (every
+        # row) and by the draft (rows that run one), both timed on the same prompts.
         row["decode_seconds"] = row["seconds"] - prefill_seconds
+        if row["method"] in ("draft_model", "hf_assisted"):
+            row["decode_seconds"] -= draft_prefill
         row["decode_tokens"] = row["tokens"] - len(prompts)
-    costs = {name: statistics.median(times) for name, times in probes.items() if times}
+    costs = {
+        name: statistics.median(times)
+        for name, times in probes.items()
+        if times and name != "draft_prefill"
+    }
     return totals, costs
 
 
@@ -229,7 +241,8 @@ def summarise(rows: list[dict[str, Any]], costs: dict[str, float]) -> list[list[
     """Return table lines: speedups, acceptance, E, alpha, r_k, c, predicted S, efficiency.
 
     The predicted S models decode rounds only, so efficiency compares it with the decode-phase
-    speedup (each prompt's timed prefill subtracted from every row alike).
+    speedup: the prompt's prefill by the target (all rows) and by the draft (draft rows) taken
+    out, each timed on the same prompts.
     """
     base = rows[0]["tokens"] / rows[0]["seconds"]
     base_decode = rows[0]["decode_tokens"] / rows[0]["decode_seconds"]
