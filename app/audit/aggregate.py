@@ -18,6 +18,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from itertools import zip_longest
 from typing import Any
 
 from sqlalchemy import (
@@ -216,19 +217,32 @@ def summarize(c: dict[str, Any], pct: dict[str, dict], curve: list[int]) -> dict
     }
 
 
-def aggregate(session: Session, b: FromClause, keys: Sequence[str]) -> list[dict[str, Any]]:
-    """One summarized dict per key tuple of the rows ``b`` (a single one when ``keys`` is empty).
+def aggregate(
+    session: Session, b: FromClause, keys: Sequence[str]
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The whole of ``b``'s rows summarized, and one summarized dict per key tuple of ``keys``.
 
-    ``b`` is ``base(window)`` or its ``materialized`` copy. Each dict carries its key columns by
-    name, then the fields of ``summarize``; sorted by request count, busiest first.
+    ``b`` is ``base(window)`` or its ``materialized`` copy. Each group dict carries its key
+    columns by name, then the fields of ``summarize``; busiest first. Counts, sums and
+    per-position sums add up across groups, so the totals are the groups' sums (no second scan);
+    percentiles do not, so they get their own query.
     """
     counts = counters(session, b, keys)
     pcts = latency_percentiles(session, b, keys)
     curves = position_sums(session, b, keys)
+    if keys and counts:
+        names = list(next(iter(counts.values())))
+        total = {n: sum(c[n] or 0 for c in counts.values()) for n in names}
+        curve = [sum(x) for x in zip_longest(*curves.values(), fillvalue=0)]
+        overall = summarize(total, latency_percentiles(session, b, []).get((), {}), curve)
+    elif keys:  # no rows at all: the totals of nothing
+        overall = summarize(counters(session, b, [])[()], {}, [])
+    else:
+        overall = summarize(counts[()], pcts.get((), {}), curves.get((), []))
     rows = []
-    for key, c in counts.items():
+    for key, c in counts.items() if keys else ():
         row = dict(zip(keys, key, strict=True))
         row.update(summarize(c, pcts.get(key, {}), curves.get(key, [])))
         rows.append(row)
     rows.sort(key=lambda r: (-r["requests"], [str(r[k]) for k in keys]))
-    return rows
+    return overall, rows

@@ -1,12 +1,23 @@
-"""The audit report's charts as matplotlib Figures (object API: no pyplot, no global state)."""
+"""The audit report's charts as matplotlib Figures (object API: no pyplot, no global state).
+
+matplotlib is imported when a chart is drawn, not with this module: ``app.db`` imports the audit
+tables, and every process that touches the database should not pay for a plotting library.
+"""
 
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from matplotlib.figure import Figure
-from matplotlib.ticker import MaxNLocator
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+
+def _figure(size: tuple[float, float]) -> Figure:
+    from matplotlib.figure import Figure
+
+    return Figure(figsize=size)
+
 
 SIZE = (8.0, 3.4)
 
@@ -20,7 +31,7 @@ def _empty(fig: Figure, message: str) -> Figure:
 
 def latency_over_time(timeline: dict[str, Any], metric: str = "total") -> Figure:
     """P50/P95/P99 of ``metric`` latency per timeline bucket."""
-    fig = Figure(figsize=SIZE)
+    fig = _figure(SIZE)
     points = [p for p in timeline["points"] if p["latency_ms"][metric]["p50"] is not None]
     if not points:
         return _empty(fig, "no answered requests in this window")
@@ -38,7 +49,7 @@ def latency_over_time(timeline: dict[str, Any], metric: str = "total") -> Figure
 
 def acceptance_by_position(series: list[tuple[str, list[dict[str, Any]]]]) -> Figure:
     """Acceptance rate at each draft position, one line per (label, curve)."""
-    fig = Figure(figsize=SIZE)
+    fig = _figure(SIZE)
     series = [(label, curve) for label, curve in series if curve]
     if not series:
         return _empty(fig, "no speculative drafts in this window")
@@ -52,6 +63,8 @@ def acceptance_by_position(series: list[tuple[str, list[dict[str, Any]]]]) -> Fi
             label=label,
         )
     ax.set_xlabel("draft position")
+    from matplotlib.ticker import MaxNLocator
+
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel("share of drafts accepted")
     ax.set_ylim(0, 1)
@@ -62,7 +75,7 @@ def acceptance_by_position(series: list[tuple[str, list[dict[str, Any]]]]) -> Fi
 
 def speedup_by_segment(groups: list[dict[str, Any]], keys: list[str]) -> Figure:
     """Per group: measured speedup (shadow baselines) beside tokens per target pass."""
-    fig = Figure(figsize=(SIZE[0], max(SIZE[1], 0.35 * len(groups) + 1)))
+    fig = _figure((SIZE[0], max(SIZE[1], 0.35 * len(groups) + 1)))
     rows = [g for g in groups if g.get("method") != "none"][:20]
     if not rows:
         return _empty(fig, "no speculative requests in this window")

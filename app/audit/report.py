@@ -71,9 +71,8 @@ def build_report(
     """The report over ``window`` grouped by ``group_by``; an empty window gives an empty report."""
     th = thresholds or Thresholds()
     with materialized(session, window) as rows:
-        [overall] = aggregate(session, rows, [])
+        overall, groups = aggregate(session, rows, list(group_by))
         busy = overall["requests"] > 0
-        groups = aggregate(session, rows, list(group_by)) if busy and group_by else []
         points = timeline(session, window, rows) if busy else _no_timeline(window)
     report: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
