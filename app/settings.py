@@ -145,6 +145,10 @@ class Settings(BaseSettings):
         default=True,
         description="A chunk task stops between items when interactive work waits on its worker.",
     )
+    batch_preempt: bool = Field(
+        default=True,
+        description="With yield on, also abort the batch item generating (re-run later) at once.",
+    )
     batch_stale_after_seconds: float = Field(
         default=120.0,
         description="A batch with no progress for this long is re-dispatched by the watchdog.",

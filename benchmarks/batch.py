@@ -8,11 +8,12 @@ Phases (one run, side by side, so that machine noise hits all of them):
 1. throughput: N questions answered back to back by ``app.pipeline.answer_query`` in this
    process, then the same N questions as a batch on one worker (submit → finished), repeated
    ``--rounds`` times alternating; the ratio of median times is printed.
-2. interactive latency: M interactive queries one after another on an idle worker, then while a
-   long batch runs on that worker (yield to interactive on), then with yield off; p50/p95 of the
-   service-measured ``total_ms`` (queued → answered).
+2. interactive latency: M interactive queries one after another on an idle worker (before and
+   after the loaded runs), and while a long batch runs on that worker: with preemption (default),
+   with yielding between items only, and with no yielding; p50/p95 of the service-measured
+   ``total_ms`` (queued → answered).
 
-    .venv/bin/python benchmarks/batch.py [--items 40] [--interactive 20] [--max-tokens 24]
+    .venv/bin/python benchmarks/batch.py [--items 24] [--rounds 2] [--interactive 12] [--max-tokens 16]
 """
 
 from __future__ import annotations
@@ -55,8 +56,8 @@ def build_models(root: Path) -> dict[str, str]:
         torch.manual_seed(0 if name == "target" else 1)
         cfg = LlamaConfig(
             vocab_size=len(tok),
-            hidden_size=256,
-            intermediate_size=512,
+            hidden_size=128,
+            intermediate_size=256,
             num_hidden_layers=layers,
             num_attention_heads=4,
             num_key_value_heads=2,
@@ -68,6 +69,19 @@ def build_models(root: Path) -> dict[str, str]:
         tok.save_pretrained(root / name)
         out[name] = str(root / name)
     return out
+
+
+def claim_redis_db() -> int:
+    """A Redis database number no test session or other benchmark holds (tests/conftest.py's
+    claim keys), flushed; the claim expires by itself after an hour."""
+    import redis
+
+    client = redis.Redis(host="127.0.0.1", port=6379, db=0)
+    for number in range(15, 0, -1):
+        if client.set(f"specrag-test-db-claim:{number}", os.getpid(), nx=True, ex=3600):
+            redis.Redis(db=number).flushdb()
+            return number
+    raise SystemExit("no free Redis database number (1-15)")
 
 
 def setup(tmp: Path) -> tuple[dict[str, str], str]:
@@ -93,7 +107,7 @@ def setup(tmp: Path) -> tuple[dict[str, str], str]:
     env = {
         "SPECRAG_DATA_DIR": str(tmp / "data"),
         "SPECRAG_DATABASE_URL": url,
-        "SPECRAG_BROKER_URL": "redis://127.0.0.1:6379/13",
+        "SPECRAG_BROKER_URL": f"redis://127.0.0.1:6379/{claim_redis_db()}",
         "SPECRAG_TARGET_MODEL": models["target"],
         "SPECRAG_DRAFT_MODEL": models["draft"],
         "SPECRAG_DEVICE": "cpu",
@@ -223,23 +237,44 @@ def interactive(sf: Any, settings: Any, celery: Any, m: int, max_tokens: int) ->
     return out
 
 
+def note(message: str) -> None:
+    """Progress on stderr (the tables go to stdout)."""
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
 def pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1))))]
 
 
+VARIANTS: tuple[tuple[str, dict[str, str]], ...] = (
+    ("during batch: preempt (default)", {}),
+    ("during batch: yield between items", {"SPECRAG_BATCH_PREEMPT": "false"}),
+    ("during batch: no yield", {"SPECRAG_BATCH_YIELD_TO_INTERACTIVE": "false"}),
+)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--items", type=int, default=40)
+    parser.add_argument("--items", type=int, default=24)
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--interactive", type=int, default=20)
-    parser.add_argument("--max-tokens", type=int, default=24)
+    parser.add_argument("--interactive", type=int, default=12)
+    parser.add_argument("--max-tokens", type=int, default=16)
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="specrag-bench-batch-"))
     env, dbname = setup(tmp)
-    import redis
+    try:
+        run(args, env, tmp)
+    finally:
+        import psycopg
 
-    redis.Redis(db=13).flushdb()
+        with psycopg.connect("postgresql://postgres@127.0.0.1:5432/test", autocommit=True) as c:
+            c.execute(f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)')
+
+
+def run(args: argparse.Namespace, env: dict[str, str], tmp: Path) -> None:
+    """All phases; prints the two tables."""
+    from app.batch.runner import cancel
     from app.db import prepare
     from app.resources import Resources
     from app.settings import Settings
@@ -253,59 +288,63 @@ def main() -> None:
     celery = create_celery(settings)
     log = tmp / "worker.log"
     worker = start_worker(env, log)
-    wait_query(sf, ask(sf, settings, celery, "warm up", 2), timeout=300)
+    try:
+        wait_query(sf, ask(sf, settings, celery, "warm up", 2), timeout=300)
+        note("worker warm; throughput rounds")
+        pipe, queue = [], []
+        for _ in range(args.rounds):
+            pipe.append(back_to_back(sf, settings, resources, args.items, args.max_tokens))
+            t0 = time.perf_counter()
+            bid = submit(sf, settings, celery, args.items, args.max_tokens)
+            while not batch_done(sf, bid):
+                time.sleep(0.05)
+            queue.append(time.perf_counter() - t0)
+            note(f"pipeline {pipe[-1]:.1f} s, batch {queue[-1]:.1f} s")
+        idle = interactive(sf, settings, celery, args.interactive, args.max_tokens)
+        lat = []
+        for label, extra in VARIANTS:
+            if extra:
+                stop(worker)
+                worker = start_worker(env, log, **extra)
+                wait_query(sf, ask(sf, settings, celery, "warm up", 2), timeout=300)
+            note(label)
+            bid = submit(sf, settings, celery, 1000, args.max_tokens)
+            time.sleep(2.0)
+            lat.append(
+                (label, interactive(sf, settings, celery, args.interactive, args.max_tokens))
+            )
+            cancel(sf, bid)
+            while not batch_done(sf, bid):
+                time.sleep(0.1)
+        # Idle again at the end: the machine's load drifts, so idle brackets the loaded runs.
+        idle += interactive(sf, settings, celery, args.interactive, args.max_tokens)
+    finally:
+        stop(worker)
 
-    rows = []
-    pipe, queue = [], []
-    for _ in range(args.rounds):
-        pipe.append(back_to_back(sf, settings, resources, args.items, args.max_tokens))
-        t0 = time.perf_counter()
-        bid = submit(sf, settings, celery, args.items, args.max_tokens)
-        while not batch_done(sf, bid):
-            time.sleep(0.05)
-        queue.append(time.perf_counter() - t0)
     p, q = statistics.median(pipe), statistics.median(queue)
-    rows.append(("pipeline back to back", f"{args.items / p:.2f} items/s", f"{p:.1f} s", "1.00"))
-    rows.append(
-        ("batch, one worker", f"{args.items / q:.2f} items/s", f"{q:.1f} s", f"{p / q:.2f}")
-    )
-
-    idle = interactive(sf, settings, celery, args.interactive, args.max_tokens)
-    lat = [("idle", idle)]
-    for label, yield_on in (("during batch, yield on", True), ("during batch, yield off", False)):
-        if not yield_on:
-            stop(worker)
-            worker = start_worker(env, log, SPECRAG_BATCH_YIELD_TO_INTERACTIVE="false")
-            wait_query(sf, ask(sf, settings, celery, "warm up", 2), timeout=300)
-        bid = submit(sf, settings, celery, 100_000 // 100, args.max_tokens)
-        time.sleep(2.0)
-        lat.append((label, interactive(sf, settings, celery, args.interactive, args.max_tokens)))
-        from app.batch.runner import cancel
-
-        cancel(sf, bid)
-        while not batch_done(sf, bid):
-            time.sleep(0.1)
-    stop(worker)
-
     print(
         f"\nthroughput ({args.items} items, max_tokens {args.max_tokens}, median of "
-        f"{args.rounds} rounds)\n"
+        f"{args.rounds} rounds, alternating)\n"
     )
     print("| path | throughput | time | vs pipeline |\n|---|---|---|---|")
-    for row in rows:
-        print("| " + " | ".join(row) + " |")
-    print(f"\ninteractive latency (total_ms, {args.interactive} queries each)\n")
+    print(
+        f"| pipeline back to back, in process | {args.items / p:.2f} items/s | {p:.1f} s | 1.00 |"
+    )
+    print(
+        f"| batch on one worker (submit → finished) | {args.items / q:.2f} items/s | {q:.1f} s "
+        f"| {p / q:.2f} |"
+    )
+    print(
+        f"\ninteractive latency (service total_ms; {len(idle)} idle, {args.interactive} per "
+        "loaded condition, asked one after another)\n"
+    )
     print("| condition | p50 ms | p95 ms | p95 vs idle |\n|---|---|---|---|")
     base = pct(idle, 95)
-    for label, values in lat:
+    for label, values in [("idle", idle), *lat]:
         print(
             f"| {label} | {pct(values, 50):.0f} | {pct(values, 95):.0f} | "
             f"{pct(values, 95) / base:.2f} |"
         )
-    import psycopg
-
-    with psycopg.connect("postgresql://postgres@127.0.0.1:5432/test", autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)')
 
 
 if __name__ == "__main__":

@@ -77,6 +77,10 @@ def register(app: Celery) -> None:
         resources = runtime.resources(self.app)
         settings = resources.settings
         polite = settings.batch_yield_to_interactive and consumes(self.app, "answer")
+        if polite and settings.batch_preempt:
+            from app.batch.preempt import PreemptibleResources
+
+            resources = PreemptibleResources(resources, lambda: answer_waiting(self.app))
         outcome = run_chunk(
             resources,
             uuid.UUID(batch_id),

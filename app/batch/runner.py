@@ -22,6 +22,7 @@ from typing import Literal
 from sqlalchemy import and_, delete, func, or_, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
+from app.batch.preempt import Preempted
 from app.batch.records import FINAL_BATCH, FINAL_ITEM, Batch, BatchItem
 from app.db.models import Query, utcnow
 from app.resources import Resources
@@ -141,6 +142,23 @@ def finish_item(sf: SessionFactory, item_id: int) -> str | None:
         return new
 
 
+def requeue_item(sf: SessionFactory, item_id: int, query_id: uuid.UUID) -> None:
+    """Put a preempted item back to pending (its query stays queued, marked sent)."""
+    with sf() as session:
+        session.execute(
+            update(BatchItem)
+            .where(BatchItem.id == item_id, BatchItem.status == "running")
+            .values(status="pending", claimed_at=None)
+        )
+        # The chunk tasks carry it again: the outbox must not send it as a query of its own.
+        session.execute(
+            update(Query)
+            .where(Query.id == query_id, Query.status == "queued")
+            .values(enqueued_at=utcnow())
+        )
+        session.commit()
+
+
 def sync_items(sf: SessionFactory, batch_id: uuid.UUID) -> int:
     """Finish every item whose query ended outside a chunk task (e.g. re-sent after a reap)."""
     with sf() as session:
@@ -240,7 +258,12 @@ def run_chunk(
             maybe_finish(sf, batch_id)
             return "done"
         item_id, query_id = claimed
-        answer_query(resources, query_id, host=host)
+        try:
+            answer_query(resources, query_id, host=host)
+        except Preempted:
+            # The pipeline already put the query back to queued; the item waits for its turn.
+            requeue_item(sf, item_id, query_id)
+            return "yield"
         finish_item(sf, item_id)
         heartbeat(sf, batch_id)
     maybe_finish(sf, batch_id)
