@@ -11,9 +11,6 @@ wait, which says nothing about the model.
 
 from __future__ import annotations
 
-import csv
-import html
-import io
 import uuid
 from typing import Any
 
@@ -169,56 +166,89 @@ def _item_row(
 
 
 def to_csv(report: dict[str, Any]) -> str:
-    """One row per item (the CSV_FIELDS columns)."""
-    out = io.StringIO()
-    writer = csv.DictWriter(out, fieldnames=list(CSV_FIELDS), extrasaction="ignore")
-    writer.writeheader()
-    for row in report["items"]:
-        writer.writerow(row)
-    return out.getvalue()
+    """One row per item (the CSV_FIELDS columns), written by app/audit's CSV renderer."""
+    from app.audit.render import to_csv as rows_to_csv
+
+    return rows_to_csv(report["items"], CSV_FIELDS)
+
+
+def _figures(report: dict[str, Any]) -> tuple[Any, Any]:
+    """(answer classes bar chart, per-item service time before vs after scatter)."""
+    from matplotlib.figure import Figure
+
+    classes = Figure(figsize=(8.0, 3.0))
+    ax = classes.subplots()
+    names = [k for k, v in report["counts"].items() if v]
+    ax.bar(names, [report["counts"][k] for k in names], color="#4477aa")
+    ax.set_ylabel("items")
+    ax.set_title("How the answers changed")
+    scatter = Figure(figsize=(5.0, 4.0))
+    ax = scatter.subplots()
+    pairs = [
+        (r["service_ms_before"], r["service_ms_after"])
+        for r in report["items"]
+        if r["service_ms_before"] is not None and r["service_ms_after"] is not None
+    ]
+    if pairs:
+        xs, ys = zip(*pairs, strict=True)
+        ax.scatter(xs, ys, s=8)
+        top = max(max(xs), max(ys))
+        ax.plot([0, top], [0, top], color="#999", lw=1)  # on the line: unchanged
+    ax.set_xlabel("service ms before")
+    ax.set_ylabel("service ms after")
+    ax.set_title("Service time per item (below the line: faster)")
+    return classes, scatter
 
 
 def to_html(report: dict[str, Any]) -> str:
-    """A self-contained page: summary, before/after table, class counts, per-item table.
+    """A self-contained page from app/audit's HTML renderer: summary, changes, before/after,
+    items, with a chart of the answer classes and a before/after service-time scatter."""
+    from app.audit.render import Section, html_report
 
-    Deliberately minimal (no charts): app/audit had no reusable renderer when this was written.
-    """
-    e = html.escape
     b = report["batch"]
-    head = f"<h1>Batch {e(b['id'])}</h1><p>status {e(b['status'])}, {b['done']}/{b['total']} done"
-    head += f", {b['failed']} failed, {b['cancelled']} cancelled</p>"
-    counts = "".join(f"<tr><td>{e(k)}</td><td>{v}</td></tr>" for k, v in report["counts"].items())
-    sides = []
-    for label, key in (
-        ("service p50 ms", "service_ms.p50"),
-        ("service p95 ms", "service_ms.p95"),
-        ("generation p95 ms", "generation_ms.p95"),
-        ("acceptance rate", "acceptance_rate"),
-        ("mean acceptance length", "mean_acceptance_length"),
+    summary = [{"field": k, "value": v} for k, v in b.items() if not isinstance(v, dict)]
+    metrics = []
+    for label, path in (
+        ("service p50 ms", ("service_ms", "p50")),
+        ("service p95 ms", ("service_ms", "p95")),
+        ("generation p50 ms", ("generation_ms", "p50")),
+        ("generation p95 ms", ("generation_ms", "p95")),
+        ("acceptance rate", ("acceptance_rate",)),
+        ("mean acceptance length", ("mean_acceptance_length",)),
+        ("model pairs", ("model_pairs",)),
+        ("index versions", ("index_versions",)),
     ):
-        vals = []
+        row: dict[str, Any] = {"metric": label}
         for side in ("before", "after"):
             value: Any = report[side]
-            for part in key.split("."):
+            for part in path:
                 value = value.get(part) if isinstance(value, dict) else None
-            vals.append("" if value is None else e(str(value)))
-        sides.append(f"<tr><td>{label}</td><td>{vals[0]}</td><td>{vals[1]}</td></tr>")
-    rows = "".join(
-        "<tr>"
-        + "".join(f"<td>{e('' if r[f] is None else str(r[f]))}</td>" for f in CSV_FIELDS)
-        + "</tr>"
-        for r in report["items"]
-    )
-    header = "".join(f"<th>{e(f)}</th>" for f in CSV_FIELDS)
-    return (
-        "<!doctype html><html><head><meta charset='utf-8'><title>specrag batch report</title>"
-        "<style>table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:2px 6px}"
-        "</style></head><body>"
-        f"{head}<h2>Before / after (items answered both times: {report['compared']})</h2>"
-        f"<table><tr><th></th><th>before</th><th>after</th></tr>{''.join(sides)}</table>"
-        f"<h2>Answers</h2><table>{counts}</table>"
-        f"<h2>Items</h2><table><tr>{header}</tr>{rows}</table></body></html>"
-    )
+            row[side] = value
+        metrics.append(row)
+    classes, scatter = _figures(report)
+    sections = [
+        Section("Batch", columns=("field", "value"), rows=summary),
+        Section(
+            "Answers",
+            text="identical / changed: answered both times; newly_failed, fixed, still_failed:"
+            " compared with the original; answered / failed: no original.",
+            columns=("class", "items"),
+            rows=[{"class": k, "items": v} for k, v in report["counts"].items()],
+            figures=[(classes, "answer classes")],
+        ),
+        Section(
+            "Before / after",
+            text=f"Over the {report['compared']} items answered both times; service time is"
+            " total_ms - queue_ms.",
+            columns=("metric", "before", "after"),
+            rows=metrics,
+            figures=[(scatter, "service time per item, before vs after")]
+            if report["compared"]
+            else [],
+        ),
+        Section("Items", columns=CSV_FIELDS, rows=report["items"]),
+    ]
+    return html_report(f"specrag batch {b['id']}", sections)
 
 
 def render(session: Session, batch_id: uuid.UUID, fmt: str) -> tuple[str, str]:
