@@ -34,8 +34,10 @@ def new_flat(dim: int) -> faiss.Index:
 
 
 def ivf_nlist(num_vectors: int) -> int:
-    """Number of IVF lists for a collection of this size (about 4·sqrt(n), a power of two)."""
-    return max(16, 2 ** round(math.log2(4 * math.sqrt(max(num_vectors, 1)))))
+    """Number of IVF lists for a collection of this size: about 4·sqrt(n) (a power of two), but
+    never fewer than 39 vectors per list, FAISS's minimum for k-means to train well."""
+    rule = 2 ** round(math.log2(4 * math.sqrt(max(num_vectors, 1))))
+    return max(1, min(rule, num_vectors // 39))
 
 
 def new_ivf(vectors: np.ndarray, ids: np.ndarray, seed: int = 1234) -> faiss.Index:
@@ -59,7 +61,7 @@ def new_ivf(vectors: np.ndarray, ids: np.ndarray, seed: int = 1234) -> faiss.Ind
 def set_search_params(index: faiss.Index) -> None:
     """Search-time settings that FAISS does not persist with the file (IVF probes)."""
     if isinstance(index, faiss.IndexIVF):
-        index.nprobe = max(IVF_MIN_PROBES, int(index.nlist * IVF_PROBE_FRACTION))
+        index.nprobe = min(index.nlist, max(IVF_MIN_PROBES, int(index.nlist * IVF_PROBE_FRACTION)))
 
 
 def all_vectors(index: faiss.Index) -> tuple[np.ndarray, np.ndarray]:

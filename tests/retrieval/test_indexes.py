@@ -80,3 +80,11 @@ def test_removed_ids_never_come_back(kind: str) -> None:
     index = apply_changes(index, ids[::2], ids[:0], vectors[:0], approx_threshold=3_000)
     found = index.search(vectors[:200], 10)[1]
     assert not (set(found.ravel()) - {-1}) & set(ids[::2].tolist())
+
+
+def test_a_low_threshold_works_for_tiny_collections() -> None:
+    vectors = clustered(60)
+    ids = np.arange(60, dtype="int64")
+    index = apply_changes(new_flat(384), ids[:0], ids, vectors, approx_threshold=10)
+    assert kind_of(index) == "ivf" and index.ntotal == 60
+    assert index.search(vectors[:1], 1)[1][0, 0] == 0
