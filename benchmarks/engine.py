@@ -194,7 +194,8 @@ def run_rows(
                     prefill_seconds += clock() - start
                     continue
                 if j == len(rows) + 1:
-                    for name, times in probe_costs(target, draft, prompt, ks, clock).items():
+                    probe_ks = sorted({1, 2, 4, 8, *ks})  # r_k is not linear: probe a grid
+                    for name, times in probe_costs(target, draft, prompt, probe_ks, clock).items():
                         probes.setdefault(name, []).extend(times)
                     continue
                 row = totals[j]

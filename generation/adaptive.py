@@ -27,7 +27,11 @@ from dataclasses import dataclass, field
 
 @dataclass
 class CostModel:
-    """Cost of a round with k drafts, relative to a one-token target pass: r_k + k * c.
+    """Cost of a round with k >= 1 drafts, r_k + k * c, on a line 1 + slope * k.
+
+    Only ratios between k >= 1 matter to the policy, so the line's unit is its own intercept
+    (about a one-token target pass on a GPU; more on a CPU, where passes over several tokens
+    take a slower kernel path).
 
     Starts from a one-time measurement (``target_slope``, ``proposer_cost``) and then follows
     the wall time of the engine's own rounds: a least-squares line ``seconds = a + b * k`` over
@@ -38,9 +42,9 @@ class CostModel:
     """
 
     target_slope: float = 0.12
-    """Measured r_k = 1 + target_slope * k: extra cost of each verified token."""
+    """Measured extra cost of each verified token, relative to the line's intercept."""
     proposer_cost: float = 0.0
-    """Measured c: one proposer step relative to a one-token target pass (0 for n-gram lookup)."""
+    """Measured cost of one proposer step, relative to the intercept (0 for n-gram lookup)."""
     prior_weight: float = 4.0
     """How much evidence (rounds x variance of k) the one-time measurement counts for."""
     decay: float = 0.99
