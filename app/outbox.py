@@ -21,6 +21,7 @@ from sqlalchemy import or_, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.db import Query, utcnow
+from app.db.session import skip_fsync
 from app.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -39,6 +40,7 @@ def send_and_mark(
         log.warning("enqueue of query %s failed, left for the sweeper: %s", query_id, exc)
         return False
     with session_factory() as session:
+        skip_fsync(session)
         session.execute(
             update(Query)
             .where(Query.id == query_id, Query.enqueued_at.is_(None))

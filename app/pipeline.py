@@ -26,6 +26,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.db import Answer, AnswerSource, GenerationStatsRecord, Query, utcnow
+from app.db.session import skip_fsync
 from app.resources import Resources
 
 log = logging.getLogger(__name__)
@@ -64,6 +65,7 @@ def claim(sf: sessionmaker[Session], query_id: uuid.UUID, host: str) -> Claimed 
     """
     now = utcnow()
     with sf() as session:
+        skip_fsync(session)
         row = session.execute(
             update(Query)
             .where(Query.id == query_id, Query.status == "queued")
@@ -112,6 +114,7 @@ def heartbeat(
                 return
             try:
                 with session_factory() as session:
+                    skip_fsync(session)
                     session.execute(
                         update(Query)
                         .where(

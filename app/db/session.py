@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.settings import Settings
@@ -31,3 +31,14 @@ def make_engine(settings: Settings) -> Engine:
 def make_session_factory(engine: Engine) -> sessionmaker[Session]:
     """Sessions that keep loaded attributes after commit (results are read after the write)."""
     return sessionmaker(engine, expire_on_commit=False)
+
+
+def skip_fsync(session: Session) -> None:
+    """Let this transaction's commit return before its WAL record reaches disk (PostgreSQL only).
+
+    Only for writes whose loss in a database crash is harmless and self-healing: a claim (the query
+    is queued again and its message is still unacknowledged), a heartbeat, an "enqueued" mark (the
+    sweeper sends again; duplicates are no-ops). Answers and submissions stay fully durable.
+    """
+    if session.get_bind().dialect.name == "postgresql":
+        session.execute(text("SET LOCAL synchronous_commit TO OFF"))
