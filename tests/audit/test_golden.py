@@ -119,3 +119,28 @@ def test_faithfulness_with_the_embedding_model(live: Live) -> None:
     assert faithfulness(f"{supported} {unrelated}", [passage], embedder, 0.5) == 0.5
     assert faithfulness(supported, [], embedder, 0.5) == 0.0
     assert faithfulness("", [passage], embedder, 0.5) is None
+
+
+def test_cli_golden_then_compare(live: Live, tmp_path: Path) -> None:
+    s = live.settings
+    env = {
+        "SPECRAG_DATA_DIR": str(s.data_dir),
+        "SPECRAG_TARGET_MODEL": str(s.target_model),
+        "SPECRAG_DRAFT_MODEL": str(s.draft_model),
+        "SPECRAG_DEVICE": "cpu",
+        "SPECRAG_DEFAULT_MAX_TOKENS": "8",
+    }
+    golden = write(tmp_path / "g.jsonl", [json.dumps(i) for i in ITEMS[:2]])
+    runner = CliRunner()
+    args = ["eval", "golden", str(golden), "-c", "docs", "--tenant", "acme", "--json"]
+    first = runner.invoke(main, args, env=env)
+    assert first.exit_code == 0, first.output
+    run_a = json.loads(first.output.strip().splitlines()[-1])
+    assert run_a["items"] == 2 and run_a["identical_rate"] == 1.0
+    second = runner.invoke(main, [*args[:-1], "--method", "ngram", "--json"], env=env)
+    run_b = json.loads(second.output.strip().splitlines()[-1])
+    result = runner.invoke(main, ["eval", "compare", run_a["run_id"], run_b["run_id"]], env=env)
+    assert result.exit_code == 0, result.output
+    assert "identical_rate" in result.output and "2 common items" in result.output
+    refused = runner.invoke(main, [*args[:-1], "--method", "none"], env=env)
+    assert refused.exit_code == 1 and "method: must be a speculation method" in refused.output
