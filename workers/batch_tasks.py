@@ -32,6 +32,9 @@ log = logging.getLogger(__name__)
 BATCH_PRIORITY = 9
 
 _watchdogs: dict[int, Any] = {}
+_redis_clients: dict[str, Any] = {}
+# kombu's Redis transport keeps one list per priority step: "answer", then "answer\x06\x16<n>".
+_ANSWER_KEYS = ("answer", *(f"answer\x06\x16{step}" for step in (3, 6, 9)))
 
 
 def chunk_signature(app: Celery, batch_id: uuid.UUID | str, epoch: int) -> Signature:
@@ -57,8 +60,24 @@ def consumes(app: Celery, queue: str) -> bool:
 
 
 def answer_waiting(app: Celery) -> bool:
-    """Whether interactive ``answer`` messages wait in the broker (False when it cannot tell)."""
+    """Whether interactive ``answer`` messages wait in the broker (False when it cannot tell).
+
+    Called every few milliseconds while a batch item generates, so on Redis it is one pipelined
+    LLEN per priority list (~0.5 ms) instead of kombu's passive queue_declare (~15 ms of Python
+    under load, which measurably slowed the generation it was guarding).
+    """
     try:
+        url = str(app.conf.broker_url or "")
+        if url.startswith(("redis://", "rediss://")):
+            client = _redis_clients.get(url)
+            if client is None:
+                import redis
+
+                client = _redis_clients[url] = redis.Redis.from_url(url, socket_timeout=2)
+            pipe = client.pipeline(transaction=False)
+            for key in _ANSWER_KEYS:
+                pipe.llen(key)
+            return any(pipe.execute())
         with app.pool.acquire(block=True, timeout=2) as conn:
             _, count, _ = conn.default_channel.queue_declare(queue="answer", passive=True)
             return bool(count)

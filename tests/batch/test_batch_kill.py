@@ -46,6 +46,7 @@ def test_batch_finishes_exactly_once_after_its_worker_is_killed(
         poll=0.5,
         explain=second.tail,
     )
+    second.stop()  # later tests use this broker without a worker
     batch = batch_row(session_factory, batch_id)
     assert (batch.status, batch.succeeded, batch.failed) == ("succeeded", 60, 0), second.tail()
     assert batch.epoch >= 1, "the watchdog should have re-dispatched the stalled batch"

@@ -3,6 +3,7 @@ exactly-once completion, interactive work served first, cancel."""
 
 from __future__ import annotations
 
+import functools
 import time
 import uuid
 from typing import Any
@@ -189,7 +190,9 @@ def test_rerun_of_stored_queries_through_the_cli_reports_identical_answers(
     for question in ("Is assert skipped under -O?", "What is a starred target?"):
         qid = ask(session_factory, settings, celery_app, question)
         wait_until(
-            lambda q=qid: query_status(session_factory, q).done_at, 60, "an interactive query"
+            functools.partial(lambda q: query_status(session_factory, q).done_at, qid),
+            60,
+            "an interactive query",
         )
     # Every finished interactive query so far (greedy, max_tokens 2) re-run with the same models
     # and the same index: the answers must come out identical.

@@ -51,3 +51,22 @@ def test_an_exception_fired_at_the_very_end_is_withdrawn() -> None:
             outcomes.append("preempted")
         busy(0.01)
     assert set(outcomes) <= {"kept", "preempted"}
+
+
+def test_answer_waiting_sees_interactive_messages_on_real_redis(redis_url: str) -> None:
+    import redis
+
+    from app.settings import Settings
+    from workers import create_celery, send_query
+    from workers.batch_tasks import answer_waiting, chunk_signature
+
+    app = create_celery(Settings(broker_url=redis_url))
+    client = redis.Redis.from_url(redis_url)
+    client.flushdb()
+    chunk_signature(app, "00000000-0000-0000-0000-000000000000", 0).apply_async()
+    send_query(app, "00000000-0000-0000-0000-000000000001", "batch")
+    assert not answer_waiting(app), "batch work must not count as interactive"
+    send_query(app, "00000000-0000-0000-0000-000000000002", "answer")
+    assert answer_waiting(app)
+    client.flushdb()
+    assert not answer_waiting(app)
