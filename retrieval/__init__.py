@@ -5,7 +5,12 @@ prompt builder that numbers the passages for citation.
 """
 
 from retrieval.embedder import Embedder
-from retrieval.errors import DocumentError, QueryError, UnknownCollectionError
+from retrieval.errors import (
+    DocumentError,
+    InvalidNameError,
+    QueryError,
+    UnknownCollectionError,
+)
 from retrieval.prompt import Passage, build_prompt, format_prompt
 from retrieval.results import FileResult, IngestReport, SearchHit
 from retrieval.service import RetrievalService
@@ -15,6 +20,7 @@ __all__ = [
     "Embedder",
     "FileResult",
     "IngestReport",
+    "InvalidNameError",
     "Passage",
     "QueryError",
     "RetrievalService",
