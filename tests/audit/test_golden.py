@@ -35,7 +35,7 @@ def test_run_scores_stores_and_compares(live: Live, tmp_path: Path) -> None:
     assert [i.line_no for i in items] == [1, 2, 3] and items[2].expected_sources == ["del.md"]
     res = live.resources
     first = run_golden(res, items, source_file="g.jsonl", tenant="acme", method="draft_model")
-    second = run_golden(res, items, source_file="g.jsonl", tenant="acme", method="ngram")
+    second = run_golden(res, items[:2], source_file="g.jsonl", tenant="acme", method="ngram")
     assert first["items"] == 3 and first["errors"] == 0
     # Greedy decoding: speculation must not change a single answer.
     assert first["identical_rate"] == 1.0 and second["identical_rate"] == 1.0
@@ -56,7 +56,7 @@ def test_run_scores_stores_and_compares(live: Live, tmp_path: Path) -> None:
         )
         assert queues == {"eval"} and shadows == 0
         diff = compare_runs(session, first["run_id"], second["run_id"][:8])
-    assert diff["common_items"] == 3
+    assert diff["common_items"] == 2
     # Both methods give the same greedy answers, so quality metrics cannot move.
     for name in ("exact_match", "token_f1", "retrieval_recall", "faithfulness", "identical_rate"):
         assert diff["metrics"][name]["delta"] == pytest.approx(0.0), name
