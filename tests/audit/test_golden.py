@@ -57,10 +57,22 @@ def test_run_scores_stores_and_compares(live: Live, tmp_path: Path) -> None:
         assert queues == {"eval"} and shadows == 0
         diff = compare_runs(session, first["run_id"], second["run_id"][:8])
     assert diff["common_items"] == 2
-    # Both methods give the same greedy answers, so quality metrics cannot move.
-    for name in ("exact_match", "token_f1", "retrieval_recall", "faithfulness", "identical_rate"):
-        assert diff["metrics"][name]["delta"] == pytest.approx(0.0), name
+    # Both methods give the same greedy answers, so no common item's scores can move.
     assert diff["changed_items"] == []
+    for name in ("retrieval_recall", "identical_rate"):
+        assert diff["metrics"][name]["delta"] == pytest.approx(0.0), name
+    with res.session_factory() as session:
+        # A regression in one item of run B must show up as that item, with both scores.
+        item = session.scalars(
+            select(GoldenItem).where(GoldenItem.line_no == 1).order_by(GoldenItem.id.desc())
+        ).first()
+        assert item is not None and str(item.run_id) == second["run_id"]
+        before = item.token_f1
+        item.token_f1 = 0.25 if before != 0.25 else 0.5
+        session.commit()
+        changed = compare_runs(session, first["run_id"], second["run_id"])["changed_items"]
+    assert [c["line_b"] for c in changed] == [1]
+    assert changed[0]["token_f1"] == {"a": before, "b": item.token_f1}
 
 
 def test_malformed_lines_are_named(tmp_path: Path) -> None:
