@@ -1,0 +1,68 @@
+"""`specrag ask` through the queue, and the ingest task on a live ingest worker."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from app.cli import main
+from app.settings import Settings
+from tests.integration.helpers import settings_env
+
+pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_ask_goes_through_the_queue_to_the_live_worker(
+    service_settings: Settings, live_worker: Any, ingested: str
+) -> None:
+    env = {k: v for k, v in settings_env(service_settings).items() if k.startswith("SPECRAG_")}
+    result = CliRunner().invoke(
+        main,
+        [
+            "ask",
+            "What does del do?",
+            "-c",
+            ingested,
+            "--tenant",
+            "acme",
+            "--max-tokens",
+            "2",
+            "--json",
+            "--timeout",
+            "120",
+        ],
+        env=env,
+    )
+    assert result.exit_code == 0, result.output
+    view = json.loads(result.output.strip().splitlines()[-1])
+    assert view["status"] == "succeeded" and view["sources"]
+    assert {"id", "answer", "stats"} <= set(view)
+
+
+def test_ingest_task_runs_on_an_ingest_worker(service_settings: Settings) -> None:
+    from celery.contrib.testing.worker import start_worker
+
+    from app.resources import Resources
+    from workers import INGEST_TASK, create_celery
+
+    app = create_celery(service_settings)
+    source = str(ROOT / "demo" / "corpus" / "while.md")
+    with start_worker(app, pool="solo", perform_ping_check=False, queues=["ingest"]):
+        app.send_task(INGEST_TASK, args=[[source], "ingested-by-task", "acme"])
+        from app.db import prepare
+
+        engine, factory = prepare(service_settings)
+        retrieval = Resources(service_settings, factory).retrieval
+        deadline = time.monotonic() + 120
+        while retrieval.index_version(collection="ingested-by-task", tenant="acme") is None:
+            assert time.monotonic() < deadline, "the ingest task never indexed the file"
+            time.sleep(0.2)
+        engine.dispose()
+    hits = retrieval.search("while loop", collection="ingested-by-task", tenant="acme", top_k=1)
+    assert hits and hits[0].document == source
