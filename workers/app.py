@@ -64,7 +64,8 @@ def create_celery(settings: Settings) -> SpecragCelery:
         broker_transport_options=_transport_options(broker, settings),
         worker_pool=settings.worker_pool,
         worker_hijack_root_logger=False,
-        worker_send_task_events=True,
+        # Task events cost Redis round trips on every task; Flower switches them on while it runs.
+        worker_send_task_events=False,
         task_send_sent_event=False,
     )
     tasks.register(app)
