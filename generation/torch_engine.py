@@ -118,6 +118,8 @@ class SpeculativeEngine:
         ngram_max_n: int = 4,
         costs: dict[str, CostModel] | None = None,
     ) -> None:
+        if max_speculative_tokens < 1:
+            raise ValueError(f"max_speculative_tokens: must be >= 1, got {max_speculative_tokens}")
         self.target = target.eval()
         self.draft = draft.eval() if draft is not None else None
         self.device = next(target.parameters()).device
