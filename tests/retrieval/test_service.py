@@ -227,3 +227,48 @@ def test_bad_queries(make_service: ServiceFactory, names: dict[str, str], tmp_pa
         service.search("apples", collection="", tenant=t)
     with pytest.raises(UnknownCollectionError):
         service.search("apples", collection="missing", tenant=t)
+
+
+def test_concurrent_writers_keep_index_and_database_in_step(
+    make_service: ServiceFactory, names: dict[str, str]
+) -> None:
+    import threading
+
+    import numpy as np
+
+    from retrieval.chunking import ChunkDraft
+    from retrieval.loaders import LoadedDocument, Section
+    from retrieval.writes import PreparedDocument
+
+    service = make_service()
+    c, t = names["collection"], names["a"]
+    rng = np.random.default_rng(0)
+
+    def prepared(name: str) -> PreparedDocument:
+        doc = LoadedDocument(name, [Section(None, name)], name.ljust(64, "0"), 10)
+        chunks = [ChunkDraft(i, name, None, f"{name} part {i}", 3) for i in range(3)]
+        vectors = rng.standard_normal((3, service.embedder.dim)).astype("float32")
+        return PreparedDocument(
+            f"{name}.md", doc, chunks, vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+        )
+
+    batches = {w: [prepared(f"w{w}-{i}") for i in range(5)] for w in range(3)}
+    errors: list[BaseException] = []
+
+    def work(w: int) -> None:
+        # Each thread writes through its own service, as separate processes would.
+        own = make_service()
+        try:
+            for p in batches[w]:
+                own.writer.write(t, c, [p])
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(w,)) for w in batches]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors, errors
+    assert service.index_version(collection=c, tenant=t) == 15
+    assert len(agree(service, t, c)) == 45
