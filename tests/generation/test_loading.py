@@ -106,3 +106,15 @@ def test_tokenizer_absent(checkpoints: dict[str, Path]) -> None:
 def test_unknown_engine_kind(checkpoints: dict[str, Path]) -> None:
     with pytest.raises(ValueError, match="unknown kind 'tensorrt'"):
         load_engine("tensorrt", checkpoints["target"])
+
+
+def test_vllm_engine_without_vllm_says_so(checkpoints: dict[str, Path]) -> None:
+    """Here (CPU, no vllm installed) the vllm kind fails with a message naming vLLM."""
+    try:
+        import vllm  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        pytest.skip("vllm is installed: the real engine is tested in test_vllm_engine.py")
+    with pytest.raises(RuntimeError, match="(?i)vllm"):
+        load_engine("vllm", checkpoints["target"], checkpoints["draft"], device="auto")

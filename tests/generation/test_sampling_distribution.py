@@ -59,9 +59,11 @@ def engine() -> SpeculativeEngine:
     return SpeculativeEngine(target, draft)
 
 
-@pytest.mark.parametrize(("method", "k"), [("draft_model", 2), ("ngram", 3)])
+@pytest.mark.parametrize(
+    ("method", "k"), [("draft_model", 2), ("ngram", 3), ("draft_model", "auto")]
+)
 def test_first_tokens_follow_the_target_joint_distribution(
-    engine: SpeculativeEngine, method: str, k: int
+    engine: SpeculativeEngine, method: str, k: int | str
 ) -> None:
     index = {s: i for i, s in enumerate(itertools.product(range(VOCAB), repeat=NUM_TOKENS))}
     observed = np.zeros(len(index))
