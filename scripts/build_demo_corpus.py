@@ -9,7 +9,6 @@ from __future__ import annotations
 import re
 import sys
 from pathlib import Path
-
 from pydoc_data.topics import topics
 
 
@@ -29,7 +28,12 @@ def topic_markdown(name: str, text: str) -> str:
     while i < len(body):
         line = body[i]
         nxt = body[i + 1] if i + 1 < len(body) else ""
-        if line.strip() and nxt.strip() and set(nxt.strip()) <= {"=", "-", "*", "~", "^"} and len(nxt.strip()) >= 3:
+        if (
+            line.strip()
+            and nxt.strip()
+            and set(nxt.strip()) <= {"=", "-", "*", "~", "^"}
+            and len(nxt.strip()) >= 3
+        ):
             out.append(f"## {line.strip()}")
             i += 2
             continue
@@ -41,9 +45,15 @@ def topic_markdown(name: str, text: str) -> str:
 def main(out_dir: Path) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     for name in sorted(topics):
-        (out_dir / f"{slug(name)}.md").write_text(topic_markdown(name, topics[name]), encoding="utf-8")
+        (out_dir / f"{slug(name)}.md").write_text(
+            topic_markdown(name, topics[name]), encoding="utf-8"
+        )
     print(f"wrote {len(topics)} files to {out_dir}")
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).resolve().parent.parent / "demo" / "corpus")
+    main(
+        Path(sys.argv[1])
+        if len(sys.argv) > 1
+        else Path(__file__).resolve().parent.parent / "demo" / "corpus"
+    )
