@@ -206,6 +206,14 @@ class SpeculativeEngine:
             return NgramProposer(self.device, max_n=self.ngram_max_n)
         return None
 
+    def warmup(self) -> None:
+        """Measure the adaptive-k costs now (else the first ``"auto"`` request of a method does).
+
+        A few dozen forward passes; also warms the kernels a first request would wait on.
+        """
+        for method in ("draft_model", "ngram") if self.draft is not None else ("ngram",):
+            self._adaptive(method)
+
     def _adaptive(self, method: str) -> AdaptiveK:
         if method not in self._costs:
             self._costs[method] = measure_costs(

@@ -116,6 +116,17 @@ def test_numpy_token_ids_are_accepted() -> None:
     assert all(type(t) is int for t in result.token_ids)
 
 
+def test_warmup_measures_costs_once() -> None:
+    target = build_model("llama", vocab_size=VOCAB, seed=2)
+    engine = SpeculativeEngine(target, perturbed_copy(target, noise=0.2))
+    engine.warmup()
+    costs = dict(engine._costs)
+    assert set(costs) == {"draft_model", "ngram"}
+    assert costs["ngram"].proposer_cost == 0.0 and costs["draft_model"].proposer_cost > 0.0
+    engine.generate([1, 2, 3], SamplingParams(max_new_tokens=4, num_speculative_tokens="auto"))
+    assert engine._costs["draft_model"] is costs["draft_model"]
+
+
 def test_context_limit_caps_generation() -> None:
     target = build_model("llama", vocab_size=VOCAB, seed=2, max_positions=40)
     engine = SpeculativeEngine(target, target)
