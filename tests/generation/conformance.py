@@ -132,7 +132,7 @@ class EngineConformance:
             ([], {}, "empty"),
             ([1, -1, 2], {}, "outside the vocabulary"),
             ([1, "VOCAB", 2], {}, "outside the vocabulary"),
-            ([1, 2.5], {}, "must be integers"),
+            ([1, 2.5], {}, "integer|outside the vocabulary"),
             ("LONG", {}, "context"),
         ],
     )
