@@ -17,7 +17,7 @@ import uuid
 from collections.abc import Callable
 from datetime import timedelta
 
-from sqlalchemy import or_, select, update
+from sqlalchemy import and_, or_, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.db import Query, utcnow
@@ -97,23 +97,48 @@ def reap_stale(session_factory: sessionmaker[Session], settings: Settings) -> li
 def sweep(
     session_factory: sessionmaker[Session], settings: Settings, send: Send, *, limit: int = 500
 ) -> int:
-    """Send queued queries that are not on the queue yet (oldest first); returns how many were sent.
+    """Send queued queries that have no live message (oldest first); returns how many were sent.
 
-    Only queries older than ``outbox_grace_seconds`` are taken, so that a submitter's own send
-    right after its commit is not raced.
+    Unsent queries older than ``outbox_grace_seconds`` (a submitter's own send is not raced), and
+    queries sent more than ``resend_after_seconds`` ago and still queued (their message may have
+    died with a broker that lost its data). Each is claimed by moving ``enqueued_at`` first, so
+    that the API's and every worker's sweepers never send the same query together.
     """
-    cutoff = utcnow() - timedelta(seconds=settings.outbox_grace_seconds)
+    now = utcnow()
+    grace = now - timedelta(seconds=settings.outbox_grace_seconds)
+    resend = now - timedelta(seconds=settings.resend_after_seconds)
+    due = or_(
+        and_(Query.enqueued_at.is_(None), Query.queued_at < grace), Query.enqueued_at < resend
+    )
     with session_factory() as session:
         pending = session.execute(
             select(Query.id, Query.queue)
-            .where(Query.status == "queued", Query.enqueued_at.is_(None), Query.queued_at < cutoff)
+            .where(Query.status == "queued", due)
             .order_by(Query.queued_at)
             .limit(limit)
         ).all()
     sent = 0
     for query_id, queue in pending:
-        if not send_and_mark(session_factory, query_id, queue, send):
-            break  # the broker is down: stop here and try again next round
+        with session_factory() as session:
+            skip_fsync(session)
+            mine = _rowcount(
+                session.execute(
+                    update(Query)
+                    .where(Query.id == query_id, Query.status == "queued", due)
+                    .values(enqueued_at=utcnow())
+                )
+            )
+            session.commit()
+        if not mine:
+            continue  # another sweeper took it
+        try:
+            send(query_id, queue)
+        except Exception as exc:  # the broker is down: give it back and try next round
+            log.warning("sweep: enqueue of query %s failed: %s", query_id, exc)
+            with session_factory() as session:
+                session.execute(update(Query).where(Query.id == query_id).values(enqueued_at=None))
+                session.commit()
+            break
         sent += 1
     return sent
 

@@ -116,6 +116,10 @@ class Settings(BaseSettings):
         default=2.0,
         description="An unsent query younger than this is left to its submitter's own send.",
     )
+    resend_after_seconds: float = Field(
+        default=900.0,
+        description="A query still queued this long after its send is sent again (lost message).",
+    )
     broker_timeout_seconds: float = Field(
         default=2.0,
         description="Connect timeout when sending to the broker (submit must not hang).",

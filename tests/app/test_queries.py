@@ -145,3 +145,18 @@ def test_reaper_requeues_silent_running_queries_and_fails_exhausted_ones(
     assert rows[exhausted].status == "failed" and "worker lost" in (rows[exhausted].error or "")
     assert rows[alive].status == "running"
     assert reap_stale(session_factory, sqlite_settings) == []
+
+
+def test_sweep_resends_a_query_whose_message_was_lost_long_ago(
+    session_factory: sessionmaker[Session], sqlite_settings: Settings
+) -> None:
+    fresh, lost = _stored(session_factory, sqlite_settings, 2)
+    with session_factory() as session:
+        session.execute(update(Query).where(Query.id == fresh).values(enqueued_at=utcnow()))
+        old = utcnow() - timedelta(seconds=sqlite_settings.resend_after_seconds + 60)
+        session.execute(update(Query).where(Query.id == lost).values(enqueued_at=old))
+        session.commit()
+    sent: list[Any] = []
+    assert sweep(session_factory, sqlite_settings, lambda qid, queue: sent.append(qid)) == 1
+    assert sent == [lost]
+    assert sweep(session_factory, sqlite_settings, lambda qid, queue: sent.append(qid)) == 0
