@@ -108,7 +108,10 @@ def sweep(
     grace = now - timedelta(seconds=settings.outbox_grace_seconds)
     resend = now - timedelta(seconds=settings.resend_after_seconds)
     due = or_(
-        and_(Query.enqueued_at.is_(None), Query.queued_at < grace), Query.enqueued_at < resend
+        and_(Query.enqueued_at.is_(None), Query.queued_at < grace),
+        # Batch items wait their turn for long, queued: their batch's chunk tasks and watchdog
+        # (app/batch) carry them, and a re-send would turn every item into a message of its own.
+        and_(Query.enqueued_at < resend, Query.queue != "batch"),
     )
     with session_factory() as session:
         pending = session.execute(

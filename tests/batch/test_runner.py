@@ -117,3 +117,25 @@ def test_cancel_deletes_never_run_queries_and_keeps_in_flight_ones(
     assert runner.finish_item(session_factory, item_id) == "succeeded"
     assert runner.maybe_finish(session_factory, batch_id) == "cancelled"
     assert batch_row(session_factory, batch_id).finished_at is not None
+
+
+def test_the_outbox_never_resends_waiting_batch_items_one_by_one(
+    session_factory: Any, settings: Any, ingested: str
+) -> None:
+    from app.batch import BatchItem
+    from app.db import Query, utcnow
+    from app.outbox import sweep
+
+    batch_id = new_batch(session_factory, settings, 3)
+    long_ago = utcnow() - timedelta(seconds=settings.resend_after_seconds + 60)
+    with session_factory() as session:
+        qids = session.scalars(
+            select(BatchItem.query_id).where(BatchItem.batch_id == batch_id)
+        ).all()
+        session.execute(
+            update(Query).where(Query.id.in_(qids)).values(queued_at=long_ago, enqueued_at=long_ago)
+        )
+        session.commit()
+    sent: list[uuid.UUID] = []
+    sweep(session_factory, settings, lambda qid, queue: sent.append(qid))
+    assert not set(sent) & set(qids), "waiting batch items were re-sent as single messages"
