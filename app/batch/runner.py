@@ -25,6 +25,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from app.batch.preempt import Preempted
 from app.batch.records import FINAL_BATCH, FINAL_ITEM, Batch, BatchItem
 from app.db.models import Query, utcnow
+from app.db.session import skip_fsync
 from app.resources import Resources
 from app.settings import Settings
 
@@ -69,6 +70,8 @@ def claim_item(
     """
     now = utcnow()
     with sf() as session:
+        # Losing a claim in a database crash is harmless: the item is pending (or orphaned) again.
+        skip_fsync(session)
         row = session.execute(
             select(BatchItem.id, BatchItem.query_id)
             .where(BatchItem.batch_id == batch_id, BatchItem.status == "pending")
@@ -122,6 +125,8 @@ def finish_item(sf: SessionFactory, item_id: int) -> str | None:
         ).one()
         if row.status in FINAL_ITEM:
             return str(row.status)
+        # A lost finish heals itself: the watchdog's sync closes items from their queries.
+        skip_fsync(session)
         if row.query_status is None:
             new = "cancelled"  # its never-run query was deleted by a cancel
         elif row.query_status in ("succeeded", "failed"):
@@ -136,7 +141,9 @@ def finish_item(sf: SessionFactory, item_id: int) -> str | None:
         if _rowcount(moved):
             counter = getattr(Batch, new)
             session.execute(
-                update(Batch).where(Batch.id == row.batch_id).values({counter: counter + 1})
+                update(Batch)
+                .where(Batch.id == row.batch_id)
+                .values({counter: counter + 1, Batch.heartbeat_at: utcnow()})
             )
         session.commit()
         return new
@@ -197,6 +204,7 @@ def maybe_finish(sf: SessionFactory, batch_id: uuid.UUID) -> str | None:
 def heartbeat(sf: SessionFactory, batch_id: uuid.UUID) -> None:
     """Record that the batch made progress (the watchdog leaves it alone)."""
     with sf() as session:
+        skip_fsync(session)
         session.execute(update(Batch).where(Batch.id == batch_id).values(heartbeat_at=utcnow()))
         session.commit()
 
@@ -264,8 +272,8 @@ def run_chunk(
             # The pipeline already put the query back to queued; the item waits for its turn.
             requeue_item(sf, item_id, query_id)
             return "yield"
-        finish_item(sf, item_id)
-        heartbeat(sf, batch_id)
+        if finish_item(sf, item_id) not in FINAL_ITEM:
+            heartbeat(sf, batch_id)  # answered elsewhere meanwhile: still progress to report
     maybe_finish(sf, batch_id)
     return "more"
 
