@@ -59,6 +59,8 @@ class BatchStream:
         tokens_per_batch: int = 8192,
         examples_per_round: int = 384,
         max_len: int = 1280,
+        max_words: Sequence[int] = DEFAULT_MAX_WORDS,
+        n_passages: Sequence[int] = (2, 3, 3),
     ) -> None:
         self.docs, self.tok, self.seed = docs, tok, seed
         self.tokens_per_batch, self.examples_per_round, self.max_len = (
@@ -66,7 +68,8 @@ class BatchStream:
             examples_per_round,
             max_len,
         )
-        self.tables = chunk_tables(docs, DEFAULT_MAX_WORDS)
+        self.max_words, self.n_passages = max_words, n_passages
+        self.tables = chunk_tables(docs, max_words)
         self._cache: tuple[int, list[list[tuple[list[int], int]]]] | None = None
 
     def round_batches(self, rnd: int) -> list[list[tuple[list[int], int]]]:
@@ -74,7 +77,12 @@ class BatchStream:
         if self._cache and self._cache[0] == rnd:
             return self._cache[1]
         examples = make_examples(
-            self.docs, self.examples_per_round, seed=self.seed * 100_003 + rnd, tables=self.tables
+            self.docs,
+            self.examples_per_round,
+            seed=self.seed * 100_003 + rnd,
+            max_words=self.max_words,
+            tables=self.tables,
+            n_passages=self.n_passages,
         )
         enc = [encode_example(self.tok, e) for e in examples]
         enc = [e for e in enc if len(e[0]) <= self.max_len]

@@ -82,7 +82,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--ppl-chunks", type=int, default=80)
+    ap.add_argument("--ppl-prompts", type=int, default=60)
+    ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -94,13 +96,20 @@ def main(argv: list[str] | None = None) -> None:
     result: dict[str, Any] = {}
 
     # Held-out perplexity: plain text of held-out documents, and answers of held-out RAG prompts.
-    chunks = chunk_documents(corpus.heldout, 220)[::3][:80]
+    chunks = chunk_documents(corpus.heldout, 220)[::3][: args.ppl_chunks]
     text_seqs = [(tok(f"{c.title}\n{c.text}")["input_ids"], 0) for c in chunks]
+    # RAG prompts from the held-out demo-corpus topics: their sections are long enough to give
+    # the product's prompt shape (three ~220-word passages); docstring sections mostly are not.
+    topics = [d for d in corpus.heldout if d.source.startswith("demo/corpus/")]
     rag = make_examples(
-        corpus.heldout, 60, seed=10_000 + args.seed, max_words=(220,), n_passages=(3,)
+        topics,
+        max(args.ppl_prompts, args.prompts),
+        seed=10_000 + args.seed,
+        max_words=(220,),
+        n_passages=(3,),
     )
     ans_seqs = []
-    for e in rag:
+    for e in rag[: args.ppl_prompts]:
         p = tok(e.prompt)["input_ids"]
         ans_seqs.append((p + tok(e.answer)["input_ids"] + [tok.eos_token_id], len(p)))
     for role, model in (("target", engine.target), ("draft", engine.draft)):

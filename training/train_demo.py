@@ -27,13 +27,11 @@ from training.qa import make_examples
 from training.tokenizer import train_tokenizer
 
 
-def weighted(values: torch.Tensor, b: Batch) -> torch.Tensor:
-    """Per-position losses [batch, seq-1] reduced so answers carry ANSWER_WEIGHT_SPLIT of it."""
+def weighted(values: torch.Tensor, b: Batch, split: float = ANSWER_WEIGHT_SPLIT) -> torch.Tensor:
+    """Per-position losses [batch, seq-1] reduced so answers carry ``split`` of it."""
     real, ans = b.is_real[:, :-1], b.is_answer[:, :-1]
     prompt = real & ~ans
-    return (1 - ANSWER_WEIGHT_SPLIT) * values[prompt].mean() + ANSWER_WEIGHT_SPLIT * values[
-        ans
-    ].mean()
+    return (1 - split) * values[prompt].mean() + split * values[ans].mean()
 
 
 def lr_at(step: int, total: int, peak: float, warmup: int = 40) -> float:
@@ -69,13 +67,33 @@ def tokenizer_for(run_dir: Path, docs: list, seed: int) -> PreTrainedTokenizerFa
     return tok
 
 
+# Phases, in steps of --tokens-per-batch tokens.  Main: RAG examples of every length, answers half
+# the loss, cosine planned over --target-steps.  The shipped run's main phase was cut at MAIN_STOP
+# when the target still looped instead of copying; the copy phase then trains on denser,
+# shorter examples with answers carrying COPY_ANSWER_SPLIT of the loss.  Draft: online
+# distillation throughout, then draft-only distillation from the final target.
+MAIN_STOP = 325
+COPY_STEPS = 125
+DRAFT_STEPS = 30
+COPY_ANSWER_SPLIT = 0.8
+COPY_MAX_WORDS = (40, 60, 90, 160, 220)
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--run-dir", type=Path, default=REPO_ROOT / "runs" / "demo")
     ap.add_argument("--out", type=Path, default=REPO_ROOT / "models" / "demo")
     ap.add_argument("--target-steps", type=int, default=380)
-    ap.add_argument("--draft-steps", type=int, default=100)
+    ap.add_argument(
+        "--main-stop",
+        type=int,
+        default=MAIN_STOP,
+        help="end the main phase early (its schedule stays)",
+    )
+    ap.add_argument("--copy-steps", type=int, default=COPY_STEPS)
+    ap.add_argument("--copy-lr", type=float, default=6e-4)
+    ap.add_argument("--draft-steps", type=int, default=DRAFT_STEPS)
     ap.add_argument("--tokens-per-batch", type=int, default=4096)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--draft-lr", type=float, default=2e-3)
@@ -151,24 +169,47 @@ def main(argv: list[str] | None = None) -> None:
         do_export()
         return
 
-    stream = BatchStream(corpus.train, tok, seed=args.seed, tokens_per_batch=args.tokens_per_batch)
-    total = args.target_steps + args.draft_steps
+    main_end = min(args.main_stop, args.target_steps)
+    copy_end = main_end + args.copy_steps
+    total = copy_end + args.draft_steps
+    streams = {
+        "main": BatchStream(
+            corpus.train, tok, seed=args.seed, tokens_per_batch=args.tokens_per_batch
+        ),
+        "copy": BatchStream(
+            corpus.train,
+            tok,
+            seed=args.seed + 1,
+            tokens_per_batch=args.tokens_per_batch,
+            max_words=COPY_MAX_WORDS,
+            n_passages=(2, 3),
+        ),
+    }
     while state["step"] < total:
         t0 = time.perf_counter()
         step = state["step"]
+        phase = "main" if step < main_end else "copy"
+        if phase == "copy" and state.get("phase") != "copy":
+            state.update(phase="copy", rnd=0, idx=0)  # the copy stream starts at its own round 0
+        stream = streams[phase]
         batches = stream.round_batches(state["rnd"])
         b = stream.batch(state["rnd"], state["idx"])
         state["idx"] += 1
         if state["idx"] >= len(batches):
             state["rnd"], state["idx"] = state["rnd"] + 1, 0
-        train_target = step < args.target_steps
+        train_target = step < copy_end
+        split = ANSWER_WEIGHT_SPLIT if phase == "main" else COPY_ANSWER_SPLIT
         target.train(train_target)
         with torch.autocast("cpu", dtype=torch.bfloat16):
             if train_target:
                 for g in opt_t.param_groups:
-                    g["lr"] = lr_at(step, args.target_steps, args.lr)
+                    g["lr"] = (
+                        lr_at(step, args.target_steps, args.lr)
+                        if phase == "main"
+                        else lr_at(step - main_end, args.copy_steps, args.copy_lr, warmup=10)
+                    )
                 t_logits = target(b.input_ids).logits
-                loss_t = weighted(token_losses(t_logits, b.input_ids), b)
+                loss_t = weighted(token_losses(t_logits, b.input_ids), b, split)
                 loss_t.backward()
                 torch.nn.utils.clip_grad_norm_(target.parameters(), 1.0)
                 opt_t.step()
@@ -181,8 +222,8 @@ def main(argv: list[str] | None = None) -> None:
             for g in opt_d.param_groups:
                 g["lr"] = lr_at(step, total, args.draft_lr)
             d_logits = draft(b.input_ids).logits
-            kl = weighted(kl_losses(d_logits, teacher), b)
-            ce = weighted(token_losses(d_logits, b.input_ids), b)
+            kl = weighted(kl_losses(d_logits, teacher), b, split)
+            ce = weighted(token_losses(d_logits, b.input_ids), b, split)
             # Early on the target is still poor, so the draft also learns from the data itself.
             loss_d = kl + (0.25 * ce if train_target else 0.0)
         loss_d.backward()
@@ -196,7 +237,7 @@ def main(argv: list[str] | None = None) -> None:
         state["tokens"] += n_tok
         if step % 5 == 0:
             log(
-                f"step {step} loss_t {loss_t.item():.3f} kl {kl.item():.3f} ce_d {ce.item():.3f} "
+                f"{phase} step {step} loss_t {loss_t.item():.3f} kl {kl.item():.3f} ce_d {ce.item():.3f} "
                 f"tok/s {n_tok / dt:.0f} shape {tuple(b.input_ids.shape)} "
                 f"elapsed {state['seconds'] / 60:.1f} min"
             )

@@ -34,7 +34,7 @@ def test_directory_without_weights_is_refused(tmp_path: Path, demo_dirs: tuple[P
 def test_directory_without_config_is_refused(tmp_path: Path, demo_dirs: tuple[Path, Path]) -> None:
     partial = _copy_demo(demo_dirs[1], tmp_path / "no-config", skip="config.json")
     with pytest.raises(CheckpointError, match="no-config.*config.json"):
-        SpeculativeEngine.from_pretrained(demo_dirs[0], partial)
+        SpeculativeEngine.from_pretrained(partial, demo_dirs[1])
 
 
 def test_non_causal_architecture_is_refused(tmp_path: Path, demo_dirs: tuple[Path, Path]) -> None:

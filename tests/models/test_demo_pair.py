@@ -78,17 +78,25 @@ def _demo_prompt() -> str:
     return format_prompt("What does the assert statement do?", passages)
 
 
+@pytest.fixture(scope="module")
+def prompt_ids(demo_dirs: tuple[Path, Path]) -> list[int]:
+    return list(load_tokenizer(demo_dirs[0])(_demo_prompt())["input_ids"])
+
+
+@pytest.fixture(scope="module")
+def plain_output(engine: SpeculativeEngine, prompt_ids: list[int]) -> list[int]:
+    params = SamplingParams(max_new_tokens=24, temperature=0.0, method="none")
+    return engine.generate(prompt_ids, params).token_ids
+
+
 @pytest.mark.parametrize("method", ["draft_model", "ngram"])
 def test_greedy_is_token_identical_with_and_without_speculation(
-    engine: SpeculativeEngine, demo_dirs: tuple[Path, Path], method: str
+    engine: SpeculativeEngine, prompt_ids: list[int], plain_output: list[int], method: str
 ) -> None:
-    tok = load_tokenizer(demo_dirs[0])
-    ids = tok(_demo_prompt())["input_ids"]
-    plain = engine.generate(ids, SamplingParams(max_new_tokens=32, temperature=0.0, method="none"))
-    spec = engine.generate(
-        ids,
-        SamplingParams(max_new_tokens=32, temperature=0.0, method=method, num_speculative_tokens=4),
+    params = SamplingParams(
+        max_new_tokens=24, temperature=0.0, method=method, num_speculative_tokens=4
     )
-    assert plain.token_ids, "the target produced nothing"
-    assert spec.token_ids == plain.token_ids
+    spec = engine.generate(prompt_ids, params)
+    assert plain_output, "the target produced nothing"
+    assert spec.token_ids == plain_output
     assert spec.stats.num_draft_tokens > 0, f"{method} never proposed a token"
