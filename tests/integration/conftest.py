@@ -111,12 +111,16 @@ def private_redis(tmp_path: Path) -> Iterator[RedisServer]:
 
 
 @pytest.fixture
-def worker_process(tmp_path: Path) -> Iterator[Callable[[Settings, str], WorkerProcess]]:
-    """Factory of started ``specrag worker`` subprocesses; all are stopped after the test."""
+def worker_process(tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
+    """Factory of started ``specrag worker`` subprocesses; all are stopped after the test.
+
+    Subprocesses, not a second in-process worker: Celery keeps its stop flags in module globals,
+    so stopping one in-process worker would stop the session's ``live_worker`` too.
+    """
     started: list[WorkerProcess] = []
 
-    def make(settings: Settings, name: str) -> WorkerProcess:
-        worker = WorkerProcess(settings, tmp_path / f"{name}.log", name).start()
+    def make(settings: Settings, name: str, queues: str = "answer") -> WorkerProcess:
+        worker = WorkerProcess(settings, tmp_path / f"{name}.log", name, queues).start()
         started.append(worker)
         return worker
 

@@ -116,8 +116,8 @@ class RedisServer:
 class WorkerProcess:
     """``specrag worker`` as a subprocess, with the environment of the given Settings."""
 
-    def __init__(self, settings: Settings, log: Path, name: str) -> None:
-        self.settings, self.log, self.name = settings, log, name
+    def __init__(self, settings: Settings, log: Path, name: str, queues: str = "answer") -> None:
+        self.settings, self.log, self.name, self.queues = settings, log, name, queues
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> WorkerProcess:
@@ -127,7 +127,7 @@ class WorkerProcess:
                     str(Path(sys.executable).parent / "specrag"),
                     "worker",
                     "-Q",
-                    "answer",
+                    self.queues,
                     "--loglevel",
                     "INFO",
                     "--hostname",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,7 @@ from click.testing import CliRunner
 
 from app.cli import main
 from app.settings import Settings
-from tests.integration.helpers import settings_env
+from tests.integration.helpers import WorkerProcess, settings_env
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
@@ -45,24 +46,24 @@ def test_ask_goes_through_the_queue_to_the_live_worker(
     assert {"id", "answer", "stats"} <= set(view)
 
 
-def test_ingest_task_runs_on_an_ingest_worker(service_settings: Settings) -> None:
-    from celery.contrib.testing.worker import start_worker
-
+def test_ingest_task_runs_on_an_ingest_worker(
+    service_settings: Settings, worker_process: Callable[..., WorkerProcess]
+) -> None:
+    from app.db import prepare
     from app.resources import Resources
     from workers import INGEST_TASK, create_celery
 
-    app = create_celery(service_settings)
     source = str(ROOT / "demo" / "corpus" / "while.md")
-    with start_worker(app, pool="solo", perform_ping_check=False, queues=["ingest"]):
-        app.send_task(INGEST_TASK, args=[[source], "ingested-by-task", "acme"])
-        from app.db import prepare
-
-        engine, factory = prepare(service_settings)
-        retrieval = Resources(service_settings, factory).retrieval
-        deadline = time.monotonic() + 120
-        while retrieval.index_version(collection="ingested-by-task", tenant="acme") is None:
-            assert time.monotonic() < deadline, "the ingest task never indexed the file"
-            time.sleep(0.2)
-        engine.dispose()
+    worker_process(service_settings, "ingester", queues="ingest").wait_ready()
+    create_celery(service_settings).send_task(
+        INGEST_TASK, args=[[source], "ingested-by-task", "acme"]
+    )
+    engine, factory = prepare(service_settings)
+    retrieval = Resources(service_settings, factory).retrieval
+    deadline = time.monotonic() + 120
+    while retrieval.index_version(collection="ingested-by-task", tenant="acme") is None:
+        assert time.monotonic() < deadline, "the ingest task never indexed the file"
+        time.sleep(0.2)
     hits = retrieval.search("while loop", collection="ingested-by-task", tenant="acme", top_k=1)
+    engine.dispose()
     assert hits and hits[0].document == source

@@ -11,6 +11,7 @@ import uuid
 from collections.abc import Callable
 
 import pytest
+import redis
 from sqlalchemy import func, select
 
 from app.client import SpecragClient
@@ -40,12 +41,12 @@ def _row(settings: Settings, query_id: str) -> tuple[Query, int, int]:
 
 
 def test_broker_down_at_submit_gives_202_and_the_query_is_answered_later(
-    service_settings: Settings, private_redis: RedisServer, keys: dict[str, str], ingested: str
+    service_settings: Settings,
+    private_redis: RedisServer,
+    keys: dict[str, str],
+    ingested: str,
+    worker_process: Callable[..., WorkerProcess],
 ) -> None:
-    from celery.contrib.testing.worker import start_worker
-
-    from workers import create_celery
-
     settings = service_settings.model_copy(update={"broker_url": private_redis.url(1)})
     with ApiServer(settings) as api, SpecragClient(api.url, keys["acme"]) as client:
         private_redis.stop()
@@ -53,15 +54,16 @@ def test_broker_down_at_submit_gives_202_and_the_query_is_answered_later(
         query_id = client.submit("What does assert do?", ingested, max_tokens=2)
         assert time.monotonic() - started < 10, "submit must not hang on a dead broker"
         stored, _, _ = _row(settings, query_id)
-        assert stored.status == "queued" and stored.enqueued_at is None
+        assert stored.status == "queued" and stored.attempts == 0
         private_redis.start()  # same port: the API's sweeper finds the broker again
+        broker = redis.Redis(port=private_redis.port, db=1)
         deadline = time.monotonic() + 30
-        while _row(settings, query_id)[0].enqueued_at is None:
+        # No worker yet: a message on the queue can only have come from the sweeper.
+        while broker.llen("answer") == 0:
             assert time.monotonic() < deadline, "the sweeper never enqueued the stored query"
             time.sleep(0.2)
-        app = create_celery(settings)
-        with start_worker(app, pool="solo", perform_ping_check=False, queues=["answer"]):
-            done = client.wait(query_id, timeout=120)
+        worker_process(settings, "late").wait_ready()
+        done = client.wait(query_id, timeout=120)
     assert done["status"] == "succeeded", done
     query, answers, stats = _row(settings, query_id)
     assert (answers, stats, query.attempts) == (1, 1, 1)
@@ -72,7 +74,7 @@ def test_worker_killed_mid_answer_is_requeued_and_completes_once(
     private_redis: RedisServer,
     keys: dict[str, str],
     ingested: str,
-    worker_process: Callable[[Settings, str], WorkerProcess],
+    worker_process: Callable[..., WorkerProcess],
 ) -> None:
     settings = service_settings.model_copy(update={"broker_url": private_redis.url(2)})
     first = worker_process(settings, "first")
