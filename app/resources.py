@@ -48,6 +48,7 @@ class Resources:
                     str(s.target_model),
                     str(s.draft_model) if s.draft_model else None,
                     _device(s.device, s.engine),
+                    s.vllm_options if s.engine == "vllm" else None,
                 )
             return self._engine
 

@@ -7,7 +7,7 @@ factory) and pass it down; nothing reads the environment at import time.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -53,6 +53,13 @@ class Settings(BaseSettings):
     )
     engine: Literal["torch", "vllm"] = Field(
         default="torch", description="Generation engine implementation."
+    )
+    vllm_options: dict[str, Any] = Field(
+        default_factory=dict,
+        description=(
+            "JSON object passed to the vLLM engine (tensor_parallel_size, num_speculative_tokens, "
+            "gpu_memory_utilization, max_model_len, ...); ignored by the torch engine."
+        ),
     )
     device: Literal["cpu", "cuda", "auto"] = Field(
         default="auto", description="Device for the torch engine."

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from generation.base import Engine
 
@@ -14,9 +15,17 @@ def load_engine(
     target_dir: str | Path,
     draft_dir: str | Path | None = None,
     device: str = "auto",
+    options: dict[str, Any] | None = None,
 ) -> Engine:
-    """Return a loaded engine of ``kind`` ("torch" or "vllm"); vLLM is imported only when asked."""
+    """Return a loaded engine of ``kind`` ("torch" or "vllm"); vLLM is imported only when asked.
+
+    ``options`` go to the vLLM engine's ``from_pretrained`` (tensor_parallel_size, method,
+    num_speculative_tokens, gpu_memory_utilization, max_model_len, ...); the torch engine takes none.
+    """
+    options = options or {}
     if kind == "torch":
+        if options:
+            raise ValueError(f"engine options: the torch engine takes none, got {sorted(options)}")
         from generation.torch_engine import SpeculativeEngine
 
         return SpeculativeEngine.from_pretrained(target_dir, draft_dir, device=device)
@@ -28,7 +37,7 @@ def load_engine(
                 f"engine 'vllm' is not available here ({exc}); install the vllm extra on a GPU host"
             ) from exc
         engine: Engine = VLLMEngine.from_pretrained(
-            target_dir, draft_dir, device="cuda" if device == "auto" else device
+            target_dir, draft_dir, device="cuda" if device == "auto" else device, **options
         )
         return engine
     raise ValueError(f"engine: unknown kind {kind!r}; expected one of {', '.join(ENGINE_KINDS)}")

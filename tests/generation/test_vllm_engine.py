@@ -311,6 +311,23 @@ def test_load_engine_selects_this_engine(tiny_models: dict[str, Path], standin_v
     assert isinstance(engine, VLLMEngine) and engine.speculation == Speculation("draft_model", 4)
 
 
+def test_load_engine_passes_settings_options_to_vllm(
+    tiny_models: dict[str, Path], standin_vllm: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SPECRAG_VLLM_OPTIONS (a JSON object) reaches vLLM's constructor, e.g. tensor parallelism."""
+    from app.settings import Settings
+    from generation import load_engine
+
+    monkeypatch.setenv("SPECRAG_VLLM_OPTIONS", '{"tensor_parallel_size": 1, "max_model_len": 192}')
+    options = Settings().vllm_options
+    engine = load_engine("vllm", tiny_models["target"], tiny_models["draft"], "cuda", options)
+    assert isinstance(engine, VLLMEngine)
+    kwargs = standin_vllm.instances[-1].kwargs
+    assert kwargs["tensor_parallel_size"] == 1 and kwargs["max_model_len"] == 192
+    with pytest.raises(ValueError, match="torch engine takes none"):
+        load_engine("torch", tiny_models["target"], None, "cpu", options)
+
+
 def test_without_a_gpu_the_error_says_so(
     tiny_models: dict[str, Path], standin_vllm: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
