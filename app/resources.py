@@ -106,6 +106,11 @@ class Resources:
 
             ids = self.tokenizer.encode("Passages:\nwarm up", add_special_tokens=False)
             self.engine.generate(ids, SamplingParams(max_new_tokens=2))
+            # The torch engine measures its adaptive-k costs once, here rather than in the
+            # first "auto" request; other engines have nothing to measure.
+            warmup = getattr(self.engine, "warmup", None)
+            if callable(warmup):
+                warmup()
 
 
 def _device(device: str, engine: str) -> str:

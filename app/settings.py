@@ -61,6 +61,13 @@ class Settings(BaseSettings):
             "gpu_memory_utilization, max_model_len, ...); ignored by the torch engine."
         ),
     )
+    torch_threads: int | None = Field(
+        default=None,
+        description=(
+            "torch intra-op threads in a worker process (None: torch's default, one per core). "
+            "1 is faster for small models on a CPU shared with other processes."
+        ),
+    )
     device: Literal["cpu", "cuda", "auto"] = Field(
         default="auto", description="Device for the torch engine."
     )

@@ -36,6 +36,11 @@ def resources(app: Celery) -> Resources:
 
 
 def _warm(app: Celery) -> None:
+    threads = app.settings.torch_threads  # type: ignore[attr-defined]
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
     warm = getattr(app, "warm", {"answer": True, "ingest": True})
     log.info("loading worker resources (%s)", ", ".join(k for k, v in warm.items() if v))
     resources(app).warm(answer=warm.get("answer", True), ingest=warm.get("ingest", True))
