@@ -215,3 +215,39 @@ def test_rerun_of_stored_queries_through_the_cli_reports_identical_answers(
     assert "data:image/svg+xml;base64," in page  # the charts, via app/audit's renderer
     status = json.loads(cli("status", submitted["id"], "--items", "--json"))
     assert [i["status"] for i in status["items"]] == ["succeeded"] * submitted["total"]
+
+
+def test_golden_set_batch_reports_whether_answers_cite_the_expected_source(
+    worker: Any, batch_env: dict[str, str], tmp_path: Any
+) -> None:
+    import json
+
+    from click.testing import CliRunner
+
+    from app.cli import main
+
+    def cli(*args: str) -> Any:
+        result = CliRunner().invoke(main, ["batch", *args, "--json"], env=batch_env)
+        assert result.exit_code == 0, result.output
+        return json.loads(result.output)
+
+    golden = tmp_path / "golden.jsonl"
+    golden.write_text(
+        "\n".join(
+            json.dumps({"question": q, "expected_source": s, "max_tokens": 2})
+            for q, s in (
+                ("If an assert condition is false, what exception is raised?", "assert.md"),
+                ("How do I loop over an asynchronous iterator?", "async.md"),
+                ("What are augmented assignment statements?", "no-such-file.md"),
+            )
+        )
+    )
+    submitted = cli("submit", str(golden), "--golden", "--collection", "demo")
+    final = cli("watch", submitted["id"], "--timeout", "120", "--interval", "0.2")
+    assert final["succeeded"] == 3
+    report = cli("report", submitted["id"])
+    hits = [item["source_hit"] for item in report["items"]]
+    # Real MiniLM retrieval over four documents: the first two are found, the third cannot be.
+    assert hits[2] is False and hits[:2] == [True, True], hits
+    assert report["source_hit_rate"] == round(2 / 3, 4)
+    assert report["counts"]["answered"] == 3
