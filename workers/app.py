@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from celery import Celery
-from kombu import Queue
+from kombu import Exchange, Queue
 
 from app.settings import Settings
 
@@ -46,7 +46,11 @@ def create_celery(settings: Settings) -> SpecragCelery:
         task_ignore_result=settings.result_backend is None,
         task_serializer="json",
         accept_content=["json"],
-        task_queues=[Queue(name) for name in QUEUES],
+        # Each queue on its own direct exchange and key: a bare Queue(name) takes the default
+        # exchange and key ("answer"), which binds all three queues to one key on Redis.
+        task_queues=[
+            Queue(name, Exchange(name, type="direct"), routing_key=name) for name in QUEUES
+        ],
         task_default_queue="answer",
         task_routes={
             ANSWER_TASK: {"queue": "answer"},
