@@ -9,7 +9,6 @@ round when nothing was drafted (method ``none``, no n-gram match, or one token l
 from __future__ import annotations
 
 import time
-from numbers import Integral
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,7 @@ import torch
 from transformers import DynamicCache
 
 from generation.adaptive import AdaptiveK, CostModel, RecentAcceptance
-from generation.base import GenerationResult
+from generation.base import GenerationResult, check_prompt
 from generation.costs import measure_costs
 from generation.loading import (
     check_vocab_compatible,
@@ -176,26 +175,7 @@ class SpeculativeEngine:
 
     def check_request(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
         """Raise ValueError naming the problem when this engine cannot serve the request."""
-        if not isinstance(params, SamplingParams):
-            raise TypeError(f"params: expected SamplingParams, got {type(params).__name__}")
-        if len(prompt_token_ids) == 0:
-            raise ValueError("prompt_token_ids: empty prompt; at least one token is needed")
-        not_ints = [
-            t for t in prompt_token_ids if isinstance(t, bool) or not isinstance(t, Integral)
-        ]
-        if not_ints:
-            raise ValueError(f"prompt_token_ids: token ids must be integers, got {not_ints[0]!r}")
-        bad = [t for t in prompt_token_ids if not 0 <= t < self.vocab_size]
-        if bad:
-            raise ValueError(
-                f"prompt_token_ids: {len(bad)} ids outside the vocabulary [0, {self.vocab_size}), "
-                f"e.g. {bad[0]!r}"
-            )
-        if len(prompt_token_ids) >= self.max_context:
-            raise ValueError(
-                f"prompt_token_ids: prompt of {len(prompt_token_ids)} tokens leaves no room in "
-                f"the context of {self.max_context} tokens"
-            )
+        check_prompt(prompt_token_ids, params, self.vocab_size, self.max_context)
         if params.method == "draft_model" and self.draft is None:
             raise ValueError("method: 'draft_model' needs a draft model; this engine has none")
 

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from generation.base import GenerationResult
+from generation.base import GenerationResult, check_prompt
 from generation.loading import (
     CheckpointError,
     IncompatibleDraftError,
@@ -244,23 +244,7 @@ class VLLMEngine:
 
     def check_request(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
         """Raise ValueError naming the problem when this engine cannot serve the request."""
-        if not isinstance(params, SamplingParams):
-            raise TypeError(f"params: expected SamplingParams, got {type(params).__name__}")
-        if len(prompt_token_ids) == 0:
-            raise ValueError("prompt_token_ids: empty prompt; at least one token is needed")
-        bad = [
-            t for t in prompt_token_ids if not isinstance(t, int) or not 0 <= t < self.vocab_size
-        ]
-        if bad:
-            raise ValueError(
-                f"prompt_token_ids: {len(bad)} ids outside the vocabulary [0, {self.vocab_size}), "
-                f"e.g. {bad[0]!r}"
-            )
-        if len(prompt_token_ids) >= self.max_context:
-            raise ValueError(
-                f"prompt_token_ids: prompt of {len(prompt_token_ids)} tokens leaves no room in "
-                f"the context of {self.max_context} tokens"
-            )
+        check_prompt(prompt_token_ids, params, self.vocab_size, self.max_context)
         if not self.speculation.serves(params):
             s = self.speculation
             raise UnsupportedSpeculationError(
