@@ -18,6 +18,8 @@ from app.settings import Settings
 
 ANSWER_TASK = "specrag.answer_query"
 INGEST_TASK = "specrag.ingest"
+INGEST_UPLOADS_TASK = "specrag.ingest_uploads"
+DELETE_DOCUMENT_TASK = "specrag.delete_document"
 BATCH_TASK = "specrag.batch_chunk"  # workers/batch_tasks.py
 SHADOW_TASK = "specrag.audit.shadow"  # workers/audit_tasks.py
 QUEUES = ("answer", "batch", "ingest")
@@ -55,6 +57,8 @@ def create_celery(settings: Settings) -> SpecragCelery:
         task_routes={
             ANSWER_TASK: {"queue": "answer"},
             INGEST_TASK: {"queue": "ingest"},
+            INGEST_UPLOADS_TASK: {"queue": "ingest"},
+            DELETE_DOCUMENT_TASK: {"queue": "ingest"},
             BATCH_TASK: {"queue": "batch"},
             SHADOW_TASK: {"queue": "batch"},
         },

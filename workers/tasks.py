@@ -12,7 +12,7 @@ from workers import runtime
 
 def register(app: Celery) -> None:
     """Register the specrag tasks on ``app`` under their stable names."""
-    from workers.app import ANSWER_TASK, INGEST_TASK
+    from workers.app import ANSWER_TASK, DELETE_DOCUMENT_TASK, INGEST_TASK, INGEST_UPLOADS_TASK
 
     @app.task(name=ANSWER_TASK, bind=True, shared=False)
     def answer_query(self: Task, query_id: str) -> dict[str, str]:
@@ -37,3 +37,25 @@ def register(app: Celery) -> None:
             paths, collection=collection, tenant=tenant
         )
         return dict(report.to_dict())
+
+    @app.task(name=INGEST_UPLOADS_TASK, bind=True, shared=False)
+    def ingest_uploads(
+        self: Task, files: list[dict[str, str]], collection: str, tenant: str
+    ) -> dict[str, Any]:
+        """Write files uploaded over the API under the data dir and ingest them."""
+        from app.documents import upload_dir, write_uploads
+
+        resources = runtime.resources(self.app)
+        folder = upload_dir(resources.settings.data_dir, tenant, collection)
+        paths = write_uploads(folder, files)
+        report = resources.retrieval.ingest(paths, collection=collection, tenant=tenant)
+        return dict(report.to_dict())
+
+    @app.task(name=DELETE_DOCUMENT_TASK, bind=True, shared=False)
+    def delete_document(self: Task, source: str, collection: str, tenant: str) -> bool:
+        """Remove one document from the tenant's collection (database and index together)."""
+        return bool(
+            runtime.resources(self.app).retrieval.delete(
+                source, collection=collection, tenant=tenant
+            )
+        )

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI
 
 from app.api import errors
-from app.api.routes import admin, batches, health, queries
+from app.api.routes import admin, batches, documents, health, queries
 from app.outbox import Send, Sweeper
 from app.settings import Settings
 
@@ -23,13 +24,24 @@ def create_app(settings: Settings, *, send: Send | None = None, sweeper: bool = 
     from app.db import prepare
 
     engine, session_factory = prepare(settings)
-    if send is None:
-        from workers import create_celery, send_query
+    celery_app: list[Any] = []
 
-        celery = create_celery(settings)
+    def celery() -> Any:
+        # Built on first use: an API given its own ``send`` (tests) may never need Celery.
+        if not celery_app:
+            from workers import create_celery
+
+            celery_app.append(create_celery(settings))
+        return celery_app[0]
+
+    if send is None:
+        from workers import send_query
 
         def send(query_id, queue):  # type: ignore[no-untyped-def]
-            send_query(celery, query_id, queue)
+            send_query(celery(), query_id, queue)
+
+    def send_task(name: str, args: list[Any]) -> None:
+        celery().send_task(name, args=args, retry=False)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -50,9 +62,11 @@ def create_app(settings: Settings, *, send: Send | None = None, sweeper: bool = 
     app.state.settings = settings
     app.state.session_factory = session_factory
     app.state.send = send
+    app.state.send_task = send_task
     errors.install(app)
     app.include_router(health.router)
     app.include_router(queries.router)
     app.include_router(admin.router)
     app.include_router(batches.router)
+    app.include_router(documents.router)
     return app

@@ -1,0 +1,94 @@
+"""``/v1/documents``: upload files into a collection, list them, delete one (tenant-scoped).
+
+Uploads and deletions run on the ``ingest`` queue (the API never loads the embedding model), so
+both answer 202; ``GET`` shows when a document has landed. A refused request queues nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from fastapi import APIRouter, Query, Request
+from pydantic import BaseModel, Field
+
+from app.api.deps import SessionDep, SettingsDep, TenantDep
+from app.api.errors import ApiError
+from app.api.schemas import ErrorOut
+from app.documents import UploadError, list_documents, validate_uploads
+
+router = APIRouter(prefix="/v1/documents", tags=["documents"])
+ERRORS: dict[int | str, dict[str, Any]] = {
+    401: {"model": ErrorOut},
+    404: {"model": ErrorOut},
+    422: {"model": ErrorOut},
+    503: {"model": ErrorOut},
+}
+
+
+class DocumentIn(BaseModel):
+    """One file of an upload."""
+
+    name: str = Field(description="File name with its extension (.txt .md .html .pdf).")
+    content: str = Field(description="The file's text, or its bytes in base64.")
+    encoding: Literal["text", "base64"] = Field("text", description="How `content` is encoded.")
+
+
+class UploadIn(BaseModel):
+    """Files to ingest into one of the caller's collections."""
+
+    collection: str
+    documents: list[DocumentIn]
+
+
+def _send(request: Request, task: str, args: list[Any]) -> None:
+    try:
+        request.app.state.send_task(task, args)
+    except Exception as exc:  # broker down: nothing was stored, so refuse with the reason
+        raise ApiError(503, "broker", f"the ingest queue is unreachable, try again: {exc}") from exc
+
+
+@router.post("", status_code=202, responses=ERRORS)
+def upload(body: UploadIn, caller: TenantDep, settings: SettingsDep, request: Request) -> dict:
+    """Queue the files for ingest; re-uploading an unchanged file is a no-op."""
+    from workers.app import INGEST_UPLOADS_TASK
+
+    try:
+        uploads = validate_uploads(
+            body.collection, [d.model_dump() for d in body.documents], settings.max_file_bytes
+        )
+    except UploadError as exc:
+        raise ApiError(422, exc.field, exc.message) from None
+    files = [u.to_message() for u in uploads]
+    _send(request, INGEST_UPLOADS_TASK, [files, body.collection, caller.tenant])
+    return {
+        "status": "queued",
+        "collection": body.collection,
+        "documents": [u.name for u in uploads],
+    }
+
+
+@router.get("", responses=ERRORS)
+def list_(caller: TenantDep, session: SessionDep, collection: str = Query(...)) -> dict:
+    """The caller's documents in ``collection`` with their chunk counts."""
+    return {
+        "collection": collection,
+        "documents": list_documents(session, caller.tenant, collection),
+    }
+
+
+@router.delete("", status_code=202, responses=ERRORS)
+def delete(
+    caller: TenantDep,
+    session: SessionDep,
+    request: Request,
+    collection: str = Query(...),
+    document: str = Query(..., description="The document's source, as GET lists it."),
+) -> dict:
+    """Queue the removal of one document from the index and the database."""
+    from workers.app import DELETE_DOCUMENT_TASK
+
+    known = {d["document"] for d in list_documents(session, caller.tenant, collection)}
+    if document not in known:
+        raise ApiError(404, "document", f"no document {document!r} in collection {collection!r}")
+    _send(request, DELETE_DOCUMENT_TASK, [document, collection, caller.tenant])
+    return {"status": "queued", "collection": collection, "document": document}

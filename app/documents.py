@@ -1,0 +1,150 @@
+"""Documents uploaded over the API: validated here, carried to an ingest worker in the message.
+
+The upload travels inside the Celery message (base64), not through a shared disk, so an ingest
+worker on another host can index it; the worker writes it under its data dir and ingests that
+file. A refused upload stores and queues nothing.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from retrieval.errors import InvalidNameError, check_name
+from retrieval.loaders import SUPPORTED_SUFFIXES
+from retrieval.records import Document
+
+MAX_FILES_PER_UPLOAD = 100
+TEXT_SUFFIXES = (".txt", ".md", ".markdown", ".html", ".htm")
+
+
+class UploadError(ValueError):
+    """A refused upload; ``field`` names the part of the request that is wrong."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+@dataclass(frozen=True)
+class Upload:
+    """One validated file of an upload."""
+
+    name: str
+    content: bytes
+
+    def to_message(self) -> dict[str, str]:
+        """The JSON-safe form the ingest task receives."""
+        return {"name": self.name, "content_b64": base64.b64encode(self.content).decode("ascii")}
+
+
+def validate_uploads(
+    collection: str, documents: list[dict[str, Any]], max_file_bytes: int
+) -> list[Upload]:
+    """The uploads as files to ingest, or UploadError naming the first bad field."""
+    try:
+        check_name("collection", collection)
+    except InvalidNameError as exc:
+        raise UploadError("collection", str(exc)) from None
+    if not documents:
+        raise UploadError("documents", "no documents given")
+    if len(documents) > MAX_FILES_PER_UPLOAD:
+        raise UploadError("documents", f"{len(documents)} files; at most {MAX_FILES_PER_UPLOAD}")
+    uploads, seen = [], set()
+    for i, doc in enumerate(documents):
+        name = str(doc.get("name", ""))
+        if not name or name != Path(name).name or name.startswith("."):
+            raise UploadError(f"documents[{i}].name", f"{name!r} is not a plain file name")
+        suffix = Path(name).suffix.lower()
+        if suffix not in SUPPORTED_SUFFIXES:
+            raise UploadError(
+                f"documents[{i}].name",
+                f"unsupported file type {suffix or '(none)'!r} "
+                f"(supported: {', '.join(SUPPORTED_SUFFIXES)})",
+            )
+        if name in seen:
+            raise UploadError(f"documents[{i}].name", f"{name!r} appears twice")
+        seen.add(name)
+        uploads.append(Upload(name, _content(doc, i, suffix, max_file_bytes)))
+    return uploads
+
+
+def _content(doc: dict[str, Any], i: int, suffix: str, max_file_bytes: int) -> bytes:
+    encoding = doc.get("encoding", "text")
+    raw = doc.get("content", "")
+    if not isinstance(raw, str):
+        raise UploadError(f"documents[{i}].content", "must be a string")
+    if encoding == "base64":
+        try:
+            content = base64.b64decode(raw, validate=True)
+        except (binascii.Error, ValueError):
+            raise UploadError(f"documents[{i}].content", "is not valid base64") from None
+    elif encoding == "text":
+        if suffix not in TEXT_SUFFIXES:
+            raise UploadError(f"documents[{i}].encoding", f"a {suffix} file must be sent as base64")
+        content = raw.encode("utf-8")
+    else:
+        raise UploadError(f"documents[{i}].encoding", f"{encoding!r}: expected 'text' or 'base64'")
+    if not content.strip():
+        raise UploadError(f"documents[{i}].content", "is empty")
+    if len(content) > max_file_bytes:
+        raise UploadError(
+            f"documents[{i}].content",
+            f"{len(content)} bytes is over the size limit of {max_file_bytes} bytes",
+        )
+    return content
+
+
+def write_uploads(upload_dir: Path, files: list[dict[str, str]]) -> list[Path]:
+    """Write the task's files under ``upload_dir`` (each atomically) and return their paths."""
+    upload_dir.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for file in files:
+        path = upload_dir / Path(file["name"]).name  # never a path outside upload_dir
+        tmp = path.with_name(f".{path.name}.partial")
+        tmp.write_bytes(base64.b64decode(file["content_b64"]))
+        os.replace(tmp, path)
+        paths.append(path)
+    return paths
+
+
+def upload_dir(data_dir: Path, tenant: str, collection: str) -> Path:
+    """Where an ingest worker keeps the uploads of one tenant's collection."""
+    return data_dir / "uploads" / _dir_name(tenant) / _dir_name(collection)
+
+
+def _dir_name(name: str) -> str:
+    # Names may hold any printable character ('/', '..'): a slug plus a hash keeps the directory
+    # inside the uploads folder and distinct per name.
+    slug = re.sub(r"[^A-Za-z0-9_.-]", "_", name).strip(".")[:64] or "_"
+    return f"{slug}-{hashlib.sha256(name.encode()).hexdigest()[:8]}"
+
+
+def list_documents(session: Session, tenant: str, collection: str) -> list[dict[str, Any]]:
+    """The tenant's documents in ``collection`` (another tenant's are never listed)."""
+    rows = session.scalars(
+        select(Document)
+        .where(Document.tenant == tenant, Document.collection == collection)
+        .order_by(Document.source)
+    )
+    return [
+        {
+            "document": d.source,
+            "title": d.title,
+            "chunks": d.num_chunks,
+            "size_bytes": d.size_bytes,
+            "content_hash": d.content_hash,
+            "updated_at": d.updated_at,
+        }
+        for d in rows
+    ]
