@@ -22,12 +22,13 @@ def _pending(client, queue: str) -> int:  # type: ignore[no-untyped-def]
 
 
 @pytest.mark.parametrize("queue", ["answer", "batch"])
-def test_a_message_reaches_only_its_queue(redis_url: str, tmp_path, queue: str) -> None:  # type: ignore[no-untyped-def]
+def test_a_message_reaches_only_its_queue(private_redis, tmp_path, queue: str) -> None:  # type: ignore[no-untyped-def]
     import redis
 
-    app = create_celery(Settings(data_dir=tmp_path, broker_url=redis_url))
-    client = redis.Redis.from_url(redis_url)
-    client.flushdb()
+    # A private Redis: no live worker of another test may consume the message before it is counted.
+    url = private_redis.url()
+    app = create_celery(Settings(data_dir=tmp_path, broker_url=url))
+    client = redis.Redis.from_url(url)
     with app.connection_for_write() as conn:
         channel = conn.default_channel
         for q in app.amqp.queues.values():  # declare and bind every queue, as a worker does
