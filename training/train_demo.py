@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedTokenizerFast
 
+from training.copy_recipe import COPY_RECIPE_STEPS, run_copy_recipe
 from training.corpus import REPO_ROOT, build_corpus
 from training.data import ANSWER_WEIGHT_SPLIT, Batch, BatchStream
 from training.model import DRAFT_SHAPE, TARGET_SHAPE, export, make_model
@@ -111,6 +112,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument(
         "--export-now", action="store_true", help="export the latest checkpoint and exit"
     )
+    ap.add_argument(
+        "--recipe",
+        choices=("base", "copy"),
+        default="base",
+        help="base: train from scratch; copy: fine-tune --init-from to copy (copy_recipe.py)",
+    )
+    ap.add_argument("--init-from", type=Path, default=None, help="pair to start --recipe copy from")
+    ap.add_argument("--recipe-steps", type=int, default=COPY_RECIPE_STEPS)
     args = ap.parse_args(argv)
 
     torch.set_num_threads(args.threads)
@@ -123,6 +132,9 @@ def main(argv: list[str] | None = None) -> None:
         with log_path.open("a") as f:
             f.write(line + "\n")
 
+    if args.recipe == "copy":
+        run_copy_recipe(args, log)
+        return
     corpus = build_corpus(args.seed)
     tok = tokenizer_for(args.run_dir, corpus.train, args.seed)
     vocab, eos = len(tok), tok.eos_token_id
