@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import base64
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
@@ -18,6 +18,17 @@ from tests.integration.helpers import ApiServer, WorkerProcess
 
 pytestmark = pytest.mark.integration
 TEXT = "# Rotating keys\n\nTo rotate an API key, create a new key, deploy it, then revoke the old key.\n"
+
+
+@pytest.fixture(scope="module")
+def api(service_settings: Settings) -> Iterator[ApiServer]:
+    """An API server for this module only.
+
+    Not the session's: every API runs an outbox sweeper over the shared database, and one left
+    running would send the queries that test_recovery keeps away from the broker on purpose.
+    """
+    with ApiServer(service_settings) as server:
+        yield server
 
 
 def _auth(key: str) -> dict[str, str]:
