@@ -33,15 +33,21 @@ INDUCTION_LEN = (24, 160)  # span length range, in tokens
 COPY_RECIPE_MAX_WORDS = (40, 60, 90, 160)
 
 
-def induction_batch(vocab: int, eos: int, tokens: int, gen: torch.Generator) -> Batch:
-    """Rows ``noise, span, noise, span``: only the repeated span's tokens carry the loss."""
+def induction_batch(
+    vocab: int, eos: int, tokens: int, gen: torch.Generator, n_symbols: int = 0
+) -> Batch:
+    """Rows ``noise, span, noise, span``: only the repeated span's tokens carry the loss.
+
+    Tokens are drawn from ids 256 .. 256 + ``n_symbols`` (0: the whole vocabulary).
+    """
+    top = min(vocab, 256 + n_symbols) if n_symbols else vocab
     lo, hi = INDUCTION_LEN
     n = int(torch.randint(lo, hi + 1, (1,), generator=gen))
     pad = int(torch.randint(0, 16, (1,), generator=gen))
     width = 2 * (n + pad) + 1
     rows = max(1, tokens // width)
-    span = torch.randint(256, vocab, (rows, n), generator=gen)
-    noise = torch.randint(256, vocab, (rows, 2 * pad), generator=gen)
+    span = torch.randint(256, top, (rows, n), generator=gen)
+    noise = torch.randint(256, top, (rows, 2 * pad), generator=gen)
     ids = torch.cat([noise[:, :pad], span, noise[:, pad:], span, torch.full((rows, 1), eos)], dim=1)
     ids[ids == eos] = eos + 1 if eos + 1 < vocab else eos - 1
     ids[:, -1] = eos
@@ -92,9 +98,11 @@ def run_copy_recipe(args: Namespace, log: Callable[[str], None]) -> None:
     while state["step"] < total:
         t0 = time.perf_counter()
         step = state["step"]
-        if step % INDUCTION_EVERY == INDUCTION_EVERY - 1:
+        every = args.induction_every
+        if every and step % every == every - 1:
             gen = torch.Generator().manual_seed(args.seed * 1_000_003 + step)
-            b, split, kind = induction_batch(vocab, eos, args.tokens_per_batch, gen), 1.0, "ind"
+            b = induction_batch(vocab, eos, args.tokens_per_batch, gen, args.induction_symbols)
+            split, kind = 1.0, "ind"
         else:
             n_batches = len(stream.round_batches(state["rnd"]))
             b, split, kind = stream.batch(state["rnd"], state["idx"]), COPY_SPLIT, "rag"
@@ -155,6 +163,9 @@ def run_copy_recipe(args: Namespace, log: Callable[[str], None]) -> None:
         "seed": args.seed,
         "recipe": "copy",
         "init_from": str(args.init_from),
+        "induction_every": args.induction_every,
+        "induction_symbols": args.induction_symbols,
+        "copy_lr": args.copy_lr,
         "steps": state["step"],
         "train_seconds": round(state["seconds"]),
         "train_tokens": state["tokens"],

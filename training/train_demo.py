@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedTokenizerFast
 
-from training.copy_recipe import COPY_RECIPE_STEPS, run_copy_recipe
+from training.copy_recipe import COPY_RECIPE_STEPS, INDUCTION_EVERY, run_copy_recipe
 from training.corpus import REPO_ROOT, build_corpus
 from training.data import ANSWER_WEIGHT_SPLIT, Batch, BatchStream
 from training.model import DRAFT_SHAPE, TARGET_SHAPE, export, make_model
@@ -120,6 +120,10 @@ def main(argv: list[str] | None = None) -> None:
     )
     ap.add_argument("--init-from", type=Path, default=None, help="pair to start --recipe copy from")
     ap.add_argument("--recipe-steps", type=int, default=COPY_RECIPE_STEPS)
+    ap.add_argument("--induction-every", type=int, default=INDUCTION_EVERY)
+    ap.add_argument(
+        "--induction-symbols", type=int, default=0, help="random-token alphabet (0: whole vocab)"
+    )
     args = ap.parse_args(argv)
 
     torch.set_num_threads(args.threads)
