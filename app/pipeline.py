@@ -184,7 +184,12 @@ def _run(resources: Resources, qid: uuid.UUID, claimed: Claimed) -> Outcome:
     hits = retrieval.search(
         question, collection=collection, tenant=tenant, top_k=resources.settings.default_top_k
     )
-    index_version = retrieval.index_version(collection=collection, tenant=tenant)
+    # The version the hits came from; read separately it could already be a newer re-index.
+    index_version = (
+        hits[0].index_version
+        if hits
+        else retrieval.index_version(collection=collection, tenant=tenant)
+    )
     retrieval_ms = (time.perf_counter() - t0) * 1000.0
     retrieved_at = utcnow()
 

@@ -23,6 +23,8 @@ class SearchHit:
     title: str
     heading: str | None
     position: int
+    index_version: int | None = None
+    """Version of the collection's index the hit was found in (recorded with every answer)."""
 
     @property
     def passage_title(self) -> str:

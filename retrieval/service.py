@@ -235,7 +235,7 @@ class RetrievalService:
                 )
             ).all()
         hits = [
-            SearchHit(source, c.id, found[c.id], c.text, c.title, c.heading, c.position)
+            SearchHit(source, c.id, found[c.id], c.text, c.title, c.heading, c.position, version)
             for c, source in rows
         ]
         return sorted(hits, key=lambda h: (-h.score, h.chunk_id))

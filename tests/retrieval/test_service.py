@@ -151,13 +151,14 @@ def test_new_version_is_picked_up_by_another_instance(
     writer, reader = make_service(), make_service()  # as two processes sharing DB and data dir
     c, t = names["collection"], names["a"]
     writer.ingest([write(tmp_path / "fruit.md", FRUIT)], collection=c, tenant=t)
-    assert {h.document for h in reader.search("boilers", collection=c, tenant=t, top_k=5)} == {
-        str(tmp_path / "fruit.md")
-    }
+    first = reader.search("boilers", collection=c, tenant=t, top_k=5)
+    assert {h.document for h in first} == {str(tmp_path / "fruit.md")}
     writer.ingest([write(tmp_path / "engines.md", ENGINES)], collection=c, tenant=t)
     hits = reader.search("How does a governor regulate speed?", collection=c, tenant=t)
     assert hits[0].document == str(tmp_path / "engines.md")
     assert reader.index_version(collection=c, tenant=t) == 2
+    # Each hit names the index version it was found in (what an answer records).
+    assert {h.index_version for h in first} == {1} and {h.index_version for h in hits} == {2}
 
 
 def test_failed_write_leaves_database_and_index_agreeing(
