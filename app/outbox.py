@@ -12,7 +12,6 @@ and the unique ``answers.query_id`` lets only one answer be recorded.
 from __future__ import annotations
 
 import logging
-import threading
 import uuid
 from collections.abc import Callable
 from datetime import timedelta
@@ -22,6 +21,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from app.db import Query, utcnow
 from app.db.session import skip_fsync
+from app.periodic import Periodic
 from app.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -146,28 +146,16 @@ def sweep(
     return sent
 
 
-class Sweeper:
+class Sweeper(Periodic):
     """A daemon thread that reaps and sweeps every ``sweep_interval_seconds`` (API and workers)."""
 
     def __init__(
         self, session_factory: sessionmaker[Session], settings: Settings, send: Send
     ) -> None:
+        super().__init__(settings.sweep_interval_seconds, "specrag-sweeper")
         self.session_factory = session_factory
         self.settings = settings
         self.send = send
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="specrag-sweeper", daemon=True)
-
-    def start(self) -> Sweeper:
-        """Start the thread; returns self."""
-        self._thread.start()
-        return self
-
-    def stop(self, timeout: float = 5.0) -> None:
-        """Ask the thread to stop and wait for it."""
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout)
 
     def run_once(self) -> tuple[int, int]:
         """One round: (queries reaped, queries sent)."""
@@ -175,9 +163,6 @@ class Sweeper:
         sent = sweep(self.session_factory, self.settings, self.send)
         return len(reaped), sent
 
-    def _run(self) -> None:
-        while not self._stop.wait(self.settings.sweep_interval_seconds):
-            try:
-                self.run_once()
-            except Exception:  # the database may be briefly away; never kill the thread
-                log.exception("outbox sweep failed; retrying next round")
+    def tick(self) -> object:
+        """One round of the loop."""
+        return self.run_once()

@@ -11,13 +11,13 @@ workers at once is safe: the epoch bump is a guarded update only one of them win
 from __future__ import annotations
 
 import logging
-import threading
 import uuid
 from collections.abc import Callable
 
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.batch import runner
+from app.periodic import Periodic
 from app.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -42,34 +42,17 @@ def run_once(
     return closed, len(revived)
 
 
-class Watchdog:
+class Watchdog(Periodic):
     """A daemon thread running ``run_once`` every ``sweep_interval_seconds``."""
 
     def __init__(
         self, session_factory: sessionmaker[Session], settings: Settings, dispatch: Dispatch
     ) -> None:
+        super().__init__(settings.sweep_interval_seconds, "specrag-batch-watchdog")
         self.session_factory = session_factory
         self.settings = settings
         self.dispatch = dispatch
-        self._stop = threading.Event()
-        self._thread = threading.Thread(
-            target=self._run, name="specrag-batch-watchdog", daemon=True
-        )
 
-    def start(self) -> Watchdog:
-        """Start the thread; returns self."""
-        self._thread.start()
-        return self
-
-    def stop(self, timeout: float = 5.0) -> None:
-        """Ask the thread to stop and wait for it."""
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.settings.sweep_interval_seconds):
-            try:
-                run_once(self.session_factory, self.settings, self.dispatch)
-            except Exception:  # the database or broker may be briefly away; never kill the thread
-                log.exception("batch watchdog round failed; retrying next round")
+    def tick(self) -> object:
+        """One round of the loop."""
+        return run_once(self.session_factory, self.settings, self.dispatch)
