@@ -16,7 +16,8 @@ from transformers import PreTrainedTokenizerFast
 from training.corpus import Document
 from training.qa import DEFAULT_MAX_WORDS, Example, chunk_tables, make_examples
 
-ANSWER_WEIGHT_SPLIT = 0.5  # share of the loss carried by answer tokens (the copying we measure)
+ANSWER_WEIGHT_SPLIT = 0.8  # share of the loss carried by answer tokens (the copying we measure)
+INDUCTION_LEN = (24, 400)  # span length range of synthetic induction rows, in tokens
 
 
 @dataclass
@@ -103,3 +104,28 @@ class BatchStream:
     def batch(self, rnd: int, index: int) -> Batch:
         """Batch ``index`` of round ``rnd``."""
         return collate(self.round_batches(rnd)[index], self.tok.pad_token_id)
+
+
+def induction_batch(vocab: int, eos: int, tokens: int, gen: torch.Generator) -> Batch:
+    """Rows ``noise, span, noise, span, EOS`` of random tokens: only the repeat carries the loss.
+
+    Pure copying, in spans as long as the passages a RAG answer quotes from: it keeps the
+    induction circuit (training/induction_init.py) exercised beside the RAG batches.
+    Tokens are drawn from ids 256 .. vocab (not the single bytes), never EOS.
+    """
+    lo, hi = INDUCTION_LEN
+    n = int(torch.randint(lo, hi + 1, (1,), generator=gen))
+    pad = int(torch.randint(0, 16, (1,), generator=gen))
+    width = 2 * (n + pad) + 1
+    rows = max(1, tokens // width)
+    span = torch.randint(256, vocab, (rows, n), generator=gen)
+    noise = torch.randint(256, vocab, (rows, 2 * pad), generator=gen)
+    ids = torch.cat([noise[:, :pad], span, noise[:, pad:], span, torch.full((rows, 1), eos)], dim=1)
+    ids[ids == eos] = eos + 1 if eos + 1 < vocab else eos - 1
+    ids[:, -1] = eos
+    real = torch.zeros_like(ids, dtype=torch.bool)
+    real[:, :-1] = True
+    ans = torch.zeros_like(real)
+    # Position t predicts t+1; the repeat starts at 2*pad+n, its first token is unpredictable.
+    ans[:, 2 * pad + n : -1] = True
+    return Batch(ids, real, ans)

@@ -1,9 +1,12 @@
 """Train the demo pair and write it to models/demo/{target,draft}: ``python -m training.train_demo``.
 
 One seeded command; it checkpoints to ``--run-dir`` and resumes from there when interrupted.
-Phase 1 trains the target on RAG examples while the draft learns online from the target's
-logits (free: the teacher forward is already done).  Phase 2 distils the draft from the final
-target alone.  Then both are exported (float16 safetensors + config + tokenizer).
+Both models start with an induction circuit written in (training/induction_init.py), so they
+can copy from step 0.  Phase 1 trains the target on RAG examples whose answers quote their
+passages, with a synthetic induction batch every ``--induction-every`` steps, while the draft
+learns online from the target's logits (free: the teacher forward is already done).  Phase 2
+distils the draft from the final target alone.  Then both are exported (float16 safetensors +
+config + tokenizer).
 """
 
 from __future__ import annotations
@@ -20,9 +23,8 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedTokenizerFast
 
-from training.copy_recipe import COPY_RECIPE_STEPS, INDUCTION_EVERY, run_copy_recipe
 from training.corpus import REPO_ROOT, build_corpus
-from training.data import ANSWER_WEIGHT_SPLIT, Batch, BatchStream
+from training.data import ANSWER_WEIGHT_SPLIT, Batch, BatchStream, induction_batch
 from training.model import DRAFT_SHAPE, TARGET_SHAPE, export, make_model
 from training.qa import make_examples
 from training.tokenizer import train_tokenizer
@@ -68,21 +70,9 @@ def tokenizer_for(run_dir: Path, docs: list, seed: int) -> PreTrainedTokenizerFa
     return tok
 
 
-# Phases, in steps of --tokens-per-batch tokens.  Main: RAG examples of every length, answers half
-# the loss, cosine planned over --target-steps.  The shipped run's main phase was cut at MAIN_STOP
-# when the target still looped instead of copying; the copy phase then trains on denser,
-# shorter examples with answers carrying COPY_ANSWER_SPLIT of the loss.  Draft: online
-# distillation throughout, then draft-only distillation from the final target.
-MAIN_STOP = 325
-COPY_STEPS = 125
-DRAFT_STEPS = 30
-# Optional second round: more copy-phase training of the target (with online distillation), then
-# draft-only steps, on their own schedules. Off by default: 200 + 20 steps of it lowered held-out
-# perplexity (281 vs 313) but made greedy answers loop (bigram ratio 0.16), so it is not shipped.
-EXTRA_COPY_STEPS = 0
-EXTRA_DRAFT_STEPS = 0
-COPY_ANSWER_SPLIT = 0.8
-COPY_MAX_WORDS = (40, 60, 90, 160, 220)
+TARGET_STEPS = 900  # ~75 min of steps on an idle 2-core machine (measured: ~5 s per step)
+DRAFT_STEPS = 60
+INDUCTION_EVERY = 6  # every 6th step is a synthetic induction batch
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -90,39 +80,18 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--run-dir", type=Path, default=REPO_ROOT / "runs" / "demo")
     ap.add_argument("--out", type=Path, default=REPO_ROOT / "models" / "demo")
-    ap.add_argument("--target-steps", type=int, default=380)
-    ap.add_argument(
-        "--main-stop",
-        type=int,
-        default=MAIN_STOP,
-        help="end the main phase early (its schedule stays)",
-    )
-    ap.add_argument("--copy-steps", type=int, default=COPY_STEPS)
-    ap.add_argument("--copy-lr", type=float, default=6e-4)
+    ap.add_argument("--target-steps", type=int, default=TARGET_STEPS)
     ap.add_argument("--draft-steps", type=int, default=DRAFT_STEPS)
-    ap.add_argument("--extra-copy-steps", type=int, default=EXTRA_COPY_STEPS)
-    ap.add_argument("--extra-draft-steps", type=int, default=EXTRA_DRAFT_STEPS)
+    ap.add_argument("--induction-every", type=int, default=INDUCTION_EVERY, help="0: never")
     ap.add_argument("--tokens-per-batch", type=int, default=4096)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--draft-lr", type=float, default=2e-3)
     ap.add_argument("--ckpt-every", type=int, default=25)
-    # One thread: on two cores shared with other jobs, two intra-op threads spin at barriers
-    # and ran 2-5x slower than one (measured).
-    ap.add_argument("--threads", type=int, default=1)
+    # Two threads on an idle machine; one where the other core is busy (two intra-op threads
+    # on a shared core spin at barriers and ran 2-5x slower, measured in session 1).
+    ap.add_argument("--threads", type=int, default=2)
     ap.add_argument(
         "--export-now", action="store_true", help="export the latest checkpoint and exit"
-    )
-    ap.add_argument(
-        "--recipe",
-        choices=("base", "copy"),
-        default="base",
-        help="base: train from scratch; copy: fine-tune --init-from to copy (copy_recipe.py)",
-    )
-    ap.add_argument("--init-from", type=Path, default=None, help="pair to start --recipe copy from")
-    ap.add_argument("--recipe-steps", type=int, default=COPY_RECIPE_STEPS)
-    ap.add_argument("--induction-every", type=int, default=INDUCTION_EVERY)
-    ap.add_argument(
-        "--induction-symbols", type=int, default=0, help="random-token alphabet (0: whole vocab)"
     )
     args = ap.parse_args(argv)
 
@@ -136,9 +105,6 @@ def main(argv: list[str] | None = None) -> None:
         with log_path.open("a") as f:
             f.write(line + "\n")
 
-    if args.recipe == "copy":
-        run_copy_recipe(args, log)
-        return
     corpus = build_corpus(args.seed)
     tok = tokenizer_for(args.run_dir, corpus.train, args.seed)
     vocab, eos = len(tok), tok.eos_token_id
@@ -181,6 +147,7 @@ def main(argv: list[str] | None = None) -> None:
             "train_tokens": state["tokens"],
             "target_steps": args.target_steps,
             "draft_steps": args.draft_steps,
+            "induction_every": args.induction_every,
             "tokens_per_batch": args.tokens_per_batch,
             "command": f"python -m training.train_demo --seed {args.seed}",
         }
@@ -192,50 +159,27 @@ def main(argv: list[str] | None = None) -> None:
         do_export()
         return
 
-    main_end = min(args.main_stop, args.target_steps)
-    copy_end = main_end + args.copy_steps
-    first_end = copy_end + args.draft_steps
-    extra_copy_end = first_end + args.extra_copy_steps
-    total = extra_copy_end + args.extra_draft_steps
-    streams = {
-        "main": BatchStream(
-            corpus.train, tok, seed=args.seed, tokens_per_batch=args.tokens_per_batch
-        ),
-        "copy": BatchStream(
-            corpus.train,
-            tok,
-            seed=args.seed + 1,
-            tokens_per_batch=args.tokens_per_batch,
-            max_words=COPY_MAX_WORDS,
-            n_passages=(2, 3),
-        ),
-    }
+    total = args.target_steps + args.draft_steps
+    stream = BatchStream(corpus.train, tok, seed=args.seed, tokens_per_batch=args.tokens_per_batch)
+    every = args.induction_every
     while state["step"] < total:
         t0 = time.perf_counter()
         step = state["step"]
-        phase = "main" if step < main_end else "copy"
-        if phase == "copy" and state.get("phase") != "copy":
-            state.update(phase="copy", rnd=0, idx=0)  # the copy stream starts at its own round 0
-        stream = streams[phase]
-        batches = stream.round_batches(state["rnd"])
-        b = stream.batch(state["rnd"], state["idx"])
-        state["idx"] += 1
-        if state["idx"] >= len(batches):
-            state["rnd"], state["idx"] = state["rnd"] + 1, 0
-        extra = step >= first_end
-        train_target = step < copy_end or first_end <= step < extra_copy_end
-        split = ANSWER_WEIGHT_SPLIT if phase == "main" else COPY_ANSWER_SPLIT
+        if every and step % every == every - 1:
+            gen = torch.Generator().manual_seed(args.seed * 1_000_003 + step)
+            b, split, kind = induction_batch(vocab, eos, args.tokens_per_batch, gen), 1.0, "ind"
+        else:
+            n_batches = len(stream.round_batches(state["rnd"]))
+            b, split, kind = stream.batch(state["rnd"], state["idx"]), ANSWER_WEIGHT_SPLIT, "rag"
+            state["idx"] += 1
+            if state["idx"] >= n_batches:
+                state["rnd"], state["idx"] = state["rnd"] + 1, 0
+        train_target = step < args.target_steps
         target.train(train_target)
         with torch.autocast("cpu", dtype=torch.bfloat16):
             if train_target:
                 for g in opt_t.param_groups:
-                    g["lr"] = (
-                        lr_at(step, args.target_steps, args.lr)
-                        if phase == "main"
-                        else lr_at(step - main_end, args.copy_steps, args.copy_lr, warmup=10)
-                        if not extra
-                        else lr_at(step - first_end, args.extra_copy_steps, args.copy_lr, warmup=10)
-                    )
+                    g["lr"] = lr_at(step, args.target_steps, args.lr)
                 t_logits = target(b.input_ids).logits
                 loss_t = weighted(token_losses(t_logits, b.input_ids), b, split)
                 loss_t.backward()
@@ -248,11 +192,7 @@ def main(argv: list[str] | None = None) -> None:
                 with torch.no_grad():
                     teacher = target(b.input_ids).logits
             for g in opt_d.param_groups:
-                g["lr"] = (
-                    lr_at(step, first_end, args.draft_lr)
-                    if not extra
-                    else lr_at(step - first_end, total - first_end, args.draft_lr / 2, warmup=10)
-                )
+                g["lr"] = lr_at(step, total, args.draft_lr)
             d_logits = draft(b.input_ids).logits
             kl = weighted(kl_losses(d_logits, teacher), b, split)
             ce = weighted(token_losses(d_logits, b.input_ids), b, split)
@@ -267,10 +207,10 @@ def main(argv: list[str] | None = None) -> None:
         state["step"] += 1
         state["seconds"] += dt
         state["tokens"] += n_tok
-        if step % 5 == 0:
+        if step % 5 == 0 or kind == "ind":
             log(
-                f"{phase} step {step} loss_t {loss_t.item():.3f} kl {kl.item():.3f} ce_d {ce.item():.3f} "
-                f"tok/s {n_tok / dt:.0f} shape {tuple(b.input_ids.shape)} "
+                f"{kind} step {step} loss_t {loss_t.item():.3f} kl {kl.item():.3f} "
+                f"ce_d {ce.item():.3f} tok/s {n_tok / dt:.0f} shape {tuple(b.input_ids.shape)} "
                 f"elapsed {state['seconds'] / 60:.1f} min"
             )
         if state["step"] % args.ckpt_every == 0 or state["step"] == total:
