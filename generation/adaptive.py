@@ -16,8 +16,9 @@ estimate starts from what recent requests of the same method saw (kept on the en
 Why: the best fixed k depends on alpha, which differs by request (a quoting answer accepts far
 more than free text) and by method; a static k is right for one of them and wrong for the rest,
 while S(k) with a live alpha picks small k when drafts fail and long drafts when they succeed.
-The costs r_k and c depend on hardware and load: measured once per engine, then refined from the
-wall time of the engine's own rounds (``CostModel``).
+The costs r_k and c depend on hardware and load: measured once per engine for every k (a table:
+on a CPU r_k is a staircase, not a line), then refined from the wall time of the engine's own
+rounds (``CostModel``).
 """
 
 from __future__ import annotations
@@ -27,58 +28,73 @@ from dataclasses import dataclass, field
 
 @dataclass
 class CostModel:
-    """Cost of a round with k >= 1 drafts, r_k + k * c, on a line 1 + slope * k.
+    """Cost of a round with k drafts, r_k + k * c, as a table over k = 1 .. k_max.
 
-    Only ratios between k >= 1 matter to the policy, so the line's unit is its own intercept
-    (about a one-token target pass on a GPU; more on a CPU, where passes over several tokens
-    take a slower kernel path).
+    A table, not a line: on a CPU the cost of a target pass over k + 1 tokens is a staircase
+    (matrix-vector for 1 token, then matrix-product kernels whose cost jumps at a few widths:
+    measured 2 tokens 1.3x a 1-token pass, 3 tokens 1.5x, 5 tokens 1.5x, 9 tokens 1.7x), and a
+    line through it made the policy mix k = 2 with k = 4 where k = 3 alone won.
 
-    Starts from a one-time measurement (``target_slope``, ``proposer_cost``) and then follows
-    the wall time of the engine's own rounds: a least-squares line ``seconds = a + b * k`` over
-    recent rounds gives the slope b / a, blended with the measured one in proportion to how much
-    the observed k varied (a policy that always picks the same k says nothing about the slope).
-    Rounds are timed anyway (the accepted count reaches the host once per round), so this costs
-    no device synchronisation, and it tracks a machine whose load changes.
+    Starts from a one-time measurement (``measured[k]``: seconds of a target pass over k + 1
+    tokens plus k proposer steps) and follows the wall time of the engine's own rounds: each k's
+    estimate is the decayed mean of its observed rounds, blended with the measurement scaled by
+    the load factor (observed / measured over every k seen), in proportion to how many rounds of
+    that k were seen. So a busy machine scales the whole table, a k never tried keeps its
+    measured shape, and a k tried often is known from its own rounds.  Rounds are timed anyway
+    (the accepted count reaches the host once per round): no extra device synchronisation.
     """
 
-    target_slope: float = 0.12
-    """Measured extra cost of each verified token, relative to the line's intercept."""
-    proposer_cost: float = 0.0
-    """Measured cost of one proposer step, relative to the intercept (0 for n-gram lookup)."""
+    measured: list[float]
+    """measured[k]: seconds of a round with k drafts, k = 1 .. k_max; [0]: a one-token target pass."""
     prior_weight: float = 4.0
-    """How much evidence (rounds x variance of k) the one-time measurement counts for."""
+    """How many observed rounds of a k the measurement counts for."""
     decay: float = 0.99
     """Per-round decay of observed rounds: about the last 100 rounds matter."""
-    _sums: list[float] = field(default_factory=lambda: [0.0] * 5, init=False, repr=False)
-    """Decayed sums over observed rounds: weight, k, k^2, seconds, k * seconds."""
+    _count: list[float] = field(default_factory=list, init=False, repr=False)
+    _total: list[float] = field(default_factory=list, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if len(self.measured) < 2 or any(t <= 0 for t in self.measured[1:]):
+            raise ValueError(f"measured: need positive round costs for k >= 1, got {self.measured}")
+        self._count = [0.0] * len(self.measured)
+        self._total = [0.0] * len(self.measured)
+
+    @classmethod
+    def linear(
+        cls, target_slope: float, proposer_cost: float, k_max: int = 8, **kw: float
+    ) -> CostModel:
+        """The table of r_k + k c = 1 + (target_slope + proposer_cost) k (a one-token pass = 1)."""
+        return cls(
+            [1.0] + [1.0 + (target_slope + proposer_cost) * k for k in range(1, k_max + 1)], **kw
+        )
+
+    @property
+    def k_max(self) -> int:
+        """Largest k the table covers."""
+        return len(self.measured) - 1
 
     def observe(self, k: int, seconds: float) -> None:
         """Record the wall time of a round that verified ``k`` draft tokens."""
-        w, sk, skk, st, skt = (self.decay * v for v in self._sums)
-        self._sums = [w + 1.0, sk + k, skk + k * k, st + seconds, skt + k * seconds]
+        if not 1 <= k <= self.k_max:
+            return
+        self._count = [self.decay * n for n in self._count]
+        self._total = [self.decay * t for t in self._total]
+        self._count[k] += 1.0
+        self._total[k] += seconds
 
-    @property
-    def slope(self) -> float:
-        """Return (r_k + k c - 1) / k: the relative cost of each extra drafted token."""
-        prior = self.target_slope + self.proposer_cost
-        w, sk, skk, st, skt = self._sums
-        if w < 2.0:
-            return prior
-        mean_k, mean_t = sk / w, st / w
-        var_k = skk / w - mean_k**2
-        if var_k <= 1e-9:
-            return prior
-        b = (skt / w - mean_k * mean_t) / var_k
-        a = mean_t - b * mean_k
-        if a <= 0.0:
-            return prior
-        evidence = w * var_k
-        observed = max(0.0, b / a)
-        return (evidence * observed + self.prior_weight * prior) / (evidence + self.prior_weight)
+    def _load(self) -> float:
+        seen = sum(self._count[k] * self.measured[k] for k in range(1, len(self.measured)))
+        return sum(self._total) / seen if seen > 0 else 1.0
+
+    def _estimate(self, k: int) -> float:
+        prior = self.measured[k] * self._load()
+        return (self._total[k] + self.prior_weight * prior) / (self._count[k] + self.prior_weight)
 
     def round_cost(self, k: int) -> float:
-        """Return r_k + k * c, the cost of a round with k drafts in one-token target passes."""
-        return 1.0 + self.slope * k
+        """Return the cost of a round with k drafts relative to a round with one draft."""
+        if not 1 <= k <= self.k_max:
+            raise ValueError(f"k: must be in [1, {self.k_max}], got {k}")
+        return self._estimate(k) / self._estimate(1)
 
 
 def expected_tokens(alpha: float, k: int) -> float:
@@ -90,7 +106,8 @@ def expected_tokens(alpha: float, k: int) -> float:
 
 def best_k(alpha: float, cost: CostModel, k_max: int) -> int:
     """Return the k in [1, k_max] with the highest expected speedup E(k) / cost(k)."""
-    return max(range(1, k_max + 1), key=lambda k: expected_tokens(alpha, k) / cost.round_cost(k))
+    top = min(k_max, cost.k_max)
+    return max(range(1, top + 1), key=lambda k: expected_tokens(alpha, k) / cost.round_cost(k))
 
 
 @dataclass

@@ -44,17 +44,12 @@ def measure_costs(
     context_len: int = 64,
     timer: Callable[..., float] = time_forward,
 ) -> CostModel:
-    """Return the round-cost line over k >= 1, measured on this hardware (a few dozen passes).
+    """Return the cost of a round for every k in [1, k_max], measured here (a few dozen passes).
 
-    A pass over one token takes a different kernel path from a pass over several (on CPU a
-    matrix-vector product against a matrix product), so the line is fitted between the
-    passes a round really makes, k + 1 = 2 and k_max + 1 tokens, not through the one-token
-    pass: round(k) = A + B k + k d with A + B = target(2), B = (target(k_max+1) - target(2)) /
-    (k_max - 1) and d one draft pass; relative to A that is 1 + (B/A + d/A) k.
+    A round with k drafts is one target pass over k + 1 tokens plus k proposer steps (a draft
+    model's one-token passes; n-gram lookup costs nothing measurable).
     """
-    two = timer(target, context_len, 2)
-    many = timer(target, context_len, k_max + 1)
-    per_token = max(0.0, (many - two) / max(k_max - 1, 1))
-    base = max(two - per_token, 1e-9)
     proposer = timer(draft, context_len, 1) if draft is not None else 0.0
-    return CostModel(target_slope=per_token / base, proposer_cost=proposer / base)
+    table = [timer(target, context_len, 1)]
+    table += [timer(target, context_len, k + 1) + k * proposer for k in range(1, k_max + 1)]
+    return CostModel(table)

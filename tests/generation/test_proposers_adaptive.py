@@ -69,15 +69,15 @@ def test_expected_tokens_matches_the_formula() -> None:
 
 
 def test_best_k_grows_with_acceptance_and_shrinks_with_cost() -> None:
-    cheap = CostModel(target_slope=0.1, proposer_cost=0.05)
+    cheap = CostModel.linear(target_slope=0.1, proposer_cost=0.05)
     ks = [best_k(alpha, cheap, 8) for alpha in (0.1, 0.5, 0.8, 0.95)]
     assert ks == sorted(ks) and ks[0] == 1 and ks[-1] >= 6
-    dear = CostModel(target_slope=0.1, proposer_cost=0.5)
+    dear = CostModel.linear(target_slope=0.1, proposer_cost=0.5)
     assert best_k(0.8, dear, 8) < best_k(0.8, cheap, 8)
 
 
 def test_adaptive_k_follows_the_request() -> None:
-    policy = AdaptiveK(cost=CostModel(target_slope=0.1, proposer_cost=0.05), prior_alpha=0.6)
+    policy = AdaptiveK(cost=CostModel.linear(target_slope=0.1, proposer_cost=0.05), prior_alpha=0.6)
     start = policy.next_k()
     for _ in range(6):
         policy.observe(policy.next_k(), policy.next_k())  # everything accepted
@@ -97,17 +97,33 @@ def test_recent_acceptance_moves_toward_finished_requests() -> None:
     assert 0.6 < recent.alpha < 1.0
 
 
-def test_cost_model_learns_the_slope_from_timed_rounds() -> None:
-    cost = CostModel(target_slope=0.05, proposer_cost=0.05)  # a measurement that was off
-    assert cost.round_cost(4) == pytest.approx(1.4)
+def test_cost_model_learns_each_k_from_timed_rounds() -> None:
+    # Measured as a line, but this machine's rounds are a staircase: 2 and 3 drafts cost the same.
+    cost = CostModel.linear(target_slope=0.05, proposer_cost=0.05)
+    assert cost.round_cost(4) == pytest.approx(1.4 / 1.1)
+    stairs = {1: 1.3, 2: 1.6, 3: 1.6, 4: 2.0}
     for i in range(300):
-        k = 1 + i % 3
-        cost.observe(k, 0.004 * (1 + 0.3 * k) * (1.1 if i % 2 else 0.9))
-    assert cost.round_cost(4) == pytest.approx(1 + 0.3 * 4, rel=0.05)
+        k = 1 + i % 4
+        cost.observe(k, 0.004 * stairs[k] * (1.1 if (i // 4) % 2 else 0.9))
+    for k in (2, 3, 4):
+        assert cost.round_cost(k) == pytest.approx(stairs[k] / stairs[1], rel=0.05)
+    # With alpha 0.7, k = 3 beats k = 2 on the staircase, where the line would pick k = 4.
+    assert best_k(0.7, cost, 4) == 3
 
 
-def test_cost_model_keeps_the_measurement_when_k_never_varies() -> None:
-    cost = CostModel(target_slope=0.1, proposer_cost=0.2)
+def test_cost_model_scales_untried_k_by_the_load_it_sees() -> None:
+    cost = CostModel.linear(target_slope=0.1, proposer_cost=0.2, k_max=8)
     for _ in range(50):
-        cost.observe(3, 0.01)
-    assert cost.round_cost(2) == pytest.approx(1.6)
+        cost.observe(3, 2.0 * (1.0 + 0.3 * 3))  # every round twice as slow as measured
+    # Relative costs keep the measured shape: a machine twice as busy slows every k alike.
+    assert cost.round_cost(6) / cost.round_cost(3) == pytest.approx(2.8 / 1.9, rel=0.02)
+    assert cost.round_cost(6) == pytest.approx(2.8 / 1.3, rel=0.02)
+
+
+def test_cost_model_refuses_an_empty_or_non_positive_table() -> None:
+    with pytest.raises(ValueError, match="measured"):
+        CostModel([1.0])
+    with pytest.raises(ValueError, match="measured"):
+        CostModel([1.0, 0.0, 2.0])
+    with pytest.raises(ValueError, match="k: must be in"):
+        CostModel.linear(0.1, 0.1, k_max=4).round_cost(5)
