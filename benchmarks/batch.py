@@ -8,13 +8,15 @@ Phases (one run, side by side, so that machine noise hits all of them):
 1. throughput: N questions answered back to back by ``app.pipeline.answer_query`` in this
    process, then the same N questions as a batch on one worker (submit → finished), repeated
    ``--rounds`` times alternating; the ratio of median times is printed.
-2. interactive latency: M interactive queries one after another on an idle worker (before and
-   after the loaded runs), and while a long batch runs on that worker: with preemption (default),
-   with yielding between items only, and with no yielding; p50/p95 of the service-measured
+2. interactive latency: blocks of M interactive queries one after another, alternating between
+   an idle worker and the same worker running a batch (with preemption, the default), for
+   ``--latency-rounds`` rounds, then one more idle block; ``--all-variants`` adds one block with
+   yielding between items only and one with no yielding.  p50/p95 of the service-measured
    ``total_ms`` (queued → answered) and ``queue_ms`` (queued → started: the wait the batch
-   causes; total also carries the machine's noise).
+   causes), and a bootstrap interval of the p95 ratio.
 
     .venv/bin/python benchmarks/batch.py [--items 16] [--rounds 3] [--interactive 10] [--max-tokens 12]
+        [--latency-rounds 4] [--batch-items 300] [--all-variants] [--skip-interactive]
 """
 
 from __future__ import annotations
@@ -274,6 +276,23 @@ def interactive(
     return out
 
 
+def during_batch(
+    sf: Any, settings: Any, celery: Any, args: argparse.Namespace, m: int | None = None
+) -> list[tuple[float, float, float]]:
+    """``interactive`` while a batch of ``--batch-items`` runs on the worker; then cancel it."""
+    from app.batch.runner import cancel
+
+    bid = submit(sf, settings, celery, args.batch_items, args.max_tokens)
+    time.sleep(1.0)  # the batch is under way
+    out = interactive(sf, settings, celery, m or args.interactive, args.max_tokens)
+    if batch_done(sf, bid):
+        note("warning: the batch finished before the interactive block did; use more --batch-items")
+    cancel(sf, bid)
+    while not batch_done(sf, bid):
+        time.sleep(0.1)
+    return out
+
+
 def note(message: str) -> None:
     """Progress on stderr (the tables go to stdout)."""
     print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
@@ -295,9 +314,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--items", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--interactive", type=int, default=10)
+    parser.add_argument("--interactive", type=int, default=10, help="queries per block")
     parser.add_argument("--max-tokens", type=int, default=12)
     parser.add_argument("--skip-interactive", action="store_true", help="Throughput only.")
+    parser.add_argument(
+        "--latency-rounds", type=int, default=4, help="alternating idle / during-batch blocks"
+    )
+    parser.add_argument("--batch-items", type=int, default=300, help="items of each loaded block")
+    parser.add_argument(
+        "--all-variants",
+        action="store_true",
+        help="also measure without preemption and without yielding (one block each, slow)",
+    )
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="specrag-bench-batch-"))
     env, dbname = setup(tmp)
@@ -312,7 +340,6 @@ def main() -> None:
 
 def run(args: argparse.Namespace, env: dict[str, str], tmp: Path) -> None:
     """All phases; prints the two tables."""
-    from app.batch.runner import cancel
     from app.db import prepare
     from app.resources import Resources
     from app.settings import Settings
@@ -345,29 +372,27 @@ def run(args: argparse.Namespace, env: dict[str, str], tmp: Path) -> None:
         if args.skip_interactive:
             report_throughput(args, pipe, queue)
             return
-        idle = interactive(sf, settings, celery, args.interactive, args.max_tokens)
-        lat = []
-        for label, extra in VARIANTS:
-            if extra:
-                stop(worker)
-                worker = start_worker(env, log, **extra)
-                wait_query(sf, ask(sf, settings, celery, "warm up", 2), timeout=300)
+        # Idle and during-batch blocks alternate, so that the machine's drift hits both alike.
+        idle: list[tuple[float, float, float]] = []
+        lat: dict[str, list[tuple[float, float, float]]] = {VARIANTS[0][0]: []}
+        for r in range(args.latency_rounds):
+            idle += interactive(sf, settings, celery, args.interactive, args.max_tokens)
+            note(f"latency round {r + 1}/{args.latency_rounds}: {VARIANTS[0][0]}")
+            lat[VARIANTS[0][0]] += during_batch(sf, settings, celery, args)
+        idle += interactive(sf, settings, celery, args.interactive, args.max_tokens)
+        for label, extra in VARIANTS[1:] if args.all_variants else ():
+            stop(worker)
+            worker = start_worker(env, log, **extra)
+            wait_query(sf, ask(sf, settings, celery, "warm up", 2), timeout=300)
             note(label)
-            bid = submit(sf, settings, celery, 1000, args.max_tokens)
-            time.sleep(2.0)
             # Without yielding, each query waits for the rest of a chunk: fewer, or it takes ages.
             m = max(3, args.interactive // 3) if "no yield" in label else args.interactive
-            lat.append((label, interactive(sf, settings, celery, m, args.max_tokens)))
-            cancel(sf, bid)
-            while not batch_done(sf, bid):
-                time.sleep(0.1)
-        # Idle again at the end: the machine's load drifts, so idle brackets the loaded runs.
-        idle += interactive(sf, settings, celery, args.interactive, args.max_tokens)
+            lat[label] = during_batch(sf, settings, celery, args, m)
     finally:
         stop(worker)
 
     report_throughput(args, pipe, queue)
-    report_latency(args, idle, lat)
+    report_latency(args, idle, list(lat.items()))
 
 
 def report_throughput(
@@ -411,6 +436,7 @@ def report_latency(
         " | generation p50 ms |\n|---|---|---|---|---|---|---|---|"
     )
     base = pct([v[0] for v in idle], 95)
+    intervals = []
     for label, values in [("idle", idle), *lat]:
         total, waits, gen = ([v[i] for v in values] for i in range(3))
         print(
@@ -418,6 +444,24 @@ def report_latency(
             f"{pct(total, 95) / base:.2f} | {pct(waits, 50):.0f} | {pct(waits, 95):.0f} | "
             f"{pct(gen, 50):.0f} |"
         )
+        if label != "idle":
+            lo, hi = p95_ratio_interval([v[0] for v in idle], total)
+            intervals.append(f"{label}: p95 / idle p95 90% bootstrap interval [{lo:.2f}, {hi:.2f}]")
+    print("\n" + "\n".join(intervals))
+
+
+def p95_ratio_interval(
+    idle: list[float], loaded: list[float], n: int = 2000
+) -> tuple[float, float]:
+    """A 90% bootstrap interval of p95(loaded) / p95(idle), resampling each side (seeded)."""
+    import random
+
+    rng = random.Random(0)
+    ratios = sorted(
+        pct(rng.choices(loaded, k=len(loaded)), 95) / pct(rng.choices(idle, k=len(idle)), 95)
+        for _ in range(n)
+    )
+    return ratios[int(0.05 * n)], ratios[int(0.95 * n)]
 
 
 if __name__ == "__main__":

@@ -101,3 +101,7 @@ def send_query(app: Celery, query_id: Any, queue: str = "answer") -> None:
     """Put one query id on ``queue``; raises at once (no retry loop) when the broker is down."""
     priority = 0 if queue == "answer" else 5
     app.send_task(ANSWER_TASK, args=[str(query_id)], queue=queue, priority=priority, retry=False)
+    if queue == "answer":
+        from workers.wakeup import announce
+
+        announce(str(app.conf.broker_url or ""))  # batch workers preempt now, not at their poll

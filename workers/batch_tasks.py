@@ -25,6 +25,7 @@ from celery.signals import worker_ready, worker_shutdown
 
 from workers import runtime
 from workers.app import BATCH_TASK
+from workers.wakeup import is_redis, redis_client
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +33,6 @@ log = logging.getLogger(__name__)
 BATCH_PRIORITY = 9
 
 _watchdogs: dict[int, Any] = {}
-_redis_clients: dict[str, Any] = {}
 # kombu's Redis transport keeps one list per priority step: "answer", then "answer\x06\x16<n>".
 _ANSWER_KEYS = ("answer", *(f"answer\x06\x16{step}" for step in (3, 6, 9)))
 
@@ -68,13 +68,8 @@ def answer_waiting(app: Celery) -> bool:
     """
     try:
         url = str(app.conf.broker_url or "")
-        if url.startswith(("redis://", "rediss://")):
-            client = _redis_clients.get(url)
-            if client is None:
-                import redis
-
-                client = _redis_clients[url] = redis.Redis.from_url(url, socket_timeout=2)
-            pipe = client.pipeline(transaction=False)
+        if is_redis(url):
+            pipe = redis_client(url).pipeline(transaction=False)
             for key in _ANSWER_KEYS:
                 pipe.llen(key)
             return any(pipe.execute())
@@ -98,8 +93,12 @@ def register(app: Celery) -> None:
         polite = settings.batch_yield_to_interactive and consumes(self.app, "answer")
         if polite and settings.batch_preempt:
             from app.batch.preempt import PreemptibleResources
+            from workers.wakeup import listener
 
-            resources = PreemptibleResources(resources, lambda: answer_waiting(self.app))
+            wake = listener(str(self.app.conf.broker_url or ""))
+            resources = PreemptibleResources(
+                resources, lambda: answer_waiting(self.app), wakeup=wake
+            )
         outcome = run_chunk(
             resources,
             uuid.UUID(batch_id),

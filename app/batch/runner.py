@@ -152,6 +152,9 @@ def finish_item(sf: SessionFactory, item_id: int) -> str | None:
 def requeue_item(sf: SessionFactory, item_id: int, query_id: uuid.UUID) -> None:
     """Put a preempted item back to pending (its query stays queued, marked sent)."""
     with sf() as session:
+        # Interactive work waits for this commit. Lost in a crash, the item stays running and its
+        # query unsent: the outbox sends it, and sync_items settles the item once it is answered.
+        skip_fsync(session)
         session.execute(
             update(BatchItem)
             .where(BatchItem.id == item_id, BatchItem.status == "running")
