@@ -8,9 +8,9 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from transformers import DynamicCache
 
 from generation.adaptive import CostModel
+from generation.kv_cache import new_cache
 
 
 def _synchronize(device: torch.device) -> None:
@@ -23,7 +23,7 @@ def time_forward(model: Any, context_len: int, num_tokens: int, repeats: int = 5
     device = next(model.parameters()).device
     vocab = int(model.config.vocab_size)
     ids = torch.arange(context_len + num_tokens, device=device).remainder(vocab).view(1, -1)
-    cache = DynamicCache(config=model.config)
+    cache = new_cache(model.config)
     with torch.inference_mode():
         model(input_ids=ids[:, :context_len], cache=cache, use_cache=True)
         times = []

@@ -18,6 +18,7 @@ from transformers import DynamicCache
 from generation.adaptive import AdaptiveK, CostModel, RecentAcceptance
 from generation.base import GenerationResult, check_prompt
 from generation.costs import measure_costs
+from generation.kv_cache import new_cache
 from generation.loading import (
     check_vocab_compatible,
     load_causal_lm,
@@ -227,7 +228,7 @@ class SpeculativeEngine:
         budget = min(params.max_new_tokens, self.max_context - len(prompt_token_ids))
         eos = set(self._eos)
 
-        cache = DynamicCache(config=self.target.config)
+        cache = new_cache(self.target.config)
         prompt = torch.tensor([prompt_token_ids], dtype=torch.long, device=self.device)
         last_token = sample_from_logits(prefill(self.target, prompt, cache), temperature, generator)
         output = last_token.tolist()

@@ -7,6 +7,7 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
+from generation.kv_cache import new_cache
 from generation.proposers.base import Draft
 
 
@@ -27,7 +28,7 @@ class DraftModelProposer:
 
     def begin(self, tokens: list[int]) -> None:
         """Prefill the draft cache with all but the last token (fed by the first proposal)."""
-        self.cache = DynamicCache(config=self.model.config)
+        self.cache = new_cache(self.model.config)
         self.cached_len = 0
         if len(tokens) > 1:
             ids = torch.tensor([tokens[:-1]], dtype=torch.long, device=self.device)
