@@ -11,12 +11,17 @@ never formed it.  So the circuit is set analytically at initialisation and train
 a model that can already copy; everything else (language, the answer format, which passage to
 quote) is learnt as usual, and the circuit itself stays trainable.
 
-Residual stream layout at initialisation (``CODE`` = head_dim dimensions each):
+Residual stream layout at initialisation (``code`` = min(head_dim, (hidden - 1) // 3) dimensions
+each):
 
 - dim 0: a constant, the same in every token's embedding; after RMSNorm it is a near-constant
   input from which position-only attention is built;
-- dims A = 1 .. CODE: the token's own code (its embedding, random Gaussian);
-- dims B = CODE+1 .. 2*CODE: empty; the previous-token head writes the previous token's code here;
+- dims A: the token's own code (its input embedding, random Gaussian);
+- dims B: empty; the previous-token head writes the previous token's code here;
+- dims C: empty; the induction heads write the copied token's code here, and only here does the
+  (untied) output embedding read at initialisation.  Reading the current token's own code (A)
+  would favour repeating the current token whenever there is nothing to copy: with tied
+  embeddings a first run answered ``"ReturnReturnReturn..."`` (measured at step 250);
 - the rest: small random values, free for training to use.
 
 Layer 0, head 0 (previous token): query and key come from dim 0 only, on the high-frequency
@@ -28,8 +33,9 @@ d in [0, max_positions).  Value: dims A; output: dims B.
 Layer 1, heads 0 and 1 (induction): query = the current token's code (A), key = each position's
 previous-token code (B), both on the low-frequency rotary pairs, where rotation over the whole
 context is negligible (``rope_theta`` is set high for that), each head matching on half of the
-code through orthogonal projections.  Value: the attended position's own code (A); output: added
-to dims A with gain ``COPY_GAIN``, so the tied output embedding ranks the copied token first.
+code through orthogonal projections.  Value: the attended position's own code (A); output: written to
+dims C with gain ``COPY_GAIN``, where the output embedding holds every token's code, so the copied
+token ranks first.
 
 Every other head's output projection and every MLP's down projection in these two layers, and
 all later layers' residual outputs, start at zero: the network is exactly the circuit plus
@@ -55,10 +61,10 @@ PREV_MARGIN = 24.0
 """Logit margin of the previous position over any other in the previous-token head."""
 MATCH_LOGIT = 36.0
 """Expected score of an exact code match in each induction head (before softmax)."""
-COPY_GAIN = 3.0
-"""Copied code's weight in dims A relative to the current token's own code."""
+COPY_GAIN = 2.0
+"""Copied code's scale in dims C relative to a token's code in its embedding."""
 OUTPUT_MARGIN = 12.0
-"""Expected logit margin of the copied token over the current one at the output."""
+"""Expected logit margin of the copied token over any other at the output."""
 
 
 def prev_token_weights(inv_freq: np.ndarray, pairs: range, max_positions: int) -> np.ndarray:
@@ -91,19 +97,22 @@ def margin_of(w: np.ndarray, inv_freq: np.ndarray, pairs: range, max_positions: 
 
 @torch.no_grad()
 def wire_induction(model: LlamaForCausalLM, seed: int) -> dict[str, float]:
-    """Write the circuit into ``model`` (fresh, Llama, head_dim 64, rope_theta=ROPE_THETA).
+    """Write the circuit into ``model`` (fresh Llama, head_dim 64, rope_theta=ROPE_THETA, untied).
 
     Returns the design figures (margins, scales) for the training card.
     """
     cfg = model.config
     d_model, n_heads = cfg.hidden_size, cfg.num_attention_heads
     hd = d_model // n_heads
-    code = hd
-    if hd != 64 or n_heads < 2 or d_model < 1 + 2 * code or cfg.num_key_value_heads != n_heads:
+    code = min(hd, (d_model - 1) // 3)
+    if hd != 64 or n_heads < 2 or code < 48 or cfg.num_key_value_heads != n_heads:
         raise ValueError(
-            f"induction init needs head_dim 64, >= 2 heads, no GQA and hidden >= {1 + 2 * code}; "
-            f"got hidden {d_model}, heads {n_heads}, kv heads {cfg.num_key_value_heads}"
+            "induction init needs head_dim 64, >= 2 heads, no GQA and hidden >= 145 "
+            f"(a code of >= 48 dims); got hidden {d_model}, heads {n_heads}, "
+            f"kv heads {cfg.num_key_value_heads}"
         )
+    if cfg.tie_word_embeddings:
+        raise ValueError("induction init needs untied embeddings (the output reads dims C only)")
     if cfg.num_hidden_layers < 2:
         raise ValueError("induction init needs at least two layers")
     inv_freq = model.model.rotary_emb.inv_freq.double().numpy()
@@ -112,23 +121,29 @@ def wire_induction(model: LlamaForCausalLM, seed: int) -> dict[str, float]:
     gen = torch.Generator().manual_seed(seed)
     a_dims = torch.arange(1, 1 + code)
     b_dims = torch.arange(1 + code, 1 + 2 * code)
-    free = torch.arange(1 + 2 * code, d_model)
+    c_dims = torch.arange(1 + 2 * code, 1 + 3 * code)
+    free = torch.arange(1 + 3 * code, d_model)
 
-    # Embedding (tied with the output layer): constant dim 0, Gaussian code in A, B empty.
+    # Input embedding: constant dim 0, Gaussian code in A, B and C empty.
     emb = model.model.embed_tokens.weight
     vocab = emb.shape[0]
     c0 = 2.0 * math.sqrt(code)  # constant^2 = 4 x E|code|^2: RMSNorm of any token ~ the same
+    codes = torch.randn(vocab, code, generator=gen)
     emb.zero_()
     emb[:, 0] = c0
-    emb[:, a_dims] = torch.randn(vocab, code, generator=gen)
+    emb[:, a_dims] = codes
     emb[:, free] = 0.02 * torch.randn(vocab, len(free), generator=gen)
+    # Output embedding: every token's code in C, nothing elsewhere.
+    out = model.lm_head.weight
+    out.zero_()
+    out[:, c_dims] = codes
 
     def rms(sq_sum: float) -> float:
         return math.sqrt(sq_sum / d_model)
 
     rms0 = rms(c0**2 + code)  # embedding only
     rms1 = rms(c0**2 + 2 * code)  # after the previous-token head filled B
-    rms2 = rms(c0**2 + code * (1 + COPY_GAIN**2))  # after the copy
+    rms2 = rms(c0**2 + code * (2 + COPY_GAIN**2))  # after the copy
 
     for layer in model.model.layers:
         layer.self_attn.o_proj.weight.zero_()
@@ -162,7 +177,7 @@ def wire_induction(model: LlamaForCausalLM, seed: int) -> dict[str, float]:
     q, k, v = att1.q_proj.weight, att1.k_proj.weight, att1.v_proj.weight
     rot = torch.linalg.qr(torch.randn(code, code, generator=gen, dtype=torch.float64))[0].float()
     match_dims = torch.tensor(list(MATCH_PAIRS) + [j + half for j in MATCH_PAIRS])
-    per_head = len(match_dims)  # 32 of the code's 64 dimensions per head
+    per_head = min(len(match_dims), code // 2)  # half the code's dimensions per head
     # score = (1/sqrt(hd)) * m^2 * |P e|^2 / rms1^2, |P e|^2 ~ per_head  ->  MATCH_LOGIT
     m = math.sqrt(MATCH_LOGIT * math.sqrt(hd) * rms1**2 / per_head)
     for h in range(2):
@@ -171,14 +186,15 @@ def wire_induction(model: LlamaForCausalLM, seed: int) -> dict[str, float]:
         k[rows].zero_()
         v[rows].zero_()
         proj = rot[h * per_head : (h + 1) * per_head]  # [per_head, code]
-        q[h * hd + match_dims[:, None], a_dims[None, :]] = m * proj
-        k[h * hd + match_dims[:, None], b_dims[None, :]] = m * proj
+        rows_qk = h * hd + match_dims[:per_head, None]
+        q[rows_qk, a_dims[None, :]] = m * proj
+        k[rows_qk, b_dims[None, :]] = m * proj
         v[h * hd + torch.arange(code), a_dims] = 1.0
-        att1.o_proj.weight[a_dims, h * hd + torch.arange(code)] = COPY_GAIN * rms1 / 2
+        att1.o_proj.weight[c_dims, h * hd + torch.arange(code)] = COPY_GAIN * rms1 / 2
 
-    # Final norm: copied token's logit OUTPUT_MARGIN above the current token's.
-    # logit_y = (w_f / rms2) * <h_A, e_y>;  gap ~ w_f (COPY_GAIN - 1) * code / rms2
-    model.model.norm.weight.fill_(OUTPUT_MARGIN * rms2 / ((COPY_GAIN - 1) * code))
+    # Final norm: the copied token's logit OUTPUT_MARGIN above any other token's.
+    # logit_y = (w_f / rms2) * <h_C, code_y>;  gap ~ w_f * COPY_GAIN * code / rms2
+    model.model.norm.weight.fill_(OUTPUT_MARGIN * rms2 / (COPY_GAIN * code))
     return {
         "prev_head_margin": PREV_MARGIN,
         "prev_head_lp_margin": margin,

@@ -15,7 +15,7 @@ from training.induction_init import ROPE_THETA, wire_induction
 # mostly per-layer overhead (12 x 384: 12.1 ms vs 1.1 ms for the draft at a 900-token context,
 # measured with generation.costs.time_forward, one thread).  Draft: two layers, the least that
 # holds an induction circuit (copying from the passages), and as narrow as the circuit allows
-# (head_dim 64, hidden >= 1 + 2 x 64).  Both start from training/induction_init.py.
+# (head_dim 64, hidden >= 1 + 3 x 63).  Both start from training/induction_init.py.
 TARGET_SHAPE: dict[str, Any] = {
     "hidden_size": 384,
     "intermediate_size": 1024,
@@ -38,7 +38,7 @@ def make_config(shape: dict[str, Any], vocab_size: int, eos_token_id: int) -> Ll
     return LlamaConfig(
         vocab_size=vocab_size,
         max_position_embeddings=MAX_POSITIONS,
-        tie_word_embeddings=True,
+        tie_word_embeddings=False,  # the output reads what the induction heads write (init)
         bos_token_id=eos_token_id,
         eos_token_id=eos_token_id,
         pad_token_id=eos_token_id,

@@ -75,5 +75,5 @@ def test_wiring_refuses_shapes_without_room_for_the_circuit() -> None:
             EOS,
         )
     )
-    with pytest.raises(ValueError, match="hidden >= 129"):
+    with pytest.raises(ValueError, match="hidden >= 145"):
         wire_induction(narrow, seed=0)
