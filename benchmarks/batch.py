@@ -346,6 +346,10 @@ def run(args: argparse.Namespace, env: dict[str, str], tmp: Path) -> None:
     from workers import create_celery
 
     settings = Settings()
+    if settings.torch_threads:  # the in-process pipeline runs as the worker does
+        import torch
+
+        torch.set_num_threads(settings.torch_threads)
     _, sf = prepare(settings)
     resources = Resources(settings, sf)
     resources.retrieval.ingest([REPO / "demo" / "corpus" / f for f in FILES], collection="demo")
