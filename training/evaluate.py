@@ -40,6 +40,7 @@ class Tally:
     cites: int = 0
     verbatim: int = 0
     bigram: list[float] = field(default_factory=list)
+    longest: list[int] = field(default_factory=list)
 
 
 def bigram_ratio(text: str) -> float:
@@ -62,17 +63,32 @@ def perplexity(model: Any, seqs: list[tuple[list[int], int]]) -> float:
     return math.exp(total / count)
 
 
-def grounded(answer: str, prompt: str) -> tuple[bool, bool]:
-    """(cites a passage, its quote of >= 5 words appears verbatim in that passage)."""
+def _words(text: str) -> list[str]:
+    return text.replace('"', " ").replace("“", " ").replace("”", " ").split()
+
+
+def grounded(answer: str, prompt: str, run: int = 8) -> tuple[bool, bool, int]:
+    """(cites a passage, quotes >= ``run`` consecutive words of it verbatim, longest such run).
+
+    Words are compared with quote characters dropped (passages quote keywords themselves, so a
+    quoted answer's own quotation marks cannot delimit it) and whitespace normalised.
+    """
     m = re.search(r"\[(\d+)\]", answer)
     if not m:
-        return False, False
+        return False, False, 0
     blocks = re.split(r"\n\[\d+\] ", prompt.split("\nQuestion:")[0])
     n = int(m.group(1))
-    q = re.search(r'"([^"]+)', answer)
-    if not q or n >= len(blocks) or len(q.group(1).split()) < 5:
-        return True, False
-    return True, " ".join(q.group(1).split()) in " ".join(blocks[n].split())
+    if n >= len(blocks):
+        return True, False, 0
+    source = " " + " ".join(_words(blocks[n])) + " "
+    words = _words(answer[m.end() :])
+    longest = 0
+    for i in range(len(words)):
+        j = i + longest + 1  # only a longer run than the best so far matters
+        while j <= len(words) and f" {' '.join(words[i:j])} " in source:
+            longest = j - i
+            j += 1
+    return True, longest >= run, longest
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -128,7 +144,8 @@ def main(argv: list[str] | None = None) -> None:
     result["step_cost_ratio"] = statistics.median(t_costs) / statistics.median(d_costs)
 
     # Decoding through the engine, methods interleaved per prompt so load noise hits all alike.
-    methods = ("none", "draft_model", "ngram")
+    # (method, k): the goals' rows at k = --k, and adaptive k beside them.
+    methods = ("none", "draft_model", "ngram", "draft_model auto", "ngram auto")
     agg = {m: Tally() for m in methods}
     identical = True
     prompts = rag[: args.prompts]
@@ -139,8 +156,8 @@ def main(argv: list[str] | None = None) -> None:
             params = SamplingParams(
                 max_new_tokens=args.max_new_tokens,
                 temperature=0.0,
-                method=m,
-                num_speculative_tokens=args.k,
+                method=m.split()[0],
+                num_speculative_tokens="auto" if m.endswith("auto") else args.k,
             )
             t0 = time.perf_counter()
             r = engine.generate(ids, params)
@@ -155,10 +172,11 @@ def main(argv: list[str] | None = None) -> None:
             a.fwd += int(s["num_target_forwards"])
             text = str(tok.decode(r.token_ids, skip_special_tokens=True))
             a.bigram.append(bigram_ratio(text))
-            c, v = grounded(text, e.prompt)
+            c, v, longest = grounded(text, e.prompt)
             a.cites += c
             a.verbatim += v
-        identical &= outs["draft_model"] == outs["none"] == outs["ngram"]
+            a.longest.append(longest)
+        identical &= all(outs[m] == outs["none"] for m in methods)
     base = agg["none"].ms
     for m in methods:
         a = agg[m]
@@ -170,6 +188,7 @@ def main(argv: list[str] | None = None) -> None:
             "bigram_ratio": statistics.mean(a.bigram),
             "cites_passage": a.cites / len(prompts),
             "verbatim_quote": a.verbatim / len(prompts),
+            "median_longest_quoted_run_words": statistics.median(a.longest),
             "mean_output_tokens": a.tokens / len(prompts),
         }
     result["identical_greedy_output"] = identical
