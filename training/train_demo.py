@@ -70,9 +70,8 @@ def tokenizer_for(run_dir: Path, docs: list, seed: int) -> PreTrainedTokenizerFa
     return tok
 
 
-TARGET_STEPS = (
-    1000  # ~50 min of steps on an idle 2-core machine, two threads (measured: ~2.9 s per step)
-)
+# ~50 min of steps on an idle 2-core machine with two threads (measured: ~2.9 s per step).
+TARGET_STEPS = 1000
 DRAFT_STEPS = 50
 INDUCTION_EVERY = 6  # every 6th step is a synthetic induction batch
 
