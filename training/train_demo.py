@@ -87,6 +87,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--tokens-per-batch", type=int, default=4096)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--draft-lr", type=float, default=2e-3)
+    ap.add_argument(
+        "--extra-steps",
+        type=int,
+        default=0,
+        help="after the schedule: this many more target steps at --extra-lr (cosine), then "
+        "--draft-steps draft-only steps again",
+    )
+    ap.add_argument("--extra-lr", type=float, default=3e-4)
     ap.add_argument("--ckpt-every", type=int, default=25)
     # Two threads on an idle machine; one where the other core is busy (two intra-op threads
     # on a shared core spin at barriers and ran 2-5x slower, measured in session 1).
@@ -148,6 +156,7 @@ def main(argv: list[str] | None = None) -> None:
             "train_tokens": state["tokens"],
             "target_steps": args.target_steps,
             "draft_steps": args.draft_steps,
+            "extra_steps": args.extra_steps,
             "induction_every": args.induction_every,
             "tokens_per_batch": args.tokens_per_batch,
             "command": f"python -m training.train_demo --seed {args.seed}",
@@ -160,7 +169,9 @@ def main(argv: list[str] | None = None) -> None:
         do_export()
         return
 
-    total = args.target_steps + args.draft_steps
+    first_end = args.target_steps + args.draft_steps
+    extra_end = first_end + args.extra_steps
+    total = extra_end + (args.draft_steps if args.extra_steps else 0)
     stream = BatchStream(corpus.train, tok, seed=args.seed, tokens_per_batch=args.tokens_per_batch)
     every = args.induction_every
     while state["step"] < total:
@@ -175,12 +186,17 @@ def main(argv: list[str] | None = None) -> None:
             state["idx"] += 1
             if state["idx"] >= n_batches:
                 state["rnd"], state["idx"] = state["rnd"] + 1, 0
-        train_target = step < args.target_steps
+        extra = step >= first_end
+        train_target = step < args.target_steps or first_end <= step < extra_end
         target.train(train_target)
         with torch.autocast("cpu", dtype=torch.bfloat16):
             if train_target:
                 for g in opt_t.param_groups:
-                    g["lr"] = lr_at(step, args.target_steps, args.lr)
+                    g["lr"] = (
+                        lr_at(step - first_end, args.extra_steps, args.extra_lr, warmup=10)
+                        if extra
+                        else lr_at(step, args.target_steps, args.lr)
+                    )
                 t_logits = target(b.input_ids).logits
                 loss_t = weighted(token_losses(t_logits, b.input_ids), b, split)
                 loss_t.backward()
@@ -193,7 +209,11 @@ def main(argv: list[str] | None = None) -> None:
                 with torch.no_grad():
                     teacher = target(b.input_ids).logits
             for g in opt_d.param_groups:
-                g["lr"] = lr_at(step, total, args.draft_lr)
+                g["lr"] = (
+                    lr_at(step - first_end, total - first_end, args.extra_lr * 2, warmup=10)
+                    if extra
+                    else lr_at(step, first_end, args.draft_lr)
+                )
             d_logits = draft(b.input_ids).logits
             kl = weighted(kl_losses(d_logits, teacher), b, split)
             ce = weighted(token_losses(d_logits, b.input_ids), b, split)
