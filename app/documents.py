@@ -19,6 +19,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from app.queries import RequestError
 from retrieval.errors import InvalidNameError, check_name
 from retrieval.loaders import SUPPORTED_SUFFIXES
 from retrieval.records import Document
@@ -27,13 +28,9 @@ MAX_FILES_PER_UPLOAD = 100
 TEXT_SUFFIXES = (".txt", ".md", ".markdown", ".html", ".htm")
 
 
-class UploadError(ValueError):
-    """A refused upload; ``field`` names the part of the request that is wrong."""
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(f"{field}: {message}")
-        self.field = field
-        self.message = message
+class UploadError(RequestError):
+    """A refused upload; ``field`` names the part of the request that is wrong (the API's
+    RequestError handler answers 422 with it)."""
 
 
 @dataclass(frozen=True)

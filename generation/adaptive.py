@@ -45,7 +45,7 @@ class CostModel:
     """
 
     measured: list[float]
-    """measured[k]: seconds of a round with k drafts, k = 1 .. k_max; [0]: a one-token target pass."""
+    """measured[k]: seconds of a round with k drafts, k = 1 .. k_max ([0] is not priced)."""
     prior_weight: float = 4.0
     """How many observed rounds of a k the measurement counts for."""
     decay: float = 0.99
@@ -65,7 +65,7 @@ class CostModel:
     ) -> CostModel:
         """The table of r_k + k c = 1 + (target_slope + proposer_cost) k (a one-token pass = 1)."""
         return cls(
-            [1.0] + [1.0 + (target_slope + proposer_cost) * k for k in range(1, k_max + 1)], **kw
+            [0.0] + [1.0 + (target_slope + proposer_cost) * k for k in range(1, k_max + 1)], **kw
         )
 
     @property

@@ -50,6 +50,5 @@ def measure_costs(
     model's one-token passes; n-gram lookup costs nothing measurable).
     """
     proposer = timer(draft, context_len, 1) if draft is not None else 0.0
-    table = [timer(target, context_len, 1)]
-    table += [timer(target, context_len, k + 1) + k * proposer for k in range(1, k_max + 1)]
-    return CostModel(table)
+    rounds = [timer(target, context_len, k + 1) + k * proposer for k in range(1, k_max + 1)]
+    return CostModel([0.0, *rounds])

@@ -67,8 +67,11 @@ OUTPUT_MARGIN = 12.0
 """Expected logit margin of the copied token over any other at the output."""
 
 
-def prev_token_weights(inv_freq: np.ndarray, pairs: range, max_positions: int) -> np.ndarray:
-    """Weights w_j >= 0 (summing to 1) maximising min_{d != 1} sum_j w_j (1 - cos(theta_j (d-1)))."""
+def prev_token_weights(
+    inv_freq: np.ndarray, pairs: range, max_positions: int
+) -> tuple[np.ndarray, float]:
+    """Weights w_j >= 0 (summing to 1) maximising min_{d != 1} sum_j w_j (1 - cos(theta_j (d-1))),
+    and that margin (in units of the head's total weight)."""
     thetas = inv_freq[list(pairs)]
     d = np.array([0] + list(range(2, max_positions)), dtype=np.float64)
     gaps = 1.0 - np.cos(np.outer(d - 1.0, thetas))  # [n_d, n_pairs]
@@ -85,14 +88,8 @@ def prev_token_weights(inv_freq: np.ndarray, pairs: range, max_positions: int) -
     if not res.success:
         raise RuntimeError(f"previous-token head: linear programme failed: {res.message}")
     w = np.clip(res.x[:n], 0.0, None)
-    return w / w.sum()
-
-
-def margin_of(w: np.ndarray, inv_freq: np.ndarray, pairs: range, max_positions: int) -> float:
-    """The previous-token head's score margin (in units of its total weight)."""
-    thetas = inv_freq[list(pairs)]
-    d = np.array([0] + list(range(2, max_positions)), dtype=np.float64)
-    return float(((1.0 - np.cos(np.outer(d - 1.0, thetas))) @ w).min())
+    w /= w.sum()
+    return w, float((gaps @ w).min())
 
 
 @torch.no_grad()
@@ -153,8 +150,7 @@ def wire_induction(model: LlamaForCausalLM, seed: int) -> dict[str, float]:
 
     # Layer 0, head 0: previous-token head.
     att0 = model.model.layers[0].self_attn
-    w = prev_token_weights(inv_freq, PREV_PAIRS, cfg.max_position_embeddings)
-    margin = margin_of(w, inv_freq, PREV_PAIRS, cfg.max_position_embeddings)
+    w, margin = prev_token_weights(inv_freq, PREV_PAIRS, cfg.max_position_embeddings)
     x0 = c0 / rms0  # normed dim 0
     # score(d) = (1/sqrt(hd)) * x0^2 * scale^2 * sum_j w_j cos(theta_j (d - 1))
     scale = math.sqrt(PREV_MARGIN * math.sqrt(hd) / (x0**2 * margin))

@@ -14,7 +14,7 @@ from pydantic import BaseModel, Field
 from app.api.deps import SessionDep, SettingsDep, TenantDep
 from app.api.errors import ApiError
 from app.api.schemas import ErrorOut
-from app.documents import UploadError, list_documents, validate_uploads
+from app.documents import list_documents, validate_uploads
 
 router = APIRouter(prefix="/v1/documents", tags=["documents"])
 ERRORS: dict[int | str, dict[str, Any]] = {
@@ -52,12 +52,9 @@ def upload(body: UploadIn, caller: TenantDep, settings: SettingsDep, request: Re
     """Queue the files for ingest; re-uploading an unchanged file is a no-op."""
     from workers.app import INGEST_UPLOADS_TASK
 
-    try:
-        uploads = validate_uploads(
-            body.collection, [d.model_dump() for d in body.documents], settings.max_file_bytes
-        )
-    except UploadError as exc:
-        raise ApiError(422, exc.field, exc.message) from None
+    uploads = validate_uploads(
+        body.collection, [d.model_dump() for d in body.documents], settings.max_file_bytes
+    )
     files = [u.to_message() for u in uploads]
     _send(request, INGEST_UPLOADS_TASK, [files, body.collection, caller.tenant])
     return {
