@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from generation.adaptive import CostModel
-from generation.kv_cache import new_cache
+from generation.forward import Forward, HFForward
 
 
 def _synchronize(device: torch.device) -> None:
@@ -19,18 +19,22 @@ def _synchronize(device: torch.device) -> None:
 
 
 def time_forward(model: Any, context_len: int, num_tokens: int, repeats: int = 5) -> float:
-    """Return the median seconds of a forward pass over ``num_tokens`` after ``context_len``."""
-    device = next(model.parameters()).device
-    vocab = int(model.config.vocab_size)
+    """Return the median seconds of a forward pass over ``num_tokens`` after ``context_len``.
+
+    ``model`` is a ``Forward`` (as the engine runs it) or a transformers model (its own forward).
+    """
+    fwd: Forward = model if hasattr(model, "new_cache") else HFForward(model)
+    device = fwd.device
+    vocab = int(fwd.config.vocab_size)
     ids = torch.arange(context_len + num_tokens, device=device).remainder(vocab).view(1, -1)
-    cache = new_cache(model.config)
+    cache = fwd.new_cache()
     with torch.inference_mode():
-        model(input_ids=ids[:, :context_len], cache=cache, use_cache=True)
+        fwd(ids[:, :context_len], cache)
         times = []
         for _ in range(repeats + 1):  # the first pass warms up allocators and kernels
             _synchronize(device)
             start = time.perf_counter()
-            model(input_ids=ids[:, context_len:], cache=cache, use_cache=True)
+            fwd(ids[:, context_len:], cache)
             _synchronize(device)
             times.append(time.perf_counter() - start)
             cache.crop(-num_tokens)

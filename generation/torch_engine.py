@@ -4,6 +4,8 @@ Read top to bottom: ``prefill`` fills the target's cache with the prompt and yie
 token; each round a proposer drafts k tokens, ``speculative_decode`` verifies them in one target
 pass and rolls the caches back to the last accepted position; ``decode_one_token`` is the plain
 round when nothing was drafted (method ``none``, no n-gram match, or one token left).
+Models run through generation/forward.py: Llama-family models on the engine's own forward
+pass (same weights, same operations, less overhead), others on transformers' forward.
 """
 
 from __future__ import annotations
@@ -13,12 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import DynamicCache
-
 from generation.adaptive import AdaptiveK, CostModel, RecentAcceptance
 from generation.base import GenerationResult, check_prompt
 from generation.costs import measure_costs
-from generation.kv_cache import new_cache
+from generation.forward import Forward, forward_for
 from generation.loading import (
     check_vocab_compatible,
     load_causal_lm,
@@ -31,21 +31,19 @@ from generation.rejection_sampler import greedy_verify, rejection_sample, sample
 from generation.stats import GenerationStats
 
 
-def prefill(model: Any, input_ids: torch.Tensor, cache: DynamicCache) -> torch.Tensor:
+def prefill(model: Forward, input_ids: torch.Tensor, cache: Any) -> torch.Tensor:
     """Run the prompt ``input_ids`` [1, seq_len] through ``model``; return the last logits [vocab]."""
-    out = model(input_ids=input_ids, cache=cache, use_cache=True, logits_to_keep=1)
-    return out.logits[0, -1].float()
+    return model(input_ids, cache, logits_to_keep=1)[-1].float()
 
 
-def decode_one_token(model: Any, token: torch.Tensor, cache: DynamicCache) -> torch.Tensor:
+def decode_one_token(model: Forward, token: torch.Tensor, cache: Any) -> torch.Tensor:
     """Feed one token [1] to ``model`` on its cache; return the next logits [vocab_size]."""
-    out = model(input_ids=token.view(1, 1), cache=cache, use_cache=True)
-    return out.logits[0, -1].float()
+    return model(token.view(1, 1), cache)[-1].float()
 
 
 def speculative_decode(
-    target: Any,
-    cache: DynamicCache,
+    target: Forward,
+    cache: Any,
     last_token: torch.Tensor,  # [1]: emitted, not yet in the target's cache
     draft: Draft,
     temperature: float,
@@ -58,7 +56,7 @@ def speculative_decode(
     """
     k = draft.token_ids.shape[0]
     input_ids = torch.cat([last_token, draft.token_ids]).view(1, k + 1)
-    logits = target(input_ids=input_ids, cache=cache, use_cache=True).logits[0].float()
+    logits = target(input_ids, cache).float()  # [k + 1, vocab_size]
     if temperature == 0.0:
         num_accepted, next_token = greedy_verify(logits, draft.token_ids)
     else:
@@ -117,12 +115,22 @@ class SpeculativeEngine:
         max_speculative_tokens: int = 8,
         ngram_max_n: int = 4,
         costs: dict[str, CostModel] | None = None,
+        fast_forward: bool = True,
     ) -> None:
         if max_speculative_tokens < 1:
             raise ValueError(f"max_speculative_tokens: must be >= 1, got {max_speculative_tokens}")
         self.target = target.eval()
         self.draft = draft.eval() if draft is not None else None
         self.device = next(target.parameters()).device
+        # How each model runs (generation/forward.py); fast_forward=False keeps transformers'.
+        self._target_fwd = forward_for(self.target, fast_forward)
+        self._draft_fwd = (
+            None
+            if self.draft is None
+            else self._target_fwd
+            if self.draft is self.target  # draft = target (an efficiency check): one forward
+            else forward_for(self.draft, fast_forward)
+        )
         self.max_speculative_tokens = max_speculative_tokens
         """k_max of adaptive speculation."""
         self.ngram_max_n = ngram_max_n
@@ -182,7 +190,8 @@ class SpeculativeEngine:
 
     def _proposer(self, method: str) -> Proposer | None:
         if method == "draft_model":
-            return DraftModelProposer(self.draft)
+            assert self._draft_fwd is not None
+            return DraftModelProposer(self._draft_fwd)
         if method == "ngram":
             return NgramProposer(self.device, max_n=self.ngram_max_n)
         return None
@@ -198,8 +207,8 @@ class SpeculativeEngine:
     def _adaptive(self, method: str) -> AdaptiveK:
         if method not in self._costs:
             self._costs[method] = measure_costs(
-                self.target,
-                self.draft if method == "draft_model" else None,
+                self._target_fwd,
+                self._draft_fwd if method == "draft_model" else None,
                 self.max_speculative_tokens,
             )
         return AdaptiveK(
@@ -228,9 +237,11 @@ class SpeculativeEngine:
         budget = min(params.max_new_tokens, self.max_context - len(prompt_token_ids))
         eos = set(self._eos)
 
-        cache = new_cache(self.target.config)
+        cache = self._target_fwd.new_cache()
         prompt = torch.tensor([prompt_token_ids], dtype=torch.long, device=self.device)
-        last_token = sample_from_logits(prefill(self.target, prompt, cache), temperature, generator)
+        last_token = sample_from_logits(
+            prefill(self._target_fwd, prompt, cache), temperature, generator
+        )
         output = last_token.tolist()
         stats.ttft_ms = (time.perf_counter() - started) * 1000.0
         stats.num_output_tokens = 1
@@ -257,12 +268,12 @@ class SpeculativeEngine:
             draft = proposer.propose(tokens, k, temperature, generator) if proposer and k else None
             num_draft = 0 if draft is None else int(draft.token_ids.shape[0])
             if draft is None or num_draft == 0:
-                logits = decode_one_token(self.target, last_token, cache)
+                logits = decode_one_token(self._target_fwd, last_token, cache)
                 last_token = sample_from_logits(logits, temperature, generator)
                 accepted, emitted = 0, last_token.tolist()
             else:
                 accepted, emitted, last_token = speculative_decode(
-                    self.target, cache, last_token, draft, temperature, generator
+                    self._target_fwd, cache, last_token, draft, temperature, generator
                 )
             if num_draft and adaptive is not None:
                 adaptive.observe(num_draft, accepted)

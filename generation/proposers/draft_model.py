@@ -5,9 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from transformers import DynamicCache
 
-from generation.kv_cache import new_cache
+from generation.forward import Forward
 from generation.proposers.base import Draft
 
 
@@ -19,20 +18,20 @@ class DraftModelProposer:
     fed at the start of the next proposal, so the prompt is never recomputed.
     """
 
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: Forward) -> None:
         self.model = model
-        self.device = next(model.parameters()).device
-        self.cache: DynamicCache | None = None
+        self.device = model.device
+        self.cache: Any = None
         self.cached_len = 0
         """Tokens of the sequence whose keys/values are in ``cache``."""
 
     def begin(self, tokens: list[int]) -> None:
         """Prefill the draft cache with all but the last token (fed by the first proposal)."""
-        self.cache = new_cache(self.model.config)
+        self.cache = self.model.new_cache()
         self.cached_len = 0
         if len(tokens) > 1:
             ids = torch.tensor([tokens[:-1]], dtype=torch.long, device=self.device)
-            self.model(input_ids=ids, cache=self.cache, use_cache=True, logits_to_keep=1)
+            self.model(ids, self.cache, logits_to_keep=1)
             self.cached_len = len(tokens) - 1
 
     def propose(
@@ -45,11 +44,7 @@ class DraftModelProposer:
         draft_probs = []
         input_ids = pending  # [1, num_pending]
         for _ in range(k):
-            logits = (
-                self.model(input_ids=input_ids, cache=self.cache, use_cache=True, logits_to_keep=1)
-                .logits[0, -1]
-                .float()
-            )  # [vocab_size]
+            logits = self.model(input_ids, self.cache, logits_to_keep=1)[-1].float()  # [vocab]
             if temperature == 0.0:
                 token = logits.argmax(dim=-1, keepdim=True)  # [1]
             else:

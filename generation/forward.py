@@ -1,0 +1,252 @@
+"""How the engine runs a model: one forward pass over new tokens on a KV cache.
+
+Single-stream decoding on a CPU (and small models anywhere) is bound by per-call overhead, not
+arithmetic: a decode step of the demo target runs ~150 tiny kernels, and Hugging Face's module
+tree adds its own Python around each (hooks, output dataclasses, mask construction, cache
+bookkeeping).  So, as vLLM does with its own model implementations, the engine runs Llama-family
+models through ``FastLlamaForward``: the same weights and the same operations in the same order,
+with
+
+- no modules, hooks, output objects or per-pass mask and position bookkeeping;
+- rotary cos/sin tables computed once for every position, by the model's own rotary module;
+- a preallocated KV cache written in place (rollback moves its end);
+- attention by ``scaled_dot_product_attention`` with the same masks transformers would pass.
+
+Fusing q/k/v (and gate/up) into one matrix multiply, as vLLM does on GPUs, was tried and
+dropped: on this CPU it was no faster (71 vs 74 us per layer at 384 wide), and for narrow
+k/v projections the fused GEMM picked another kernel whose sums differ in the last bit, which
+would break token-identity with transformers.
+
+Every other model runs through ``HFForward`` (transformers' forward with the in-place cache of
+generation/kv_cache.py).  Both return logits; tests/generation/test_forward.py checks the fast
+path against transformers' forward for Llama and Qwen2 (with GQA and biases), through growth
+and rollback.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import torch
+import torch.nn.functional as F
+
+from generation.kv_cache import new_cache
+
+MIN_CAPACITY = 256
+
+
+class Forward(Protocol):
+    """A model as the engine runs it."""
+
+    config: Any
+    device: torch.device
+
+    def new_cache(self) -> Any:
+        """An empty KV cache with ``crop(-n)`` (drop the last n positions)."""
+        ...
+
+    def __call__(
+        self, input_ids: torch.Tensor, cache: Any, logits_to_keep: int = 0
+    ) -> torch.Tensor:
+        """Logits [n, vocab] of the last ``logits_to_keep`` (0: all) of ``input_ids`` [1, n]."""
+        ...
+
+
+class HFForward:
+    """transformers' own forward pass, on the in-place cache (any causal LM)."""
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+        self.config = model.config
+        self.device = next(model.parameters()).device
+
+    def new_cache(self) -> Any:
+        return new_cache(self.config)
+
+    def __call__(
+        self, input_ids: torch.Tensor, cache: Any, logits_to_keep: int = 0
+    ) -> torch.Tensor:
+        out = self.model(
+            input_ids=input_ids, cache=cache, use_cache=True, logits_to_keep=logits_to_keep
+        )
+        return out.logits[0]
+
+
+class KVCache:
+    """Keys and values of every layer in buffers with spare room; ``length`` positions are valid."""
+
+    def __init__(self, layers: int, kv_heads: int, head_dim: int, like: torch.Tensor) -> None:
+        self.layers, self.kv_heads, self.head_dim, self.like = layers, kv_heads, head_dim, like
+        self.keys: list[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
+        self.length = 0
+
+    def reserve(self, need: int) -> None:
+        """Make room for ``need`` positions (capacity doubles, the valid prefix is copied)."""
+        have = self.keys[0].shape[1] if self.keys else 0
+        if need <= have:
+            return
+        cap = max(need, 2 * have, MIN_CAPACITY)
+        shape = (self.kv_heads, cap, self.head_dim)
+        keys = [self.like.new_empty(shape) for _ in range(self.layers)]
+        values = [self.like.new_empty(shape) for _ in range(self.layers)]
+        for new, old in zip(keys + values, self.keys + self.values, strict=False):
+            new[:, : self.length] = old[:, : self.length]
+        self.keys, self.values = keys, values
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+    def crop(self, tokens_to_remove: int) -> None:
+        """Forget the last ``-tokens_to_remove`` positions (a negative count, as DynamicCache)."""
+        if tokens_to_remove > 0:
+            raise ValueError(
+                f"crop: pass a negative count of tokens to remove, got {tokens_to_remove}"
+            )
+        self.length = max(0, self.length + tokens_to_remove)
+
+
+# Causal LMs whose decoder layer is exactly: RMSNorm, attention (q/k/v/o projections, optional
+# q/k/v bias, rotary, softmax attention), residual, RMSNorm, SwiGLU MLP, residual.
+SUPPORTED = {"LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM"}
+
+
+def fast_path_refusal(model: Any) -> str | None:
+    """Why ``FastLlamaForward`` cannot run ``model`` exactly (None: it can)."""
+    name = type(model).__name__
+    if name not in SUPPORTED:
+        return f"{name} is not a Llama-family model"
+    cfg = model.config
+    if getattr(cfg, "hidden_act", "silu") != "silu":
+        return f"hidden_act {cfg.hidden_act!r}"
+    if getattr(cfg, "mlp_bias", False):
+        return "mlp_bias"
+    if getattr(cfg, "pretraining_tp", 1) != 1:
+        return "pretraining_tp"
+    window = getattr(cfg, "sliding_window", None)
+    if window and window < cfg.max_position_embeddings:
+        return f"sliding-window attention ({window} positions)"
+    rope = getattr(cfg, "rope_parameters", None) or {}
+    if rope.get("rope_type", "default") not in ("default", "linear", "llama3", "yarn"):
+        return f"rope_type {rope.get('rope_type')!r} changes with the sequence length"
+    if getattr(model.config, "_attn_implementation", "sdpa") not in ("sdpa", "eager"):
+        return f"attention implementation {model.config._attn_implementation!r}"
+    return None
+
+
+class _Layer:
+    """The tensors of one decoder layer (the module's own, not copies)."""
+
+    def __init__(self, layer: Any) -> None:
+        attn, mlp = layer.self_attn, layer.mlp
+        self.q, self.k, self.v, self.o = attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj
+        self.gate, self.up, self.down = (
+            mlp.gate_proj.weight,
+            mlp.up_proj.weight,
+            mlp.down_proj.weight,
+        )
+        self.in_norm = layer.input_layernorm
+        self.post_norm = layer.post_attention_layernorm
+        self.q_size = attn.q_proj.weight.shape[0]
+        self.scaling = attn.scaling
+
+
+def _rms_norm(x: torch.Tensor, norm: Any) -> torch.Tensor:
+    """transformers' RMSNorm, operation for operation (float32 statistics)."""
+    dtype = x.dtype
+    h = x.to(torch.float32)
+    variance = h.pow(2).mean(-1, keepdim=True)
+    h = h * torch.rsqrt(variance + norm.variance_epsilon)
+    return norm.weight * h.to(dtype)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return (x * cos) + (rotated * sin)
+
+
+class FastLlamaForward:
+    """A Llama-family model's forward pass without the module tree (see the module docstring)."""
+
+    def __init__(self, model: Any) -> None:
+        reason = fast_path_refusal(model)
+        if reason is not None:
+            raise ValueError(f"FastLlamaForward: cannot run this model exactly: {reason}")
+        self.model = model
+        self.config = model.config
+        inner = model.model
+        self.device = next(model.parameters()).device
+        self.embed = inner.embed_tokens.weight
+        self.layers = [_Layer(layer) for layer in inner.layers]
+        self.norm = inner.norm
+        self.lm_head = model.lm_head.weight
+        attn = inner.layers[0].self_attn
+        self.head_dim = attn.head_dim
+        self.heads = self.layers[0].q_size // self.head_dim
+        self.kv_heads = attn.k_proj.weight.shape[0] // self.head_dim
+        max_pos = int(self.config.max_position_embeddings)
+        positions = torch.arange(max_pos, device=self.device).view(1, -1)
+        with torch.no_grad():
+            cos, sin = inner.rotary_emb(self.embed[:1], positions)
+        self.cos, self.sin = cos[0], sin[0]  # [max_pos, head_dim]
+
+    def new_cache(self) -> KVCache:
+        return KVCache(len(self.layers), self.kv_heads, self.head_dim, self.embed)
+
+    def __call__(
+        self, input_ids: torch.Tensor, cache: KVCache, logits_to_keep: int = 0
+    ) -> torch.Tensor:
+        n = input_ids.shape[1]
+        start = cache.length
+        end = start + n
+        cache.reserve(end)
+        cos, sin = self.cos[start:end].unsqueeze(0), self.sin[start:end].unsqueeze(0)
+        # The masks transformers passes to SDPA: none for one token or a prompt on an empty
+        # cache (is_causal), a boolean causal mask for several tokens after cached ones.
+        mask = None
+        if n > 1 and start > 0:
+            mask = torch.ones(n, end, dtype=torch.bool, device=self.device).tril(start)
+        is_causal = n > 1 and start == 0
+        groups = self.heads // self.kv_heads
+        x = F.embedding(input_ids[0], self.embed)  # [n, hidden]
+        for i, layer in enumerate(self.layers):
+            h = _rms_norm(x, layer.in_norm)
+            q = F.linear(h, layer.q.weight, layer.q.bias)
+            k = F.linear(h, layer.k.weight, layer.k.bias)
+            v = F.linear(h, layer.v.weight, layer.v.bias)
+            q = _rotate(q.view(n, self.heads, self.head_dim).transpose(0, 1), cos, sin)
+            k = _rotate(k.view(n, self.kv_heads, self.head_dim).transpose(0, 1), cos, sin)
+            keys, values = cache.keys[i], cache.values[i]
+            keys[:, start:end] = k
+            values[:, start:end] = v.view(n, self.kv_heads, self.head_dim).transpose(0, 1)
+            k_all, v_all = keys[:, :end], values[:, :end]
+            # As transformers: SDPA's own grouped-query attention without a mask, else
+            # keys/values repeated per query head.
+            if groups > 1 and mask is not None:
+                k_all = k_all.repeat_interleave(groups, dim=0)
+                v_all = v_all.repeat_interleave(groups, dim=0)
+            attn = F.scaled_dot_product_attention(
+                q.unsqueeze(0),
+                k_all.unsqueeze(0),
+                v_all.unsqueeze(0),
+                attn_mask=mask,
+                is_causal=is_causal,
+                scale=layer.scaling,
+                enable_gqa=groups > 1 and mask is None,
+            )  # [1, heads, n, head_dim]
+            attn = attn[0].transpose(0, 1).reshape(n, layer.q_size)
+            x = x + F.linear(attn, layer.o.weight, layer.o.bias)
+            h = _rms_norm(x, layer.post_norm)
+            x = x + F.linear(F.silu(F.linear(h, layer.gate)) * F.linear(h, layer.up), layer.down)
+        cache.length = end
+        if logits_to_keep:
+            x = x[-logits_to_keep:]
+        return F.linear(_rms_norm(x, self.norm), self.lm_head)
+
+
+def forward_for(model: Any, fast: bool = True) -> Forward:
+    """The fastest exact way to run ``model``: the fast Llama path where it applies."""
+    if fast and fast_path_refusal(model) is None:
+        return FastLlamaForward(model)
+    return HFForward(model)

@@ -1,0 +1,216 @@
+"""Distil the draft on the target's own answers: ``python -m training.distill_draft``.
+
+The draft is judged on one thing: does it predict what the *target* will say next, on the
+target's own greedy answers.  train_demo.py distils it on the reference answers of the
+training data, which the target does not reproduce word for word, so the draft learns to
+follow text the target never writes.  This script closes that gap (sequence-level
+distillation, Kim & Rush 2016; "on-policy" data as in DistillSpec, Zhou et al. 2024):
+
+1. ``generate``: the shipped target answers RAG prompts built from the *training* split
+   (greedy, batched with left padding; the held-out prompts of training/evaluate.py stay
+   unseen).  Answers are appended to ``<run-dir>/answers.jsonl``, so an interrupted run resumes.
+2. ``train``: the draft is trained on prompt + target answer to match the target's full
+   next-token distribution, KL(target || draft), answers carrying ``--answer-weight`` of the
+   loss; checkpoints to ``<run-dir>/ckpt.pt`` (resumable), then the draft is exported over
+   ``--out``/draft with its training card extended.
+
+Only the draft changes; the target is read, never written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
+
+from training.corpus import REPO_ROOT, build_corpus
+from training.data import Batch, collate
+from training.model import export
+from training.qa import make_examples
+from training.train_demo import kl_losses, lr_at, weighted
+
+
+def training_prompts(seed: int, count: int) -> list[tuple[str, str]]:
+    """(prompt, reference answer) of ``count`` seeded RAG examples from the training split.
+
+    Shaped like the held-out evaluation prompts (demo-corpus topics, ~220-word passages),
+    with two- and three-passage prompts mixed.
+    """
+    corpus = build_corpus(seed)
+    topics = [d for d in corpus.train if d.source.startswith("demo/corpus/")]
+    exs = make_examples(
+        topics, count, seed=20_000 + seed, max_words=(120, 220), n_passages=(2, 3, 3)
+    )
+    return [(e.prompt, e.answer) for e in exs]
+
+
+def _log(run_dir: Path, msg: str) -> None:
+    line = f"{time.strftime('%H:%M:%S')} {msg}"
+    print(line, flush=True)
+    with (run_dir / "distill.log").open("a") as f:
+        f.write(line + "\n")
+
+
+@torch.inference_mode()
+def generate(
+    target: LlamaForCausalLM,
+    tok: PreTrainedTokenizerFast,
+    prompts: list[str],
+    out: Path,
+    max_new_tokens: int,
+    batch_size: int,
+    run_dir: Path,
+) -> None:
+    """Append the target's greedy answer to every prompt not yet in ``out`` (JSON lines)."""
+    done = sum(1 for _ in out.open()) if out.exists() else 0
+    tok.padding_side = "left"
+    t0 = time.perf_counter()
+    for lo in range(done, len(prompts), batch_size):
+        chunk = prompts[lo : lo + batch_size]
+        enc = tok(chunk, return_tensors="pt", padding=True, add_special_tokens=False)
+        gen = target.generate(
+            **enc,
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            pad_token_id=tok.pad_token_id,
+            eos_token_id=tok.eos_token_id,
+        )
+        width = enc["input_ids"].shape[1]
+        with out.open("a") as f:
+            for row, mask in zip(gen, enc["attention_mask"], strict=True):
+                prompt_ids = row[:width][mask.bool()].tolist()
+                answer = row[width:].tolist()
+                if tok.eos_token_id in answer:  # keep the EOS: the draft must predict it too
+                    answer = answer[: answer.index(tok.eos_token_id) + 1]
+                f.write(json.dumps({"prompt": prompt_ids, "answer": answer}) + "\n")
+        n = lo + len(chunk)
+        rate = (n - done) / (time.perf_counter() - t0)
+        _log(run_dir, f"generate {n}/{len(prompts)} answers ({rate:.2f}/s)")
+
+
+def batches(
+    rows: list[tuple[list[int], int]], tokens_per_batch: int, rng: random.Random
+) -> list[list[tuple[list[int], int]]]:
+    """Length-bucketed batches of (ids, prompt length), in shuffled order."""
+    rows = sorted(rows, key=lambda r: len(r[0]))
+    out: list[list[tuple[list[int], int]]] = []
+    cur: list[tuple[list[int], int]] = []
+    for r in rows:
+        if cur and (len(cur) + 1) * len(r[0]) > tokens_per_batch:
+            out.append(cur)
+            cur = []
+        cur.append(r)
+    if cur:
+        out.append(cur)
+    rng.shuffle(out)
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--models", type=Path, default=REPO_ROOT / "models" / "demo")
+    ap.add_argument("--out", type=Path, default=None, help="default: --models (draft replaced)")
+    ap.add_argument("--run-dir", type=Path, default=REPO_ROOT / "runs" / "distill")
+    ap.add_argument("--prompts", type=int, default=1200)
+    ap.add_argument("--max-new-tokens", type=int, default=96)
+    ap.add_argument("--gen-batch", type=int, default=8)
+    ap.add_argument("--epochs", type=int, default=3)
+    ap.add_argument("--tokens-per-batch", type=int, default=4096)
+    ap.add_argument("--lr", type=float, default=5e-4)
+    ap.add_argument("--answer-weight", type=float, default=0.9)
+    ap.add_argument("--ckpt-every", type=int, default=25)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--phase", choices=("all", "generate", "train"), default="all")
+    args = ap.parse_args(argv)
+    out_root = args.out or args.models
+
+    torch.set_num_threads(args.threads)
+    args.run_dir.mkdir(parents=True, exist_ok=True)
+    tdir, ddir = args.models / "target", args.models / "draft"
+    tok = PreTrainedTokenizerFast.from_pretrained(str(tdir))
+    target = LlamaForCausalLM.from_pretrained(str(tdir), dtype=torch.float32).eval()
+    answers = args.run_dir / "answers.jsonl"
+
+    if args.phase in ("all", "generate"):
+        prompts = [p for p, _ in training_prompts(args.seed, args.prompts)]
+        generate(
+            target, tok, prompts, answers, args.max_new_tokens, args.gen_batch, args.run_dir
+        )
+        if args.phase == "generate":
+            return
+
+    rows = []
+    for line in answers.read_text().splitlines():
+        d = json.loads(line)
+        rows.append((d["prompt"] + d["answer"], len(d["prompt"])))
+    draft = LlamaForCausalLM.from_pretrained(str(ddir), dtype=torch.float32)
+    opt = torch.optim.AdamW(draft.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)
+    plan = [
+        b for e in range(args.epochs) for b in batches(rows, args.tokens_per_batch, random.Random(e))
+    ]
+    state: dict[str, Any] = {"step": 0, "seconds": 0.0, "tokens": 0}
+    ckpt = args.run_dir / "ckpt.pt"
+    if ckpt.exists():
+        saved = torch.load(ckpt, weights_only=False)
+        draft.load_state_dict(saved["draft"])
+        opt.load_state_dict(saved["opt"])
+        state = saved["state"]
+        _log(args.run_dir, f"resumed at step {state['step']}")
+    _log(args.run_dir, f"train: {len(rows)} answers, {len(plan)} steps ({args.epochs} epochs)")
+    draft.train()
+    while state["step"] < len(plan):
+        t0 = time.perf_counter()
+        step = state["step"]
+        b: Batch = collate(plan[step], tok.pad_token_id)
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step, len(plan), args.lr, warmup=10)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            with torch.no_grad():
+                teacher = target(b.input_ids).logits
+            student = draft(b.input_ids).logits
+            loss = weighted(kl_losses(student, teacher), b, args.answer_weight)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        dt = time.perf_counter() - t0
+        state["step"] += 1
+        state["seconds"] += dt
+        state["tokens"] += int(b.is_real.sum())
+        if step % 5 == 0:
+            _log(
+                args.run_dir,
+                f"step {step}/{len(plan)} kl {loss.item():.3f} "
+                f"tok/s {int(b.is_real.sum()) / dt:.0f} elapsed {state['seconds'] / 60:.1f} min",
+            )
+        if state["step"] % args.ckpt_every == 0 or state["step"] == len(plan):
+            tmp = ckpt.with_suffix(".tmp")
+            torch.save({"draft": draft.state_dict(), "opt": opt.state_dict(), "state": state}, tmp)
+            os.replace(tmp, ckpt)
+
+    card = json.loads((ddir / "training.json").read_text())
+    card["distill_on_target_answers"] = {
+        "answers": len(rows),
+        "epochs": args.epochs,
+        "steps": state["step"],
+        "train_seconds": round(state["seconds"]),
+        "train_tokens": state["tokens"],
+        "lr": args.lr,
+        "answer_weight": args.answer_weight,
+        "command": f"python -m training.distill_draft --seed {args.seed} --prompts {args.prompts}"
+        f" --epochs {args.epochs}",
+    }
+    export(draft.eval(), tok, out_root / "draft", card)
+    _log(args.run_dir, f"exported draft to {out_root / 'draft'}")
+
+
+if __name__ == "__main__":
+    main()
