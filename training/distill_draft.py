@@ -141,9 +141,7 @@ def main(argv: list[str] | None = None) -> None:
 
     if args.phase in ("all", "generate"):
         prompts = [p for p, _ in training_prompts(args.seed, args.prompts)]
-        generate(
-            target, tok, prompts, answers, args.max_new_tokens, args.gen_batch, args.run_dir
-        )
+        generate(target, tok, prompts, answers, args.max_new_tokens, args.gen_batch, args.run_dir)
         if args.phase == "generate":
             return
 
@@ -154,7 +152,9 @@ def main(argv: list[str] | None = None) -> None:
     draft = LlamaForCausalLM.from_pretrained(str(ddir), dtype=torch.float32)
     opt = torch.optim.AdamW(draft.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)
     plan = [
-        b for e in range(args.epochs) for b in batches(rows, args.tokens_per_batch, random.Random(e))
+        b
+        for e in range(args.epochs)
+        for b in batches(rows, args.tokens_per_batch, random.Random(e))
     ]
     state: dict[str, Any] = {"step": 0, "seconds": 0.0, "tokens": 0}
     ckpt = args.run_dir / "ckpt.pt"
