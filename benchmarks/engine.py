@@ -1,8 +1,10 @@
 """Speculative decoding engine benchmark: tokens/s, acceptance and efficiency per method.
 
 One run, the same prompts and the same pair for every row: target alone (``none``), the draft
-model at k in --ks and ``auto``, prompt lookup (``ngram``), and transformers' own assisted
-generation and prompt lookup with the same pair and k. All rows decode greedily and must give
+model at k in --ks and ``auto``, prompt lookup (``ngram``), the engine again on transformers'
+forward pass (``fast_forward=False``: what the engine's own loop is worth without
+generation/forward.py), and transformers' own assisted generation and prompt lookup with the
+same pair and k. All rows decode greedily and must give
 the baseline's tokens. Per row: E = num_output_tokens / num_target_forwards, the per-token
 alpha solved from E = (1 - alpha^(k+1)) / (1 - alpha), and the speedup the measured pass costs
 predict, S = E / (r_k + k c), against the measured one (efficiency).
@@ -23,11 +25,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import DynamicCache
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from generation import SamplingParams, SpeculativeEngine  # noqa: E402
+from generation.forward import Forward  # noqa: E402
 from generation.loading import has_tokenizer, load_tokenizer  # noqa: E402
 
 
@@ -109,21 +111,26 @@ def solve_alpha(e: float, k: float) -> float | None:
 
 
 def probe_costs(
-    target: Any, draft: Any | None, prompt: list[int], ks: list[int], clock: Any, repeats: int = 3
+    target: Forward,
+    draft: Forward | None,
+    prompt: list[int],
+    ks: list[int],
+    clock: Any,
+    repeats: int = 3,
 ) -> dict[str, list[float]]:
     """Return seconds of target passes over 1 and k+1 tokens and of 1-token draft passes.
 
-    Timed after this prompt (the context the rows decode at), interleaved with the rows so that
-    a change of machine load shows in both.
+    Timed as the engine runs the models (its ``Forward``s), after this prompt (the context the
+    rows decode at), interleaved with the rows so that a change of machine load shows in both.
     """
     probes: dict[str, list[float]] = {"target_1": [], "draft_1": [], "draft_prefill": []}
     probes.update({f"target_{k + 1}": [] for k in ks})
     for name, model in (("target", target), ("draft", draft)):
         if model is None:
             continue
-        cache = DynamicCache(config=model.config)
+        cache = model.new_cache()
         start = clock()
-        model(input_ids=torch.tensor([prompt]), cache=cache, use_cache=True, logits_to_keep=1)
+        model(torch.tensor([prompt]), cache, logits_to_keep=1)
         if name == "draft":
             probes["draft_prefill"].append(clock() - start)
         sizes = [1] + ([k + 1 for k in ks] if name == "target" else [])
@@ -131,7 +138,7 @@ def probe_costs(
             for size in sizes:
                 ids = torch.tensor([prompt[:size]])
                 start = clock()
-                model(input_ids=ids, cache=cache, use_cache=True)
+                model(ids, cache)
                 probes[f"{name}_{size}"].append(clock() - start)
                 cache.crop(-size)
     return probes
@@ -155,9 +162,16 @@ def run_rows(
     """
     max_new, ks, hf_ks, clock = args.max_new_tokens, args.ks, args.hf_ks, args.clock
     engine = SpeculativeEngine(target, draft, max_speculative_tokens=max(ks))
+    on_hf = SpeculativeEngine(target, draft, max_speculative_tokens=max(ks), fast_forward=False)
     rows: list[tuple[str, Any, Any]] = [("none", "none", 1), ("transformers greedy", "hf_none", 1)]
     rows += [(f"draft_model k={k}", "draft_model", k) for k in [*ks, "auto"]]
     rows += [(f"ngram k={k}", "ngram", k) for k in (4, "auto")]
+    rows += [("none, transformers forward", "none hf_fwd", 1)]
+    rows += [
+        (f"{m} k={k}, transformers forward", f"{m} hf_fwd", k)
+        for m in ("draft_model", "ngram")
+        for k in hf_ks
+    ]
     rows += [(f"transformers assisted k={k}", "hf_assisted", k) for k in hf_ks]
     rows += [(f"transformers prompt lookup k={k}", "hf_lookup", k) for k in hf_ks]
 
@@ -172,8 +186,10 @@ def run_rows(
             return hf_generate(target, prompt, new), None
         if method == "hf_lookup":
             return hf_generate(target, prompt, new, prompt_lookup_num_tokens=k), None
+        on = on_hf if method.endswith(" hf_fwd") else engine
+        method = method.split()[0]
         params = SamplingParams(max_new_tokens=new, method=method, num_speculative_tokens=k)
-        result = engine.generate(prompt, params)
+        result = on.generate(prompt, params)
         return result.token_ids, result.stats
 
     totals = [
@@ -195,7 +211,10 @@ def run_rows(
                     continue
                 if j == len(rows) + 1:
                     probe_ks = sorted({1, 2, 4, 8, *ks})  # r_k is not linear: probe a grid
-                    for name, times in probe_costs(target, draft, prompt, probe_ks, clock).items():
+                    probed = probe_costs(
+                        engine.target_forward, engine.draft_forward, prompt, probe_ks, clock
+                    )
+                    for name, times in probed.items():
                         probes.setdefault(name, []).extend(times)
                     continue
                 row = totals[j]
@@ -212,7 +231,7 @@ def run_rows(
         # S models decode rounds only: take out the prompt's prefill by the target (every
         # row) and by the draft (rows that run one), both timed on the same prompts.
         row["decode_seconds"] = row["seconds"] - prefill_seconds
-        if row["method"] in ("draft_model", "hf_assisted"):
+        if row["method"].split()[0] in ("draft_model", "hf_assisted"):
             row["decode_seconds"] -= draft_prefill
         row["decode_tokens"] = row["tokens"] - len(prompts)
     costs = {
@@ -266,6 +285,9 @@ def summarise(rows: list[dict[str, Any]], costs: dict[str, float]) -> list[list[
         e = out / passes
         k_bar = drafted / passes  # drafted tokens per target pass (k, less for short drafts)
         alpha = solve_alpha(e, k_bar)
+        if row["method"].endswith("hf_fwd"):  # S is predicted from the engine's own passes
+            table.append(line + ["—"] * 8)
+            continue
         cost_c = c if row["method"] == "draft_model" else 0.0
         r_k = r_of(costs, k_bar)
         predicted = e / (r_k + k_bar * cost_c)
@@ -326,7 +348,11 @@ def benchmark(title: str, target: Any, draft: Any, prompts: list[list[int]], arg
         ):
             if f"{ours} k={k}" in tps:
                 ratio = tps[f"{ours} k={k}"] / tps[f"{theirs} k={k}"]
-                print(f"{ours} k={k} vs {theirs} k={k}: {ratio:.2f}x tokens/s")
+                loop = tps[f"{ours} k={k}, transformers forward"] / tps[f"{theirs} k={k}"]
+                print(
+                    f"{ours} k={k} vs {theirs} k={k}: {ratio:.2f}x tokens/s "
+                    f"(on transformers' forward pass: {loop:.2f}x)"
+                )
 
 
 def main() -> None:

@@ -164,6 +164,16 @@ class SpeculativeEngine:
         return cls(target, draft, model_pair=pair, **kwargs)
 
     @property
+    def target_forward(self) -> Forward:
+        """The target as the engine runs it (generation/forward.py)."""
+        return self._target_fwd
+
+    @property
+    def draft_forward(self) -> Forward | None:
+        """The draft as the engine runs it, if there is one."""
+        return self._draft_fwd
+
+    @property
     def vocab_size(self) -> int:
         """Size of the target's vocabulary; valid token ids are ``range(vocab_size)``."""
         return self._vocab_size
