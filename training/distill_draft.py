@@ -20,6 +20,7 @@ Only the draft changes; the target is read, never written.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import random
@@ -49,6 +50,31 @@ def training_prompts(seed: int, count: int) -> list[tuple[str, str]]:
         topics, count, seed=20_000 + seed, max_words=(120, 220), n_passages=(2, 3, 3)
     )
     return [(e.prompt, e.answer) for e in exs]
+
+
+def grow(model: LlamaForCausalLM, layers: int, seed: int) -> LlamaForCausalLM:
+    """Return ``model`` deepened to ``layers`` decoder layers, computing the same function.
+
+    New layers are appended before the final norm with fresh weights, except that the two
+    projections writing into the residual stream (attention ``o_proj``, MLP ``down_proj``)
+    start at zero: each new layer adds nothing until training gives it something to add.
+    """
+    have = model.config.num_hidden_layers
+    if layers <= have:
+        return model
+    config = copy.deepcopy(model.config)
+    config.num_hidden_layers = layers
+    if getattr(config, "layer_types", None):
+        config.layer_types = [config.layer_types[0]] * layers
+    torch.manual_seed(seed)
+    bigger = LlamaForCausalLM(config)
+    missing, unexpected = bigger.load_state_dict(model.state_dict(), strict=False)
+    assert not unexpected, unexpected
+    with torch.no_grad():
+        for layer in bigger.model.layers[have:]:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+    return bigger
 
 
 def _log(run_dir: Path, msg: str) -> None:
@@ -129,6 +155,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--ckpt-every", type=int, default=25)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--phase", choices=("all", "generate", "train"), default="all")
+    ap.add_argument(
+        "--draft-layers",
+        type=int,
+        default=0,
+        help="deepen the draft to this many layers first (function-preserving; 0: keep)",
+    )
     args = ap.parse_args(argv)
     out_root = args.out or args.models
 
@@ -150,6 +182,7 @@ def main(argv: list[str] | None = None) -> None:
         d = json.loads(line)
         rows.append((d["prompt"] + d["answer"], len(d["prompt"])))
     draft = LlamaForCausalLM.from_pretrained(str(ddir), dtype=torch.float32)
+    draft = grow(draft, args.draft_layers, args.seed)
     opt = torch.optim.AdamW(draft.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)
     plan = [
         b
@@ -205,6 +238,7 @@ def main(argv: list[str] | None = None) -> None:
         "train_tokens": state["tokens"],
         "lr": args.lr,
         "answer_weight": args.answer_weight,
+        "draft_layers": draft.config.num_hidden_layers,
         "command": f"python -m training.distill_draft --seed {args.seed} --prompts {args.prompts}"
         f" --epochs {args.epochs}",
     }

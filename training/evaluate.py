@@ -133,15 +133,21 @@ def main(argv: list[str] | None = None) -> None:
         result[f"{role}_ppl_answers"] = perplexity(model, ans_seqs)
     result["heldout_text_tokens"] = sum(len(s) for s, _ in text_seqs)
 
-    # Per-step cost, side by side, at the product's prompt length.
+    # Per-step cost, side by side, at the product's prompt length: as the engine runs the
+    # models (generation/forward.py), and on transformers' own forward pass.
     ctx = 900
-    t_costs, d_costs = [], []
-    for _ in range(5):
-        t_costs.append(time_forward(engine.target, ctx, 1, repeats=5))
-        d_costs.append(time_forward(engine.draft, ctx, 1, repeats=5))
-    result["target_step_ms"] = 1000 * statistics.median(t_costs)
-    result["draft_step_ms"] = 1000 * statistics.median(d_costs)
-    result["step_cost_ratio"] = statistics.median(t_costs) / statistics.median(d_costs)
+    runs: dict[str, tuple[Any, Any]] = {
+        "": (engine.target_forward, engine.draft_forward),
+        "_transformers": (engine.target, engine.draft),
+    }
+    for suffix, (t_model, d_model) in runs.items():
+        t_costs, d_costs = [], []
+        for _ in range(5):
+            t_costs.append(time_forward(t_model, ctx, 1, repeats=5))
+            d_costs.append(time_forward(d_model, ctx, 1, repeats=5))
+        result[f"target_step_ms{suffix}"] = 1000 * statistics.median(t_costs)
+        result[f"draft_step_ms{suffix}"] = 1000 * statistics.median(d_costs)
+        result[f"step_cost_ratio{suffix}"] = statistics.median(t_costs) / statistics.median(d_costs)
 
     # Decoding through the engine, methods interleaved per prompt so load noise hits all alike.
     # (method, k): the goals' rows at k = --k, and adaptive k beside them.
