@@ -230,18 +230,23 @@ def main(argv: list[str] | None = None) -> None:
             os.replace(tmp, ckpt)
 
     card = json.loads((ddir / "training.json").read_text())
-    card["distill_on_target_answers"] = {
-        "answers": len(rows),
-        "epochs": args.epochs,
-        "steps": state["step"],
-        "train_seconds": round(state["seconds"]),
-        "train_tokens": state["tokens"],
-        "lr": args.lr,
-        "answer_weight": args.answer_weight,
-        "draft_layers": draft.config.num_hidden_layers,
-        "command": f"python -m training.distill_draft --seed {args.seed} --prompts {args.prompts}"
-        f" --epochs {args.epochs}",
-    }
+    rounds = card.get("distill_on_target_answers", [])
+    rounds = rounds if isinstance(rounds, list) else [rounds]  # one entry per distillation round
+    card["distill_on_target_answers"] = rounds + [
+        {
+            "answers": len(rows),
+            "epochs": args.epochs,
+            "steps": state["step"],
+            "train_seconds": round(state["seconds"]),
+            "train_tokens": state["tokens"],
+            "lr": args.lr,
+            "answer_weight": args.answer_weight,
+            "draft_layers": draft.config.num_hidden_layers,
+            "command": f"python -m training.distill_draft --seed {args.seed} --prompts {args.prompts}"
+            f" --epochs {args.epochs}"
+            + (f" --draft-layers {args.draft_layers}" if args.draft_layers else ""),
+        }
+    ]
     export(draft.eval(), tok, out_root / "draft", card)
     _log(args.run_dir, f"exported draft to {out_root / 'draft'}")
 
