@@ -126,11 +126,15 @@ def fast_path_refusal(model: Any) -> str | None:
     window = getattr(cfg, "sliding_window", None)
     if window and window < cfg.max_position_embeddings:
         return f"sliding-window attention ({window} positions)"
+    kinds = set(getattr(cfg, "layer_types", None) or ["full_attention"])
+    if kinds != {"full_attention"}:
+        return f"layer types {sorted(kinds)}"
     rope = getattr(cfg, "rope_parameters", None) or {}
     if rope.get("rope_type", "default") not in ("default", "linear", "llama3", "yarn"):
         return f"rope_type {rope.get('rope_type')!r} changes with the sequence length"
-    if getattr(model.config, "_attn_implementation", "sdpa") not in ("sdpa", "eager"):
-        return f"attention implementation {model.config._attn_implementation!r}"
+    # Only SDPA: another implementation (eager softmax, flash kernels) rounds differently.
+    if getattr(cfg, "_attn_implementation", "sdpa") != "sdpa":
+        return f"attention implementation {cfg._attn_implementation!r} (the fast path is SDPA)"
     return None
 
 
@@ -175,6 +179,7 @@ class FastLlamaForward:
             raise ValueError(f"FastLlamaForward: cannot run this model exactly: {reason}")
         self.model = model
         self.config = model.config
+        self.max_positions = int(model.config.max_position_embeddings)
         inner = model.model
         self.device = next(model.parameters()).device
         self.embed = inner.embed_tokens.weight
@@ -185,11 +190,19 @@ class FastLlamaForward:
         self.head_dim = attn.head_dim
         self.heads = self.layers[0].q_size // self.head_dim
         self.kv_heads = attn.k_proj.weight.shape[0] // self.head_dim
-        max_pos = int(self.config.max_position_embeddings)
-        positions = torch.arange(max_pos, device=self.device).view(1, -1)
+        self.rotary = inner.rotary_emb
+        self.cos = self.sin = self.embed.new_empty((0, self.head_dim))  # [positions, head_dim]
+
+    def _rope(self, end: int) -> None:
+        """Make the cos/sin tables cover positions < ``end`` (doubling; a model with a 128k
+        context does not pay for 128k positions up front)."""
+        if end <= self.cos.shape[0]:
+            return
+        count = min(max(end, 2 * self.cos.shape[0], MIN_CAPACITY), self.max_positions)
+        positions = torch.arange(max(end, count), device=self.device).view(1, -1)
         with torch.no_grad():
-            cos, sin = inner.rotary_emb(self.embed[:1], positions)
-        self.cos, self.sin = cos[0], sin[0]  # [max_pos, head_dim]
+            cos, sin = self.rotary(self.embed[:1], positions)
+        self.cos, self.sin = cos[0], sin[0]
 
     def new_cache(self) -> KVCache:
         return KVCache(len(self.layers), self.kv_heads, self.head_dim, self.embed)
@@ -201,6 +214,7 @@ class FastLlamaForward:
         start = cache.length
         end = start + n
         cache.reserve(end)
+        self._rope(end)
         cos, sin = self.cos[start:end].unsqueeze(0), self.sin[start:end].unsqueeze(0)
         # The masks transformers passes to SDPA: none for one token or a prompt on an empty
         # cache (is_causal), a boolean causal mask for several tokens after cached ones.

@@ -96,6 +96,10 @@ def test_other_families_and_variants_run_on_transformers() -> None:
     assert isinstance(forward_for(gelu), HFForward)
     with pytest.raises(ValueError, match="hidden_act 'gelu'"):
         FastLlamaForward(gelu)
+    eager = build_model("llama", vocab_size=VOCAB)
+    eager.config._attn_implementation = "eager"  # rounds differently from SDPA
+    assert "attention implementation 'eager'" in str(fast_path_refusal(eager))
+    assert isinstance(forward_for(eager), HFForward)
     llama = build_model("llama", vocab_size=VOCAB)
     assert isinstance(forward_for(llama), FastLlamaForward)
     assert isinstance(forward_for(llama, fast=False), HFForward)
