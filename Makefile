@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo test lint typecheck pytest services clean
+.PHONY: venv demo demo-pair test lint typecheck pytest services clean
 
 venv: $(STAMP)
 
@@ -32,6 +32,15 @@ test: lint typecheck pytest
 
 demo: venv
 	HF_HUB_OFFLINE=1 $(PY) scripts/demo.py
+
+# The shipped models/demo pair from nothing (~2.5 h on an idle 2-core machine; resumable, each
+# step checkpoints under runs/): the target and a first draft, then three rounds of distilling
+# the draft on the target's own answers (models/README.md, "Training").
+demo-pair: venv
+	$(PY) -m training.train_demo --seed 0 --extra-steps 450
+	$(PY) -m training.distill_draft --seed 0 --run-dir runs/distill1 --prompts 1200 --epochs 3
+	$(PY) -m training.distill_draft --seed 0 --run-dir runs/distill2 --prompts 1200 --epochs 3 --phase train
+	$(PY) -m training.distill_draft --seed 0 --run-dir runs/distill3 --prompts 1800 --epochs 2
 
 clean:
 	rm -rf var .pytest_cache .mypy_cache .ruff_cache

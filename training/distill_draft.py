@@ -8,11 +8,15 @@ distillation, Kim & Rush 2016; "on-policy" data as in DistillSpec, Zhou et al. 2
 
 1. ``generate``: the shipped target answers RAG prompts built from the *training* split
    (greedy, batched with left padding; the held-out prompts of training/evaluate.py stay
-   unseen).  Answers are appended to ``<run-dir>/answers.jsonl``, so an interrupted run resumes.
+   unseen).  Answers are appended to ``--answers`` (shared by every round, so a later round
+   with more ``--prompts`` only adds answers), and an interrupted run resumes.
 2. ``train``: the draft is trained on prompt + target answer to match the target's full
    next-token distribution, KL(target || draft), answers carrying ``--answer-weight`` of the
    loss; checkpoints to ``<run-dir>/ckpt.pt`` (resumable), then the draft is exported over
-   ``--out``/draft with its training card extended.
+   ``--out``/draft with its training card extended, and ``<run-dir>/done.json`` marks the
+   round finished (running it again does nothing).
+
+The shipped draft is three rounds of this after training/train_demo.py: ``make demo-pair``.
 
 Only the draft changes; the target is read, never written.
 """
@@ -145,6 +149,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--models", type=Path, default=REPO_ROOT / "models" / "demo")
     ap.add_argument("--out", type=Path, default=None, help="default: --models (draft replaced)")
     ap.add_argument("--run-dir", type=Path, default=REPO_ROOT / "runs" / "distill")
+    ap.add_argument(
+        "--answers", type=Path, default=REPO_ROOT / "runs" / "distill" / "answers.jsonl"
+    )
     ap.add_argument("--prompts", type=int, default=1200)
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--gen-batch", type=int, default=8)
@@ -166,10 +173,14 @@ def main(argv: list[str] | None = None) -> None:
 
     torch.set_num_threads(args.threads)
     args.run_dir.mkdir(parents=True, exist_ok=True)
+    args.answers.parent.mkdir(parents=True, exist_ok=True)
+    if (args.run_dir / "done.json").exists():
+        _log(args.run_dir, f"{args.run_dir} is done; nothing to do")
+        return
     tdir, ddir = args.models / "target", args.models / "draft"
     tok = PreTrainedTokenizerFast.from_pretrained(str(tdir))
     target = LlamaForCausalLM.from_pretrained(str(tdir), dtype=torch.float32).eval()
-    answers = args.run_dir / "answers.jsonl"
+    answers = args.answers
 
     if args.phase in ("all", "generate"):
         prompts = [p for p, _ in training_prompts(args.seed, args.prompts)]
@@ -249,6 +260,7 @@ def main(argv: list[str] | None = None) -> None:
     ]
     export(draft.eval(), tok, out_root / "draft", card)
     _log(args.run_dir, f"exported draft to {out_root / 'draft'}")
+    (args.run_dir / "done.json").write_text(json.dumps(state) + "\n")
 
 
 if __name__ == "__main__":
