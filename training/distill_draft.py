@@ -253,7 +253,7 @@ def main(argv: list[str] | None = None) -> None:
             "lr": args.lr,
             "answer_weight": args.answer_weight,
             "draft_layers": draft.config.num_hidden_layers,
-            "command": f"python -m training.distill_draft --seed {args.seed} --prompts {args.prompts}"
+            "command": f"python -m training.distill_draft --seed {args.seed} --prompts {len(rows)}"
             f" --epochs {args.epochs}"
             + (f" --draft-layers {args.draft_layers}" if args.draft_layers else ""),
         }
