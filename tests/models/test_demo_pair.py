@@ -108,7 +108,7 @@ def test_the_answer_opens_with_words_of_its_passage(
     """Grounded, not noise: the greedy answer cites a passage and copies a run of its words.
 
     Four words, not a sentence: the shipped pair opens its quotes from the passage but often
-    drifts after a few words (models/README.md, "Quality": 3 of 16 held-out answers quote >= 8
+    drifts after a few words (models/README.md, "Quality": 10 of 16 held-out answers quote >= 8
     words).  The session-1 pair, which never copied, fails this.
     """
     tok = load_tokenizer(demo_dirs[0])
