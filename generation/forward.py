@@ -9,7 +9,8 @@ with
 
 - no modules, hooks, output objects or per-pass mask and position bookkeeping;
 - rotary cos/sin tables computed once for every position, by the model's own rotary module;
-- a preallocated KV cache written in place (rollback moves its end);
+- the engine's in-place KV cache (generation/kv_cache.py, the same one ``HFForward`` uses):
+  each pass writes its keys and values, rollback moves the end;
 - attention by ``scaled_dot_product_attention`` with the same masks transformers would pass.
 
 Fusing q/k/v (and gate/up) into one matrix multiply, as vLLM does on GPUs, was tried and
@@ -29,10 +30,9 @@ from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
+from transformers import DynamicCache
 
-from generation.kv_cache import new_cache
-
-MIN_CAPACITY = 256
+from generation.kv_cache import MIN_CAPACITY, new_cache
 
 
 class Forward(Protocol):
@@ -70,40 +70,6 @@ class HFForward:
             input_ids=input_ids, cache=cache, use_cache=True, logits_to_keep=logits_to_keep
         )
         return out.logits[0]
-
-
-class KVCache:
-    """Keys and values of every layer in buffers with spare room; ``length`` positions are valid."""
-
-    def __init__(self, layers: int, kv_heads: int, head_dim: int, like: torch.Tensor) -> None:
-        self.layers, self.kv_heads, self.head_dim, self.like = layers, kv_heads, head_dim, like
-        self.keys: list[torch.Tensor] = []
-        self.values: list[torch.Tensor] = []
-        self.length = 0
-
-    def reserve(self, need: int) -> None:
-        """Make room for ``need`` positions (capacity doubles, the valid prefix is copied)."""
-        have = self.keys[0].shape[1] if self.keys else 0
-        if need <= have:
-            return
-        cap = max(need, 2 * have, MIN_CAPACITY)
-        shape = (self.kv_heads, cap, self.head_dim)
-        keys = [self.like.new_empty(shape) for _ in range(self.layers)]
-        values = [self.like.new_empty(shape) for _ in range(self.layers)]
-        for new, old in zip(keys + values, self.keys + self.values, strict=False):
-            new[:, : self.length] = old[:, : self.length]
-        self.keys, self.values = keys, values
-
-    def get_seq_length(self) -> int:
-        return self.length
-
-    def crop(self, tokens_to_remove: int) -> None:
-        """Forget the last ``-tokens_to_remove`` positions (a negative count, as DynamicCache)."""
-        if tokens_to_remove > 0:
-            raise ValueError(
-                f"crop: pass a negative count of tokens to remove, got {tokens_to_remove}"
-            )
-        self.length = max(0, self.length + tokens_to_remove)
 
 
 # Causal LMs whose decoder layer is exactly: RMSNorm, attention (q/k/v/o projections, optional
@@ -204,16 +170,15 @@ class FastLlamaForward:
             cos, sin = self.rotary(self.embed[:1], positions)
         self.cos, self.sin = cos[0], sin[0]
 
-    def new_cache(self) -> KVCache:
-        return KVCache(len(self.layers), self.kv_heads, self.head_dim, self.embed)
+    def new_cache(self) -> DynamicCache:
+        return new_cache(self.config)
 
     def __call__(
-        self, input_ids: torch.Tensor, cache: KVCache, logits_to_keep: int = 0
+        self, input_ids: torch.Tensor, cache: DynamicCache, logits_to_keep: int = 0
     ) -> torch.Tensor:
         n = input_ids.shape[1]
-        start = cache.length
+        start = cache.get_seq_length()
         end = start + n
-        cache.reserve(end)
         self._rope(end)
         cos, sin = self.cos[start:end].unsqueeze(0), self.sin[start:end].unsqueeze(0)
         # The masks transformers passes to SDPA: none for one token or a prompt on an empty
@@ -231,19 +196,18 @@ class FastLlamaForward:
             v = F.linear(h, layer.v.weight, layer.v.bias)
             q = _rotate(q.view(n, self.heads, self.head_dim).transpose(0, 1), cos, sin)
             k = _rotate(k.view(n, self.kv_heads, self.head_dim).transpose(0, 1), cos, sin)
-            keys, values = cache.keys[i], cache.values[i]
-            keys[:, start:end] = k
-            values[:, start:end] = v.view(n, self.kv_heads, self.head_dim).transpose(0, 1)
-            k_all, v_all = keys[:, :end], values[:, :end]
+            v = v.view(n, self.kv_heads, self.head_dim).transpose(0, 1)
+            # [1, kv_heads, end, head_dim]: the cache's views, this pass's positions written in.
+            k_all, v_all = cache.update(k.unsqueeze(0), v.unsqueeze(0), i)
             # As transformers: SDPA's own grouped-query attention without a mask, else
             # keys/values repeated per query head.
             if groups > 1 and mask is not None:
-                k_all = k_all.repeat_interleave(groups, dim=0)
-                v_all = v_all.repeat_interleave(groups, dim=0)
+                k_all = k_all.repeat_interleave(groups, dim=1)
+                v_all = v_all.repeat_interleave(groups, dim=1)
             attn = F.scaled_dot_product_attention(
                 q.unsqueeze(0),
-                k_all.unsqueeze(0),
-                v_all.unsqueeze(0),
+                k_all,
+                v_all,
                 attn_mask=mask,
                 is_causal=is_causal,
                 scale=layer.scaling,
@@ -253,7 +217,6 @@ class FastLlamaForward:
             x = x + F.linear(attn, layer.o.weight, layer.o.bias)
             h = _rms_norm(x, layer.post_norm)
             x = x + F.linear(F.silu(F.linear(h, layer.gate)) * F.linear(h, layer.up), layer.down)
-        cache.length = end
         if logits_to_keep:
             x = x[-logits_to_keep:]
         return F.linear(_rms_norm(x, self.norm), self.lm_head)
