@@ -49,6 +49,24 @@ def collate(rows: Sequence[tuple[list[int], int]], pad_id: int) -> Batch:
     return Batch(ids, real, ans)
 
 
+def bucket(
+    rows: Sequence[tuple[list[int], int]], tokens_per_batch: int, rng: random.Random
+) -> list[list[tuple[list[int], int]]]:
+    """Rows (ids, prompt length) cut into batches of similar length, ~tokens_per_batch padded
+    tokens each (a longer row alone), in ``rng``'s shuffled order."""
+    batches: list[list[tuple[list[int], int]]] = []
+    cur: list[tuple[list[int], int]] = []
+    for row in sorted(rows, key=lambda r: len(r[0])):
+        if cur and (len(cur) + 1) * len(row[0]) > tokens_per_batch:
+            batches.append(cur)
+            cur = []
+        cur.append(row)
+    if cur:
+        batches.append(cur)
+    rng.shuffle(batches)
+    return batches
+
+
 class BatchStream:
     """Rounds of freshly generated examples, cut into length-bucketed batches of ~tokens_per_batch."""
 
@@ -87,17 +105,7 @@ class BatchStream:
         )
         enc = [encode_example(self.tok, e) for e in examples]
         enc = [e for e in enc if len(e[0]) <= self.max_len]
-        enc.sort(key=lambda e: len(e[0]))
-        batches: list[list[tuple[list[int], int]]] = []
-        cur: list[tuple[list[int], int]] = []
-        for e in enc:
-            if cur and (len(cur) + 1) * len(e[0]) > self.tokens_per_batch:
-                batches.append(cur)
-                cur = []
-            cur.append(e)
-        if cur:
-            batches.append(cur)
-        random.Random(self.seed * 7 + rnd).shuffle(batches)
+        batches = bucket(enc, self.tokens_per_batch, random.Random(self.seed * 7 + rnd))
         self._cache = (rnd, batches)
         return batches
 

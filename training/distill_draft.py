@@ -36,7 +36,7 @@ import torch
 from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 
 from training.corpus import REPO_ROOT, build_corpus
-from training.data import Batch, collate
+from training.data import Batch, bucket, collate
 from training.model import export
 from training.qa import make_examples
 from training.train_demo import kl_losses, lr_at, weighted
@@ -125,24 +125,6 @@ def generate(
         _log(run_dir, f"generate {n}/{len(prompts)} answers ({rate:.2f}/s)")
 
 
-def batches(
-    rows: list[tuple[list[int], int]], tokens_per_batch: int, rng: random.Random
-) -> list[list[tuple[list[int], int]]]:
-    """Length-bucketed batches of (ids, prompt length), in shuffled order."""
-    rows = sorted(rows, key=lambda r: len(r[0]))
-    out: list[list[tuple[list[int], int]]] = []
-    cur: list[tuple[list[int], int]] = []
-    for r in rows:
-        if cur and (len(cur) + 1) * len(r[0]) > tokens_per_batch:
-            out.append(cur)
-            cur = []
-        cur.append(r)
-    if cur:
-        out.append(cur)
-    rng.shuffle(out)
-    return out
-
-
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--seed", type=int, default=0)
@@ -196,9 +178,7 @@ def main(argv: list[str] | None = None) -> None:
     draft = grow(draft, args.draft_layers, args.seed)
     opt = torch.optim.AdamW(draft.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)
     plan = [
-        b
-        for e in range(args.epochs)
-        for b in batches(rows, args.tokens_per_batch, random.Random(e))
+        b for e in range(args.epochs) for b in bucket(rows, args.tokens_per_batch, random.Random(e))
     ]
     state: dict[str, Any] = {"step": 0, "seconds": 0.0, "tokens": 0}
     ckpt = args.run_dir / "ckpt.pt"

@@ -9,7 +9,8 @@ import re
 import torch
 
 from training.corpus import build_corpus
-from training.distill_draft import batches, grow, training_prompts
+from training.data import bucket
+from training.distill_draft import grow, training_prompts
 from training.model import DRAFT_SHAPE, make_model
 
 VOCAB, EOS = 512, 0
@@ -46,7 +47,7 @@ def test_distillation_prompts_never_show_held_out_documents() -> None:
 
 def test_batches_cover_every_row_once_within_the_token_budget() -> None:
     rows = [([1] * n, n // 2) for n in (5, 50, 300, 301, 900, 17, 64, 64)]
-    got = batches(rows, tokens_per_batch=1000, rng=random.Random(0))
+    got = bucket(rows, tokens_per_batch=1000, rng=random.Random(0))
     flat = sorted(len(ids) for b in got for ids, _ in b)
     assert flat == sorted(len(ids) for ids, _ in rows)
     for b in got:
