@@ -39,7 +39,7 @@ from training.corpus import REPO_ROOT, build_corpus
 from training.data import Batch, bucket, collate
 from training.model import export
 from training.qa import make_examples
-from training.train_demo import kl_losses, lr_at, weighted
+from training.train_demo import kl_losses, log_line, lr_at, weighted
 
 
 def training_prompts(seed: int, count: int) -> list[tuple[str, str]]:
@@ -82,10 +82,7 @@ def grow(model: LlamaForCausalLM, layers: int, seed: int) -> LlamaForCausalLM:
 
 
 def _log(run_dir: Path, msg: str) -> None:
-    line = f"{time.strftime('%H:%M:%S')} {msg}"
-    print(line, flush=True)
-    with (run_dir / "distill.log").open("a") as f:
-        f.write(line + "\n")
+    log_line(run_dir / "distill.log", msg)
 
 
 @torch.inference_mode()
@@ -162,16 +159,17 @@ def main(argv: list[str] | None = None) -> None:
     tdir, ddir = args.models / "target", args.models / "draft"
     tok = PreTrainedTokenizerFast.from_pretrained(str(tdir))
     target = LlamaForCausalLM.from_pretrained(str(tdir), dtype=torch.float32).eval()
-    answers = args.answers
 
     if args.phase in ("all", "generate"):
         prompts = [p for p, _ in training_prompts(args.seed, args.prompts)]
-        generate(target, tok, prompts, answers, args.max_new_tokens, args.gen_batch, args.run_dir)
+        generate(
+            target, tok, prompts, args.answers, args.max_new_tokens, args.gen_batch, args.run_dir
+        )
         if args.phase == "generate":
             return
 
     rows = []
-    for line in answers.read_text().splitlines():
+    for line in args.answers.read_text().splitlines():
         d = json.loads(line)
         rows.append((d["prompt"] + d["answer"], len(d["prompt"])))
     draft = LlamaForCausalLM.from_pretrained(str(ddir), dtype=torch.float32)
@@ -221,9 +219,8 @@ def main(argv: list[str] | None = None) -> None:
             os.replace(tmp, ckpt)
 
     card = json.loads((ddir / "training.json").read_text())
-    rounds = card.get("distill_on_target_answers", [])
-    rounds = rounds if isinstance(rounds, list) else [rounds]  # one entry per distillation round
-    card["distill_on_target_answers"] = rounds + [
+    # One entry per distillation round.
+    card["distill_on_target_answers"] = card.get("distill_on_target_answers", []) + [
         {
             "answers": len(rows),
             "epochs": args.epochs,

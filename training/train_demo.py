@@ -37,6 +37,14 @@ def weighted(values: torch.Tensor, b: Batch, split: float = ANSWER_WEIGHT_SPLIT)
     return (1 - split) * values[prompt].mean() + split * values[ans].mean()
 
 
+def log_line(path: Path, msg: str) -> None:
+    """Print ``msg`` with the time, and append it to the log file ``path``."""
+    line = f"{time.strftime('%H:%M:%S')} {msg}"
+    print(line, flush=True)
+    with path.open("a") as f:
+        f.write(line + "\n")
+
+
 def lr_at(step: int, total: int, peak: float, warmup: int = 40) -> float:
     """Linear warm-up, then cosine decay to a tenth of the peak."""
     if step < warmup:
@@ -109,10 +117,7 @@ def main(argv: list[str] | None = None) -> None:
     log_path = args.run_dir / "train.log"
 
     def log(msg: str) -> None:
-        line = f"{time.strftime('%H:%M:%S')} {msg}"
-        print(line, flush=True)
-        with log_path.open("a") as f:
-            f.write(line + "\n")
+        log_line(log_path, msg)
 
     corpus = build_corpus(args.seed)
     tok = tokenizer_for(args.run_dir, corpus.train, args.seed)
