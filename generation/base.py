@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from numbers import Integral
 from typing import Protocol, runtime_checkable
@@ -16,6 +17,57 @@ class GenerationResult:
 
     token_ids: list[int]
     stats: GenerationStats
+
+
+class Cancelled(Exception):
+    """The request was cancelled (at a step boundary) before it finished."""
+
+
+DeltaCallback = Callable[[list[int]], None]
+"""Called from the loop's thread with each burst of newly verified token ids, in order; it must
+return quickly (hand the ids to a queue or a socket buffer, never block on a client)."""
+
+
+class RequestHandle(Protocol):
+    """One request in flight in a ``GenerationLoop``."""
+
+    def deltas(self) -> Iterator[list[int]]:
+        """Newly verified token ids as they land; ends when the request finished or was cancelled."""
+        ...
+
+    def result(self, timeout: float | None = None) -> GenerationResult:
+        """The whole result; raises ``Cancelled``, the request's own error, or TimeoutError."""
+        ...
+
+    def cancel(self) -> None:
+        """Stop the request at the next step boundary; its slot is freed, nothing else disturbed."""
+        ...
+
+    @property
+    def done(self) -> bool:
+        """Whether the request finished, failed or was cancelled."""
+        ...
+
+
+class GenerationLoop(Protocol):
+    """An engine's online loop: requests join the running batch and leave as they finish.
+
+    ``submit`` is thread-safe and returns at once; a request the engine cannot serve fails its own
+    handle (``result`` raises the error naming the problem), never the loop or the other requests.
+    """
+
+    def submit(
+        self,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        on_delta: DeltaCallback | None = None,
+    ) -> RequestHandle:
+        """Queue one request; it joins the batch at the next step."""
+        ...
+
+    def close(self) -> None:
+        """Cancel what is in flight and stop the loop's thread."""
+        ...
 
 
 @runtime_checkable

@@ -41,6 +41,11 @@ class GenerationStats:
     """Service timing: retrieval (set by the service)."""
     total_ms: float | None = None
     """Service timing: submit to done (set by the service)."""
+    mean_batch_size: float = 1.0
+    """Mean number of requests in the target passes this request took part in (1 when alone)."""
+    mean_chosen_k: float | None = None
+    """Mean k the engine chose over this request's target passes (0 for a plain pass); None
+    when the engine does not choose per step."""
 
     def record_round(self, num_draft_tokens: int, num_accepted: int, num_emitted: int) -> None:
         """Count one target pass that verified ``num_draft_tokens`` and kept ``num_emitted``.
