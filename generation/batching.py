@@ -93,7 +93,8 @@ class BatchEngine:
         if params.method != "none":
             # Only its acceptance estimate is used: the batch's k comes from goodput.
             seq.adaptive = AdaptiveK(
-                cost=None, k_max=engine.max_speculative_tokens,
+                cost=None,
+                k_max=engine.max_speculative_tokens,
                 prior_alpha=engine.recent_alpha(params.method),
             )
         self.scheduler.add(seq)
@@ -186,12 +187,14 @@ class BatchEngine:
             if k == 0:
                 continue
             if seq.ngram is not None:
-                found = seq.ngram.propose(seq.tokens, k, seq.temperature, seq.generator)
-                drafts[b] = found.token_ids.tolist()
+                lookup = seq.ngram.propose(seq.tokens, k, seq.temperature, seq.generator)
+                drafts[b] = lookup.token_ids.tolist()
             elif seq.params.method == "draft_model":
                 model_rows.append(b)
         if model_rows:
-            found = self._propose_with_model([rows[b] for b in model_rows], [ks[b] for b in model_rows])
+            found = self._propose_with_model(
+                [rows[b] for b in model_rows], [ks[b] for b in model_rows]
+            )
             for b, (draft, draft_probs) in zip(model_rows, found, strict=True):
                 drafts[b], probs[b] = draft, draft_probs
         return drafts, probs
@@ -241,7 +244,10 @@ class BatchEngine:
     def _verify(self, rows: list[Sequence], drafts: list[list[int]]) -> torch.Tensor:
         """Run the target over each row's last token and drafts; return logits [B, n, vocab]."""
         width = 1 + max(len(d) for d in drafts)
-        ids = [[seq.last_token, *d] + [0] * (width - 1 - len(d)) for seq, d in zip(rows, drafts)]
+        ids = [
+            [seq.last_token, *d] + [0] * (width - 1 - len(d))
+            for seq, d in zip(rows, drafts, strict=True)
+        ]
         input_ids = torch.tensor(ids, dtype=torch.long, device=self.engine.device)
         counts = [1 + len(d) for d in drafts]
         logits = self.target.run([seq.slot for seq in rows], input_ids, counts)

@@ -17,6 +17,8 @@ import logging
 import threading
 from typing import TYPE_CHECKING
 
+import torch
+
 from generation.base import Cancelled, DeltaCallback, GenerationResult
 from generation.batching import DEFAULT_PREFILL_CHUNK, BatchEngine
 from generation.params import SamplingParams
@@ -49,6 +51,11 @@ class EngineLoop:
         """Most requests in one step; the rest wait for a free slot."""
         return self._batch.scheduler.max_batch_size
 
+    @property
+    def closed(self) -> bool:
+        """Whether ``close`` was called (new requests are refused)."""
+        return self._closed
+
     def submit(
         self,
         prompt_token_ids: list[int],
@@ -79,6 +86,11 @@ class EngineLoop:
             self._thread.join()
 
     def _run(self) -> None:
+        # Slot moves and releases touch inference tensors, in steps and outside them.
+        with torch.inference_mode():
+            self._serve()
+
+    def _serve(self) -> None:
         batch = self._batch
         while True:
             with self._wake:
@@ -136,8 +148,9 @@ def run_many(
     handles = [LoopHandle() for _ in prompts]
     for prompt, sampling, handle in zip(prompts, params, handles, strict=True):
         batch.add(prompt, sampling, handle)
-    while batch.has_work:
-        batch.step()
+    with torch.inference_mode():
+        while batch.has_work:
+            batch.step()
     results: list[GenerationResult | None] = []
     errors: dict[int, BaseException] = {}
     for i, handle in enumerate(handles):

@@ -92,7 +92,9 @@ def choose_k(rows: list[RowPlan], costs: StepCosts) -> int:
     best_k, best = 0, -1.0
     for k in range(costs.k_max + 1):
         ks = [row_k(r, k) for r in rows]
-        tokens = sum(expected_tokens(min(r.alpha, 0.999), rk) for r, rk in zip(rows, ks, strict=True))
+        tokens = sum(
+            expected_tokens(min(r.alpha, 0.999), rk) for r, rk in zip(rows, ks, strict=True)
+        )
         rate = tokens / costs.cost(len(rows), max(ks), with_draft)
         if rate > best * 1.0001:  # ties go to the smaller k
             best_k, best = k, rate

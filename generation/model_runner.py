@@ -17,7 +17,6 @@ forward pass on the row's slot, which is exactly what ``SpeculativeEngine.genera
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -90,7 +89,7 @@ class ModelRunner:
         """
         if self.batched and len(slots) > 1:
             return self._run_batched(slots, input_ids, num_tokens, last_only)
-        rows = []
+        rows: list[torch.Tensor | None] = []
         for b, slot in enumerate(slots):
             count = num_tokens[b]
             if count == 0:
@@ -172,8 +171,3 @@ def _stack(rows: list[torch.Tensor | None], width: int, last_only: bool) -> torc
         if r is not None:
             out[b, : r.shape[0]] = r
     return out
-
-
-def describe(runner: ModelRunner, config: Any) -> dict[str, Any]:
-    """Return what the runner holds: mode and KV bytes (for logs and the benchmarks)."""
-    return {"batched": runner.batched, "kv_bytes": runner.cache.nbytes()}

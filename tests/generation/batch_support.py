@@ -46,7 +46,9 @@ def check_greedy(model: Any, prompt: list[int], got: list[int], expected: list[i
     )
     assert i < min(len(got), len(expected)), f"lengths differ: {len(got)} vs {len(expected)}"
     gap = top2_gap(model, prompt + expected[:i])
-    assert gap < TIE_GAP, f"greedy divergence at token {i} (top-2 gap {gap:.2e}): {got} vs {expected}"
+    assert gap < TIE_GAP, (
+        f"greedy divergence at token {i} (top-2 gap {gap:.2e}): {got} vs {expected}"
+    )
     return f"tie at token {i} of prompt {prompt[:4]}... (top-2 gap {gap:.1e})"
 
 

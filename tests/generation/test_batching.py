@@ -32,7 +32,9 @@ def _engine(family: str, hidden: int, layers: int, seed: int) -> SpeculativeEngi
     target = build_model(
         family, vocab_size=VOCAB, seed=seed, hidden_size=hidden, num_layers=layers, logit_scale=3.0
     )
-    return SpeculativeEngine(target, perturbed_copy(target, noise=0.4, seed=seed), max_speculative_tokens=6)
+    return SpeculativeEngine(
+        target, perturbed_copy(target, noise=0.4, seed=seed), max_speculative_tokens=6
+    )
 
 
 def _check_all(engine: SpeculativeEngine, prompts, params, results) -> list[str]:
