@@ -137,7 +137,7 @@ def part_stall(engine: SpeculativeEngine, prompts: list[list[int]], chunks: list
         stamps: list[float] = []
         started = threading.Event()
 
-        def mark(ids: list[int]) -> None:
+        def mark(ids: list[int], stamps: list[float] = stamps, started: Any = started) -> None:
             stamps.append(time.perf_counter())
             if len(stamps) >= 20:
                 started.set()
@@ -150,8 +150,8 @@ def part_stall(engine: SpeculativeEngine, prompts: list[list[int]], chunks: list
         for h in handles:
             h.result(timeout=600)
         loop.close()
-        before = [b - a for a, b in zip(stamps, stamps[1:]) if b < arrival]
-        after = [b - a for a, b in zip(stamps, stamps[1:]) if b >= arrival]
+        before = [b - a for a, b in zip(stamps, stamps[1:], strict=False) if b < arrival]
+        after = [b - a for a, b in zip(stamps, stamps[1:], strict=False) if b >= arrival]
         print(
             f"| {chunk} | {1000 * statistics.median(before):.0f} | {1000 * max(after[:10]):.0f} |"
         )
