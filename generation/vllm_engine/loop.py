@@ -209,6 +209,8 @@ class VLLMLoop:
             self._slots = asyncio.Semaphore(self.max_batch_size)
         runner = self._runner
         try:
+            if handle.cancel_requested:  # cancelled before this task first ran
+                raise Cancelled(f"request {handle.request_id}: cancelled before it started")
             async with self._slots:
                 if handle.cancel_requested:
                     raise Cancelled(f"request {handle.request_id}: cancelled before it started")

@@ -1,22 +1,20 @@
-"""The vLLM engine's mapping, checks, stats and online loop, against a STAND-IN for vLLM.
+"""The vLLM engine's mapping, checks and stats, against a STAND-IN for vLLM.
 
 vLLM cannot be installed or run on these machines (no GPU; its wheels need CUDA), so most tests
 here drive ``VLLMEngine`` through ``tests/generation/vllm_standin.py``: a fake ``vllm`` whose
 ``AsyncLLM`` takes vllm==0.32.0's documented keyword arguments, returns its documented output
 shapes, batches every request in flight and answers ``abort``. Its "model" is a toy greedy
 speculative decoder, so stats are checked against known true counts. These tests show our
-mapping and loop are right for the documented shapes, not that vLLM behaves as documented:
-that needs the GPU test at the end, which skips (and says why) wherever vLLM or CUDA is missing.
+mapping is right for the documented shapes, not that vLLM behaves as documented: that needs the
+GPU test at the end, which skips (and says why) wherever vLLM or CUDA is missing. The online
+loop (concurrency, streaming, abort) is tested in test_vllm_loop.py.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import json
-import logging
 import shutil
-import threading
-import time
 import types
 from pathlib import Path
 from typing import Any
@@ -24,10 +22,8 @@ from typing import Any
 import pytest
 
 from generation import CheckpointError, IncompatibleDraftError, SamplingParams
-from generation.base import Cancelled
 from generation.vllm_engine import (
     SpecCounters,
-    SpecMetricsMissingError,
     Speculation,
     UnsupportedSpeculationError,
     VLLMEngine,
@@ -42,57 +38,12 @@ from generation.vllm_engine import engine as engine_module
 from tests.generation import vllm_standin
 from tests.generation.conformance import EngineConformance, check_stats_invariants
 from tests.generation.vllm_standin import (
+    PROMPT,
     AsyncEngineArgs,
-    AsyncLLM,
     RequestSpecDecodeMetrics,
-    SamplingParams as StandinSamplingParams,
+    start,
 )
-
-PROMPT = [5, 17, 42, 17, 42, 99, 3, 17, 42]
-WAIT = 30.0  # seconds any single wait in these tests may take before it fails
-
-
-@pytest.fixture
-def standin_vllm(monkeypatch: pytest.MonkeyPatch) -> type[AsyncLLM]:
-    """Install the stand-in as ``vllm`` and report one CUDA GPU (there is none here)."""
-    monkeypatch.setattr(engine_module, "_cuda_device_count", lambda: 1)
-    return vllm_standin.install(monkeypatch)
-
-
-@pytest.fixture
-def engines() -> Any:
-    """Start engines through ``start``; every one is closed (thread stopped) after the test."""
-    started: list[VLLMEngine] = []
-    yield started
-    for engine in started:
-        engine.close()
-
-
-def start(
-    models: dict[str, Path], method: str = "draft_model", k: int | str = 4, **kw: Any
-) -> VLLMEngine:
-    draft = models["draft"] if method == "draft_model" else None
-    return VLLMEngine.from_pretrained(
-        models["target"], draft, method=method, num_speculative_tokens=k, **kw
-    )
-
-
-@pytest.fixture
-def engine_factory(tiny_models: dict[str, Path], standin_vllm: Any, engines: Any) -> Any:
-    def make(method: str = "draft_model", k: int | str = 4, **kw: Any) -> VLLMEngine:
-        engine = start(tiny_models, method, k, **kw)
-        engines.append(engine)
-        return engine
-
-    return make
-
-
-def wait_until(condition: Any, what: str) -> None:
-    deadline = time.monotonic() + WAIT
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.005)
+from tests.generation.vllm_standin import SamplingParams as StandinSamplingParams
 
 
 # --- parameter and config mapping -----------------------------------------------------------
@@ -367,168 +318,6 @@ def test_budget_and_eos_are_passed_to_vllm(engine_factory: Any, standin_vllm: An
     assert sent["max_tokens"] == 20 - len(PROMPT)
     assert sent["stop_token_ids"] == [engine.eos_token_id]
     assert len(result.token_ids) <= 20 - len(PROMPT)
-
-
-# --- the online loop: many requests in flight, streaming, abort -----------------------------
-def _held(standin_vllm: Any, monkeypatch: pytest.MonkeyPatch) -> threading.Event:
-    """Hold the stand-in's steps until the returned event is set."""
-    hold = threading.Event()
-    monkeypatch.setattr(standin_vllm, "hold", hold)
-    return hold
-
-
-def test_many_requests_in_flight_each_get_their_own_exact_result(
-    engine_factory: Any, standin_vllm: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    engine = engine_factory("draft_model", 4)
-    prompts = [[(7 * i + j) % 90 + 1 for j in range(5 + i % 4)] for i in range(16)]
-    params = [SamplingParams(max_new_tokens=10 + 3 * (i % 5)) for i in range(16)]
-    alone = [engine.generate(p, sp) for p, sp in zip(prompts, params, strict=True)]
-    llm, hold = standin_vllm.instances[-1], _held(standin_vllm, monkeypatch)
-    loop = engine.start_loop(16)
-    handles = [loop.submit(p, sp) for p, sp in zip(prompts, params, strict=True)]
-    wait_until(lambda: len(llm.requests) == 16, "16 requests in vLLM")
-    hold.set()
-    results = [h.result(WAIT) for h in handles]
-    assert max(llm.batch_sizes) == 16  # one batch, not one request at a time
-    for together, solo in zip(results, alone, strict=True):
-        assert together.token_ids == solo.token_ids
-        batched, single = together.stats.to_dict(), solo.stats.to_dict()
-        assert batched.pop("mean_batch_size") > 1.0 and single.pop("mean_batch_size") == 1.0
-        assert batched == single  # per-request metrics: exact under batching
-    assert sum(r.stats.num_drafts for r in results) > 0
-
-
-def test_generate_is_safe_from_many_threads(engine_factory: Any, standin_vllm: Any) -> None:
-    engine = engine_factory("ngram", 3)
-    params = SamplingParams(max_new_tokens=24, method="ngram", num_speculative_tokens=3)
-    expected = engine.generate(PROMPT, params).token_ids
-    results: list[list[int]] = []
-    threads = [
-        threading.Thread(target=lambda: results.append(engine.generate(PROMPT, params).token_ids))
-        for _ in range(8)
-    ]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(WAIT)
-    assert results == [expected] * 8
-
-
-def test_deltas_stream_the_verified_tokens_in_order(engine_factory: Any) -> None:
-    engine = engine_factory("draft_model", 4)
-    loop = engine.start_loop(4)
-    seen: list[list[int]] = []
-    handle = loop.submit(PROMPT, SamplingParams(max_new_tokens=30), on_delta=seen.append)
-    streamed = list(handle.deltas())  # ends when the request finished
-    result = handle.result(WAIT)
-    assert handle.done and streamed == seen
-    assert [t for burst in streamed for t in burst] == result.token_ids
-    assert len(streamed) < len(result.token_ids)  # accepted drafts arrive as one burst
-
-
-def test_cancel_aborts_the_request_in_vllm_and_spares_the_others(
-    engine_factory: Any, standin_vllm: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    engine = engine_factory("draft_model", 4)
-    full = engine.generate(PROMPT, SamplingParams(max_new_tokens=60)).token_ids
-    llm, loop = standin_vllm.instances[-1], engine.start_loop(8)
-    victim: list[Any] = []
-    handle = loop.submit(
-        PROMPT, SamplingParams(max_new_tokens=60), on_delta=lambda ids: victim[0].cancel()
-    )
-    victim.append(handle)
-    other = loop.submit(PROMPT, SamplingParams(max_new_tokens=60))
-    with pytest.raises(Cancelled):
-        handle.result(WAIT)
-    assert handle.request_id in llm.aborted
-    streamed = [t for burst in handle.deltas() for t in burst]
-    assert 0 < len(streamed) < len(full) and streamed == full[: len(streamed)]
-    assert other.result(WAIT).token_ids == full
-    assert not llm.requests  # nothing left behind in vLLM's batch
-
-
-def test_cancel_while_waiting_for_a_slot_never_reaches_vllm(
-    engine_factory: Any, standin_vllm: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    engine = engine_factory("draft_model", 4)
-    llm, hold = standin_vllm.instances[-1], _held(standin_vllm, monkeypatch)
-    loop = engine.start_loop(1)
-    first = loop.submit(PROMPT, SamplingParams(max_new_tokens=8))
-    waiting = loop.submit(PROMPT, SamplingParams(max_new_tokens=8))
-    wait_until(lambda: len(llm.seen) == 1, "the first request in vLLM")
-    waiting.cancel()
-    with pytest.raises(Cancelled):
-        waiting.result(WAIT)  # at once: it held no slot in vLLM
-    hold.set()
-    assert len(first.result(WAIT).token_ids) == 8
-    assert waiting.request_id not in llm.seen
-
-
-def test_close_aborts_in_flight_requests_and_refuses_new_ones(
-    engine_factory: Any, standin_vllm: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    engine = engine_factory("draft_model", 4)
-    llm, hold = standin_vllm.instances[-1], _held(standin_vllm, monkeypatch)
-    loop = engine.start_loop(4)
-    handles = [loop.submit(PROMPT, SamplingParams(max_new_tokens=50)) for _ in range(3)]
-    wait_until(lambda: len(llm.requests) == 3, "3 requests in vLLM")
-    loop.close()
-    for handle in handles:
-        with pytest.raises(Cancelled):
-            handle.result(WAIT)
-    with pytest.raises(RuntimeError, match="closed"):
-        loop.submit(PROMPT, SamplingParams()).result(WAIT)
-    hold.set()
-    assert sorted(llm.aborted) == sorted(h.request_id for h in handles)
-    assert len(engine.generate(PROMPT, SamplingParams(max_new_tokens=5)).token_ids) == 5
-
-
-def test_a_bad_request_fails_its_own_handle_only(engine_factory: Any) -> None:
-    engine = engine_factory("draft_model", 4)
-    loop = engine.start_loop(4)
-    bad = loop.submit(PROMPT, SamplingParams(method="ngram"))
-    good = loop.submit(PROMPT, SamplingParams(max_new_tokens=6))
-    with pytest.raises(UnsupportedSpeculationError):
-        bad.result(WAIT)
-    assert bad.done and list(bad.deltas()) == []
-    assert len(good.result(WAIT).token_ids) == 6
-
-
-def test_a_concurrency_the_engine_cannot_hold_is_refused(engine_factory: Any) -> None:
-    engine = engine_factory("draft_model", 4, max_num_seqs=8)
-    assert engine.start_loop(8).max_batch_size == 8
-    for bad in (9, 0, True, "4"):
-        with pytest.raises(ValueError, match="max_batch_size"):
-            engine.start_loop(bad)
-
-
-def test_missing_metrics_raise_where_drafts_were_certain_and_warn_elsewhere(
-    engine_factory: Any,
-    standin_vllm: Any,
-    monkeypatch: pytest.MonkeyPatch,
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    engine = engine_factory("draft_model", 4)
-    monkeypatch.setattr(standin_vllm, "drop_metrics", True)
-    with pytest.raises(SpecMetricsMissingError, match="refusing to record zero drafts"):
-        engine.generate(PROMPT, SamplingParams(max_new_tokens=20))
-    with caplog.at_level(logging.WARNING, logger="generation.vllm_engine.mapping"):
-        short = engine.generate(PROMPT, SamplingParams(max_new_tokens=4))  # <= k + 1 tokens
-    assert short.stats.num_drafts == 0 and "no spec-decode metrics" in caplog.text
-    # An n-gram request that never matched honestly has no metrics (the stand-in sends none).
-    ngram = engine_factory("ngram", 2)
-    monkeypatch.setattr(standin_vllm, "drop_metrics", False)
-    no_match = [3, 6, 9]  # the stand-in's n-gram proposer matches only some lengths
-    assert ngram.generate(no_match, SamplingParams(max_new_tokens=1, method="ngram",
-                                                   num_speculative_tokens=2)).stats.num_drafts == 0  # fmt: skip
-
-
-def test_auto_with_a_schedule_reports_the_k_vllm_chose(engine_factory: Any) -> None:
-    engine = engine_factory("draft_model", "auto", auto_batch_schedule=[(1, 8, 4), (9, 64, 2)])
-    stats = engine.generate(PROMPT, SamplingParams(max_new_tokens=30, num_speculative_tokens="auto")).stats
-    assert stats.num_speculative_tokens == "auto"
-    assert stats.mean_chosen_k == pytest.approx(stats.num_draft_tokens / stats.num_target_forwards)
 
 
 # --- real vLLM on a GPU: ENGINE's conformance suite (skips here) ------------------------------

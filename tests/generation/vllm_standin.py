@@ -15,11 +15,16 @@ from __future__ import annotations
 import asyncio
 import enum
 import json
+import sys
 import threading
+import time
 import types
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 ENGINE_ARGS = {  # vllm 0.32 EngineArgs fields the engine passes
     "model", "skip_tokenizer_init", "tensor_parallel_size", "gpu_memory_utilization",
@@ -241,7 +246,9 @@ class AsyncLLM:
         req.ready.set()
 
 
-def install(monkeypatch: Any, completion_cls: type = CompletionOutput) -> type[AsyncLLM]:
+def install(
+    monkeypatch: pytest.MonkeyPatch, completion_cls: type = CompletionOutput
+) -> type[AsyncLLM]:
     """Install the stand-in as ``vllm`` (and the submodules the engine imports)."""
     root = types.ModuleType("vllm")
     root.__version__ = "0.32.0"  # type: ignore[attr-defined]
@@ -255,9 +262,56 @@ def install(monkeypatch: Any, completion_cls: type = CompletionOutput) -> type[A
         "vllm.outputs": types.SimpleNamespace(CompletionOutput=completion_cls),
     }
     for name, module in modules.items():
-        monkeypatch.setitem(__import__("sys").modules, name, module)
+        monkeypatch.setitem(sys.modules, name, module)
     monkeypatch.setattr(AsyncEngineArgs, "reject_per_request", False)
     monkeypatch.setattr(AsyncLLM, "drop_metrics", False)
     monkeypatch.setattr(AsyncLLM, "hold", None)
     AsyncLLM.instances = []
     return AsyncLLM
+
+
+# --- fixtures and helpers shared by the vLLM engine's test modules ---------------------------
+PROMPT = [5, 17, 42, 17, 42, 99, 3, 17, 42]
+WAIT = 30.0  # seconds any single wait in these tests may take before it fails
+
+
+@pytest.fixture
+def standin_vllm(monkeypatch: pytest.MonkeyPatch) -> type[AsyncLLM]:
+    """Install the stand-in as ``vllm`` and report one CUDA GPU (there is none here)."""
+    from generation.vllm_engine import engine as engine_module
+
+    monkeypatch.setattr(engine_module, "_cuda_device_count", lambda: 1)
+    return install(monkeypatch)
+
+
+def start(models: dict[str, Path], method: str = "draft_model", k: int | str = 4, **kw: Any) -> Any:
+    """Return a ``VLLMEngine`` on the tiny pair (the draft only for ``draft_model``)."""
+    from generation.vllm_engine import VLLMEngine
+
+    draft = models["draft"] if method == "draft_model" else None
+    return VLLMEngine.from_pretrained(
+        models["target"], draft, method=method, num_speculative_tokens=k, **kw
+    )
+
+
+@pytest.fixture
+def engine_factory(tiny_models: dict[str, Path], standin_vllm: Any) -> Iterator[Any]:
+    """Start engines on the stand-in; every one is closed (its thread stopped) afterwards."""
+    started: list[Any] = []
+
+    def make(method: str = "draft_model", k: int | str = 4, **kw: Any) -> Any:
+        started.append(start(tiny_models, method, k, **kw))
+        return started[-1]
+
+    yield make
+    for engine in started:
+        engine.close()
+
+
+def wait_until(condition: Callable[[], bool], what: str) -> None:
+    """Poll ``condition`` until it holds; fail after WAIT seconds."""
+    deadline = time.monotonic() + WAIT
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.005)
