@@ -22,15 +22,37 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from contextlib import aclosing
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from generation.base import Cancelled, DeltaCallback, GenerationResult
 from generation.params import SamplingParams
 
-if TYPE_CHECKING:
-    from generation.vllm_engine.engine import VLLMEngine
-
 _END = object()  # ends a handle's delta queue
+
+
+class LoopEngine(Protocol):
+    """What a ``VLLMLoop`` needs of its engine (``VLLMEngine`` provides it)."""
+
+    llm: Any
+    """The started ``AsyncLLM``."""
+
+    def check_request(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        """Raise ValueError naming the problem when the engine cannot serve the request."""
+        ...
+
+    def vllm_sampling_params(self, prompt_token_ids: list[int], params: SamplingParams) -> Any:
+        """vLLM's ``SamplingParams`` for one checked request."""
+        ...
+
+    def result_from_output(
+        self,
+        params: SamplingParams,
+        final: Any,
+        batch_sizes: list[int],
+        wall: tuple[float, float | None],
+    ) -> GenerationResult:
+        """The result of one finished request from vLLM's final ``RequestOutput``."""
+        ...
 
 
 class EventLoopThread:
@@ -154,7 +176,7 @@ class VLLMLoop:
     (``VLLMEngine.close`` stops it).
     """
 
-    def __init__(self, engine: VLLMEngine, runner: EventLoopThread, max_batch_size: int) -> None:
+    def __init__(self, engine: LoopEngine, runner: EventLoopThread, max_batch_size: int) -> None:
         self.engine = engine
         self.max_batch_size = max_batch_size
         self._runner = runner
