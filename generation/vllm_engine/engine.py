@@ -61,8 +61,12 @@ def _import_vllm() -> Any:
     return vllm
 
 
-def _start_async_llm(kwargs: dict[str, Any]) -> tuple[Any, Any]:
-    """Return (a started ``AsyncLLM``, vLLM's ``SamplingParams`` class with CUMULATIVE output)."""
+def _start_async_llm(kwargs: dict[str, Any], runner: EventLoopThread) -> tuple[Any, Any]:
+    """Return (a started ``AsyncLLM``, a maker of vLLM ``SamplingParams`` with CUMULATIVE output).
+
+    The ``AsyncLLM`` is built on ``runner``'s event loop, the one that will drive it: vLLM
+    starts its output handler (and binds its asyncio queues) on the loop it is created in.
+    """
     arg_utils = importlib.import_module("vllm.engine.arg_utils")
     async_llm = importlib.import_module("vllm.v1.engine.async_llm")
     sampling = importlib.import_module("vllm.sampling_params")
@@ -83,7 +87,11 @@ def _start_async_llm(kwargs: dict[str, Any]) -> tuple[Any, Any]:
                 f"stats of batched requests need them (vllm=={VLLM_PIN})"
             ) from exc
         raise
-    llm = async_llm.AsyncLLM.from_engine_args(engine_args)
+
+    async def build() -> Any:
+        return async_llm.AsyncLLM.from_engine_args(engine_args)
+
+    llm = runner.submit(build()).result()  # loads the models: minutes, on purpose blocking
     cumulative = sampling.RequestOutputKind.CUMULATIVE
 
     def make_sampling_params(**sampling_kw: Any) -> Any:
@@ -107,6 +115,7 @@ class VLLMEngine:
         model_pair: str,
         max_num_seqs: int = DEFAULT_MAX_NUM_SEQS,
         k_varies: bool = False,
+        runner: EventLoopThread | None = None,
     ) -> None:
         self.llm = llm
         """The started ``vllm.v1.engine.async_llm.AsyncLLM``."""
@@ -119,7 +128,8 @@ class VLLMEngine:
         self._max_context = max_context
         self._eos = list(eos_token_ids)
         self._model_pair = model_pair
-        self._runner: EventLoopThread | None = None
+        self._runner = runner
+        """The event-loop thread driving ``llm`` (made on first use when not given)."""
         self._default_loop: VLLMLoop | None = None
         self._loops: list[VLLMLoop] = []
         self._start_lock = threading.RLock()
@@ -191,7 +201,12 @@ class VLLMEngine:
         if max_model_len is not None:
             kwargs["max_model_len"] = max_model_len
         kwargs.update(llm_kwargs or {})
-        llm, make_sampling_params = _start_async_llm(kwargs)
+        runner = EventLoopThread()
+        try:
+            llm, make_sampling_params = _start_async_llm(kwargs, runner)
+        except BaseException:
+            runner.stop()
+            raise
         return cls(
             llm,
             make_sampling_params,
@@ -202,6 +217,7 @@ class VLLMEngine:
             model_pair=target.name if draft is None else f"{target.name}+{draft.name}",
             max_num_seqs=int(kwargs["max_num_seqs"]),
             k_varies=auto_batch_schedule is not None,
+            runner=runner,
         )
 
     @property

@@ -153,6 +153,7 @@ def test_load_engine_selects_this_engine(tiny_models: dict[str, Path], standin_v
 
     engine = load_engine("vllm", tiny_models["target"], tiny_models["draft"], device="auto")
     assert isinstance(engine, VLLMEngine) and engine.speculation == Speculation("draft_model", 4)
+    engine.close()
 
 
 def test_load_engine_passes_settings_options_to_vllm(
@@ -169,6 +170,7 @@ def test_load_engine_passes_settings_options_to_vllm(
     options = Settings().vllm_options
     engine = load_engine("vllm", tiny_models["target"], tiny_models["draft"], "cuda", options)
     assert isinstance(engine, VLLMEngine) and engine.max_num_seqs == 80
+    engine.close()
     kwargs = standin_vllm.instances[-1].kwargs
     assert kwargs["tensor_parallel_size"] == 1 and kwargs["max_model_len"] == 192
     with pytest.raises(ValueError, match="torch engine takes none"):
@@ -196,7 +198,7 @@ def test_a_vllm_without_per_request_metrics_is_refused(
     with pytest.raises(VLLMUnavailableError, match="has no spec_decode_metrics"):
         start(tiny_models)
     assert not standin_vllm.instances
-    start(tiny_models, "none")  # without speculation there is nothing to measure
+    start(tiny_models, "none").close()  # without speculation there is nothing to measure
 
 
 def test_bad_device_method_schedule_and_checkpoint_fail_before_vllm(
