@@ -73,6 +73,10 @@ class EventLoopThread:
         """Schedule ``coro`` on the loop; returns its future (thread-safe)."""
         return asyncio.run_coroutine_threadsafe(coro, self.loop)
 
+    def on_loop_thread(self) -> bool:
+        """Whether the caller runs on the loop's own thread."""
+        return threading.current_thread() is self._thread
+
     def call_soon(self, fn: Callable[[], Any]) -> None:
         """Run ``fn`` on the loop's thread (thread-safe)."""
         self.loop.call_soon_threadsafe(fn)
@@ -211,13 +215,22 @@ class VLLMLoop:
         self._runner.submit(self._run(handle, prompt, params, sampling))
         return handle
 
-    def close(self) -> None:
-        """Abort what this loop has in flight; later submits fail their handles."""
+    def close(self, timeout: float = 30.0) -> None:
+        """Abort what this loop has in flight and wait (up to ``timeout`` s) until it has ended.
+
+        Later submits fail their handles. The event-loop thread is the engine's and keeps
+        running (``VLLMEngine.close`` stops it).
+        """
         with self._lock:
             self._closed = True
             live = list(self._live)
         for handle in live:
             handle.cancel()
+        if self._runner.on_loop_thread():
+            return  # called from a callback: waiting here would block the aborts
+        deadline = time.monotonic() + timeout
+        for handle in live:
+            handle._finished.wait(max(0.0, deadline - time.monotonic()))
 
     def _forget(self, handle: VLLMRequest) -> None:
         with self._lock:

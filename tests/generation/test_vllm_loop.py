@@ -135,6 +135,9 @@ def test_close_aborts_in_flight_requests_and_refuses_new_ones(
     hold.set()
     assert sorted(llm.aborted) == sorted(h.request_id for h in handles)
     assert len(engine.generate(PROMPT, SamplingParams(max_new_tokens=5)).token_ids) == 5
+    thread = engine._runner._thread
+    engine.close()
+    assert not thread.is_alive()  # the engine's event-loop thread is gone
 
 
 def test_a_bad_request_fails_its_own_handle_only(engine_factory: Any) -> None:
