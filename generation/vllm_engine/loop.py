@@ -16,17 +16,19 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import logging
 import queue
 import threading
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from contextlib import aclosing
 from typing import Any, Protocol
 
 from generation.base import Cancelled, DeltaCallback, GenerationResult
 from generation.params import SamplingParams
 
+logger = logging.getLogger(__name__)
 _END = object()  # ends a handle's delta queue
 
 
@@ -62,6 +64,7 @@ class EventLoopThread:
         self.loop = asyncio.new_event_loop()
         self.in_flight = 0
         """Requests handed to vLLM and not finished (read on the loop's thread only)."""
+        self._background: set[asyncio.Task[Any]] = set()  # referenced until done (no GC)
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -73,13 +76,28 @@ class EventLoopThread:
         """Schedule ``coro`` on the loop; returns its future (thread-safe)."""
         return asyncio.run_coroutine_threadsafe(coro, self.loop)
 
+    def spawn(self, coro: Coroutine[Any, Any, Any], what: str) -> None:
+        """Run ``coro`` as a background task (call on the loop's thread); failures are logged."""
+        task = self.loop.create_task(coro)
+        self._background.add(task)
+
+        def done(t: asyncio.Task[Any]) -> None:
+            self._background.discard(t)
+            if not t.cancelled() and t.exception() is not None:
+                logger.warning("%s failed: %r", what, t.exception())
+
+        task.add_done_callback(done)
+
     def on_loop_thread(self) -> bool:
         """Whether the caller runs on the loop's own thread."""
         return threading.current_thread() is self._thread
 
     def call_soon(self, fn: Callable[[], Any]) -> None:
-        """Run ``fn`` on the loop's thread (thread-safe)."""
-        self.loop.call_soon_threadsafe(fn)
+        """Run ``fn`` on the loop's thread (thread-safe); nothing once the loop is closed."""
+        try:
+            self.loop.call_soon_threadsafe(fn)
+        except RuntimeError:  # closed: every request on it has already ended
+            pass
 
     def stop(self, timeout: float = 10.0) -> None:
         """Cancel what runs on the loop, stop it and join the thread."""
@@ -111,7 +129,7 @@ class VLLMRequest:
         runner: EventLoopThread,
         request_id: str,
         on_delta: DeltaCallback | None,
-        abort: Callable[[], Awaitable[None]],
+        abort: Callable[[], Coroutine[Any, Any, None]],
     ) -> None:
         self.request_id = request_id
         self._runner = runner
@@ -157,7 +175,7 @@ class VLLMRequest:
             return
         self.cancel_requested = True
         if self.registered:
-            self._runner.loop.create_task(self._abort())  # type: ignore[arg-type]
+            self._runner.spawn(self._abort(), f"abort of {self.request_id}")
         elif self._task is not None:
             self._task.cancel()  # still waiting for a slot here: vLLM never saw it
 
