@@ -283,6 +283,8 @@ class VLLMEngine:
 
     def close(self) -> None:
         """Abort every loop's requests, shut vLLM down and stop the event-loop thread."""
+        if self._runner is not None and self._runner.on_loop_thread():
+            raise RuntimeError("VLLMEngine.close: call it from another thread than the loop's")
         for loop in [*self._loops, self._default_loop]:
             if loop is not None:
                 loop.close()
