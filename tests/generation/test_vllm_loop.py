@@ -101,6 +101,40 @@ def test_cancel_aborts_the_request_in_vllm_and_spares_the_others(
     assert not llm.requests  # nothing left behind in vLLM's batch
 
 
+def test_a_cancel_before_vllm_knew_the_request_aborts_at_its_first_output(
+    engine_factory: Any, standin_vllm: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine = engine_factory("draft_model", 4)
+    llm, admit = standin_vllm.instances[-1], threading.Event()
+    monkeypatch.setattr(standin_vllm, "admit", admit)  # generate() is still adding the request
+    handle = engine.start_loop(4).submit(PROMPT, SamplingParams(max_new_tokens=60))
+    wait_until(lambda: handle.registered, "the request handed to vLLM's generate()")
+    handle.cancel()
+    wait_until(lambda: handle.cancel_requested, "the cancel on the loop's thread")
+    assert not llm.aborted  # abort found nothing: vLLM did not know the request yet
+    admit.set()
+    with pytest.raises(Cancelled):
+        handle.result(WAIT)
+    assert llm.aborted == [handle.request_id] and not llm.requests
+    assert 0 < sum(len(burst) for burst in handle.deltas()) < 60
+
+
+def test_a_failing_delta_callback_fails_its_request_and_aborts_it_in_vllm(
+    engine_factory: Any, standin_vllm: Any
+) -> None:
+    engine = engine_factory("draft_model", 4)
+
+    def broken(token_ids: list[int]) -> None:
+        raise OSError("client socket gone")
+
+    handle = engine.start_loop(4).submit(PROMPT, SamplingParams(max_new_tokens=60), broken)
+    with pytest.raises(OSError, match="client socket gone"):
+        handle.result(WAIT)
+    llm = standin_vllm.instances[-1]
+    wait_until(lambda: handle.request_id in llm.aborted, "the abort in vLLM")
+    assert not llm.requests
+
+
 def test_cancel_while_waiting_for_a_slot_never_reaches_vllm(
     engine_factory: Any, standin_vllm: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:

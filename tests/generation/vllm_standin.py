@@ -117,6 +117,7 @@ class AsyncLLM:
     instances: list[AsyncLLM] = []
     drop_metrics = False  # a vLLM that forgets spec_decode_metrics
     hold: threading.Event | None = None  # while cleared, no step runs
+    admit: threading.Event | None = None  # while cleared, generate() has not added its request
 
     @classmethod
     def from_engine_args(cls, args: AsyncEngineArgs) -> AsyncLLM:
@@ -157,6 +158,8 @@ class AsyncLLM:
         ctx = list(prompt["prompt_token_ids"])
         req = _Request(ctx, sp, [target_next(ctx, self.vocab)], kept_per_pos=[0] * self.k)
         await asyncio.sleep(0)  # adding a request awaits the engine core
+        while self.admit is not None and not self.admit.is_set():
+            await asyncio.sleep(STEP_SECONDS)
         self.requests[request_id] = req
         self.seen.append(request_id)
         if self._stepper is None or self._stepper.done():
@@ -266,6 +269,7 @@ def install(
     monkeypatch.setattr(AsyncEngineArgs, "reject_per_request", False)
     monkeypatch.setattr(AsyncLLM, "drop_metrics", False)
     monkeypatch.setattr(AsyncLLM, "hold", None)
+    monkeypatch.setattr(AsyncLLM, "admit", None)
     AsyncLLM.instances = []
     return AsyncLLM
 
