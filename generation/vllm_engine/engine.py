@@ -6,10 +6,7 @@ vocabulary are checked, so a bad request for a GPU worker fails fast and clearly
 
 from __future__ import annotations
 
-import dataclasses
-import importlib
 import threading
-import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -20,7 +17,6 @@ from generation.params import SamplingParams
 from generation.vllm_engine.checkpoints import check_draft_vocab, checkpoint_limits
 from generation.vllm_engine.loop import EventLoopThread, VLLMLoop
 from generation.vllm_engine.mapping import (
-    VLLM_PIN,
     Speculation,
     UnsupportedSpeculationError,
     VLLMUnavailableError,
@@ -30,6 +26,7 @@ from generation.vllm_engine.mapping import (
     sampling_kwargs,
     speculative_config,
 )
+from generation.vllm_engine.startup import import_vllm, start_async_llm
 
 DEFAULT_CONCURRENCY = 32
 """Requests a worker keeps in flight on one vLLM engine unless told otherwise."""
@@ -41,63 +38,6 @@ def _cuda_device_count() -> int:
     import torch
 
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
-
-
-def _import_vllm() -> Any:
-    try:
-        vllm = importlib.import_module("vllm")
-    except ImportError as exc:
-        raise VLLMUnavailableError(
-            f"vLLM is not installed ({exc}); install the project's `vllm` extra on a GPU host "
-            f"(pip install '.[vllm]', vllm=={VLLM_PIN}) or use SPECRAG_ENGINE=torch"
-        ) from exc
-    version = getattr(vllm, "__version__", "unknown")
-    if version != VLLM_PIN:
-        warnings.warn(
-            f"vllm {version} is installed; this engine reads vllm=={VLLM_PIN}'s output shapes",
-            RuntimeWarning,
-            stacklevel=3,
-        )
-    return vllm
-
-
-def _start_async_llm(kwargs: dict[str, Any], runner: EventLoopThread) -> tuple[Any, Any]:
-    """Return (a started ``AsyncLLM``, a maker of vLLM ``SamplingParams`` with CUMULATIVE output).
-
-    The ``AsyncLLM`` is built on ``runner``'s event loop, the one that will drive it: vLLM
-    starts its output handler (and binds its asyncio queues) on the loop it is created in.
-    """
-    arg_utils = importlib.import_module("vllm.engine.arg_utils")
-    async_llm = importlib.import_module("vllm.v1.engine.async_llm")
-    sampling = importlib.import_module("vllm.sampling_params")
-    if kwargs.get("speculative_config") is not None:
-        outputs = importlib.import_module("vllm.outputs")
-        names = {f.name for f in dataclasses.fields(outputs.CompletionOutput)}
-        if "spec_decode_metrics" not in names:
-            raise VLLMUnavailableError(
-                "this vLLM's CompletionOutput has no spec_decode_metrics: exact per-request "
-                f"stats of batched requests need them (vllm=={VLLM_PIN})"
-            )
-    try:
-        engine_args = arg_utils.AsyncEngineArgs(**kwargs)
-    except TypeError as exc:
-        if "per_request_spec_decode_metrics" in str(exc):
-            raise VLLMUnavailableError(
-                f"this vLLM has no per_request_spec_decode_metrics ({exc}); exact per-request "
-                f"stats of batched requests need them (vllm=={VLLM_PIN})"
-            ) from exc
-        raise
-
-    async def build() -> Any:
-        return async_llm.AsyncLLM.from_engine_args(engine_args)
-
-    llm = runner.submit(build()).result()  # loads the models: minutes, on purpose blocking
-    cumulative = sampling.RequestOutputKind.CUMULATIVE
-
-    def make_sampling_params(**sampling_kw: Any) -> Any:
-        return sampling.SamplingParams(output_kind=cumulative, **sampling_kw)
-
-    return llm, make_sampling_params
 
 
 class VLLMEngine:
@@ -178,7 +118,7 @@ class VLLMEngine:
         if max_model_len is not None:
             max_context = min(max_context, max_model_len)
 
-        _import_vllm()
+        import_vllm()
         gpus = _cuda_device_count()
         if gpus < tensor_parallel_size:
             raise VLLMUnavailableError(
@@ -203,7 +143,7 @@ class VLLMEngine:
         kwargs.update(llm_kwargs or {})
         runner = EventLoopThread()
         try:
-            llm, make_sampling_params = _start_async_llm(kwargs, runner)
+            llm, make_sampling_params = start_async_llm(kwargs, runner)
         except BaseException:
             runner.stop()
             raise
@@ -252,12 +192,15 @@ class VLLMEngine:
                 f"num_speculative_tokens={params.num_speculative_tokens!r}"
             )
 
-    def start_loop(self, max_batch_size: int = DEFAULT_CONCURRENCY) -> VLLMLoop:
+    def start_loop(self, max_batch_size: int | None = None) -> VLLMLoop:
         """Return an online loop holding at most ``max_batch_size`` requests in vLLM at once.
 
-        Refused (ValueError naming the limit) above the ``max_num_seqs`` vLLM was started
-        with. Every loop of an engine shares the engine's one event-loop thread.
+        ``None`` means ``DEFAULT_CONCURRENCY``. Refused (ValueError naming the limit) above the
+        ``max_num_seqs`` vLLM was started with. Every loop of an engine shares the engine's one
+        event-loop thread.
         """
+        if max_batch_size is None:
+            max_batch_size = min(DEFAULT_CONCURRENCY, self.max_num_seqs)
         if isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int):
             raise ValueError(f"max_batch_size: expected an int >= 1, got {max_batch_size!r}")
         if not 1 <= max_batch_size <= self.max_num_seqs:
@@ -280,6 +223,40 @@ class VLLMEngine:
             if self._default_loop is None:
                 self._default_loop = VLLMLoop(self, self._event_loop(), self.max_num_seqs)
         return self._default_loop.submit(prompt_token_ids, params).result()
+
+    def generate_many(
+        self,
+        prompts: list[list[int]],
+        params: list[SamplingParams] | SamplingParams,
+        *,
+        max_batch_size: int | None = None,
+    ) -> list[GenerationResult]:
+        """Return one result per prompt, in input order, generated in vLLM's running batch.
+
+        ``params``: one ``SamplingParams`` per prompt (or one for all). Bad requests raise
+        ``BatchRequestError`` naming their index after every other request was answered.
+        """
+        from generation.engine_loop import BatchRequestError  # the torch engine's error type
+
+        if isinstance(params, SamplingParams):
+            params = [params] * len(prompts)
+        if len(params) != len(prompts):
+            raise ValueError(
+                f"params: expected one SamplingParams per prompt ({len(prompts)}), got {len(params)}"
+            )
+        loop = VLLMLoop(self, self._event_loop(), max_batch_size or self.max_num_seqs)
+        handles = [loop.submit(p, sp) for p, sp in zip(prompts, params, strict=True)]
+        results: list[GenerationResult | None] = []
+        errors: dict[int, BaseException] = {}
+        for i, handle in enumerate(handles):
+            try:
+                results.append(handle.result())
+            except Exception as exc:
+                errors[i] = exc
+                results.append(None)
+        if errors:
+            raise BatchRequestError(errors, results)
+        return [r for r in results if r is not None]
 
     def close(self) -> None:
         """Abort every loop's requests, shut vLLM down and stop the event-loop thread."""

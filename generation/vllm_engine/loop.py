@@ -207,6 +207,11 @@ class VLLMLoop:
         self._lock = threading.Lock()
         self._closed = False
 
+    @property
+    def closed(self) -> bool:
+        """Whether ``close`` was called (new requests are refused)."""
+        return self._closed
+
     def submit(
         self,
         prompt_token_ids: list[int],
@@ -219,7 +224,7 @@ class VLLMLoop:
         handle = VLLMRequest(self._runner, request_id, on_delta, lambda: llm.abort(request_id))
         with self._lock:
             if self._closed:
-                handle._finish(None, RuntimeError("generation loop: closed; start a new one"))
+                handle._finish(None, Cancelled("the generation loop is closed"))
                 return handle
             self._live.add(handle)
         try:

@@ -164,7 +164,8 @@ def test_close_aborts_in_flight_requests_and_refuses_new_ones(
     for handle in handles:
         with pytest.raises(Cancelled):
             handle.result(WAIT)
-    with pytest.raises(RuntimeError, match="closed"):
+    assert loop.closed
+    with pytest.raises(Cancelled, match="closed"):
         loop.submit(PROMPT, SamplingParams()).result(WAIT)
     hold.set()
     assert sorted(llm.aborted) == sorted(h.request_id for h in handles)
@@ -186,6 +187,7 @@ def test_a_bad_request_fails_its_own_handle_only(engine_factory: Any) -> None:
 
 
 def test_a_concurrency_the_engine_cannot_hold_is_refused(engine_factory: Any) -> None:
+    assert engine_factory("draft_model", 4).start_loop().max_batch_size == 32  # the default
     engine = engine_factory("draft_model", 4, max_num_seqs=8)
     assert engine.start_loop(8).max_batch_size == 8
     for bad in (9, 0, True, "4"):
@@ -222,3 +224,19 @@ def test_auto_with_a_schedule_reports_the_k_vllm_chose(engine_factory: Any) -> N
     ).stats
     assert stats.num_speculative_tokens == "auto"
     assert stats.mean_chosen_k == pytest.approx(stats.num_draft_tokens / stats.num_target_forwards)
+
+
+def test_generate_many_keeps_input_order_and_names_bad_requests(engine_factory: Any) -> None:
+    from generation.engine_loop import BatchRequestError
+
+    engine = engine_factory("draft_model", 4)
+    prompts = [PROMPT, PROMPT[:4], [], PROMPT[2:]]
+    params = [SamplingParams(max_new_tokens=n) for n in (5, 9, 3, 7)]
+    with pytest.raises(BatchRequestError, match="request 2: prompt_token_ids: empty") as info:
+        engine.generate_many(prompts, params)
+    good = [r for r in info.value.results if r is not None]
+    assert [len(r.token_ids) for r in good] == [5, 9, 7] and info.value.results[2] is None
+    ok = engine.generate_many([PROMPT, PROMPT[:4]], SamplingParams(max_new_tokens=6))
+    assert [r.token_ids for r in ok] == [
+        engine.generate(p, SamplingParams(max_new_tokens=6)).token_ids for p in (PROMPT, PROMPT[:4])
+    ]
