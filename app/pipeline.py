@@ -210,8 +210,8 @@ def _run(resources: Resources, qid: uuid.UUID, claimed: Claimed) -> Outcome:
         max_new_tokens=max_tokens,
         temperature=float(params.get("temperature", 0.0)),
         seed=params.get("seed"),
-        method=params.get("method", "draft_model"),
-        num_speculative_tokens=params.get("num_speculative_tokens", 4),
+        method=params["method"],
+        num_speculative_tokens=params["num_speculative_tokens"],
     )
     gen_started = utcnow()
     result = engine.generate(prompt_ids, sampling)
