@@ -91,9 +91,11 @@ def ask(
         require_collection(session, tenant, request.collection)
         query, _ = create_query(session, get_or_create_tenant(session, tenant), request)
     if local:
+        from app.audit.hooks import install_hooks
         from app.pipeline import answer_query
         from app.resources import Resources
 
+        install_hooks()
         answer_query(Resources(settings, session_factory), query.id)
     else:
         from app.outbox import send_and_mark
