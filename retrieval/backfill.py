@@ -136,8 +136,12 @@ def _centroids(
     where = (CollectionIndex.tenant == tenant, CollectionIndex.collection == collection)
     with session_factory() as session:
         row = session.execute(
-            select(CollectionIndex.kind, CollectionIndex.layout_version, CollectionIndex.dim,
-                   CollectionIndex.centroids.is_(None)).where(*where)  # fmt: skip
+            select(
+                CollectionIndex.kind,
+                CollectionIndex.layout_version,
+                CollectionIndex.dim,
+                CollectionIndex.centroids.is_(None),
+            ).where(*where)  # fmt: skip
         ).one_or_none()
         if row is None or row.kind != "ivf" or not row[3]:
             return None
@@ -157,8 +161,10 @@ def _centroids(
                 .where(Document.tenant == tenant, Document.collection == collection)
                 .order_by(Chunk.id)
             ).all()
-            ids = np.asarray([b[0] for b in blobs], dtype="int64")
-            centroids = centroids_of(new_ivf(from_bytes([b[1] for b in blobs], row.dim), ids))
+            stored = [(b[0], bytes(b[1])) for b in blobs if b[1] is not None]
+            ids = np.asarray([cid for cid, _ in stored], dtype="int64")
+            vectors = from_bytes([blob for _, blob in stored], row.dim)
+            centroids = centroids_of(new_ivf(vectors, ids))
         assert centroids is not None
     with session_factory() as session, session.begin():
         session.execute(

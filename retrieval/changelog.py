@@ -9,9 +9,9 @@ two versions with one number. Reads never lock or write anything, so they never 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 from sqlalchemy import delete, insert, select, update
@@ -119,9 +119,11 @@ def snapshot(
             execution_options={"synchronize_session": False},
         )
         state = read_state(session, tenant, collection)
-        result = None if state is None else read(session, state)
+        if state is None:
+            return None
+        result = read(session, state)
         session.rollback()
-    return None if state is None else (state, result)  # type: ignore[return-value]
+    return state, result
 
 
 def read_delta(
@@ -137,7 +139,7 @@ def read_delta(
     ).all()
     removed = {c for c, added in changes if not added}
     wanted = sorted({c for c, added in changes if added})
-    rows: list[tuple[int, bytes | None]] = []
+    rows: list[Any] = []
     for start in range(0, len(wanted), 5000):  # bounded IN lists
         batch = wanted[start : start + 5000]
         rows += session.execute(
@@ -148,9 +150,7 @@ def read_delta(
     return Delta(np.asarray(sorted(removed), dtype="int64"), ids, vectors)
 
 
-def read_contents(
-    session: Session, tenant: str, collection: str, state: IndexState
-) -> Contents:
+def read_contents(session: Session, tenant: str, collection: str, state: IndexState) -> Contents:
     """Every stored vector of the collection (and its centroids, for IVF)."""
     rows = session.execute(_vectors_query(tenant, collection).order_by(Chunk.id)).all()
     ids, vectors = _decode(rows, tenant, collection, state.dim)
@@ -201,8 +201,9 @@ def _vectors_query(tenant: str, collection: str):  # type: ignore[no-untyped-def
 
 
 def _decode(
-    rows: list[tuple[int, bytes | None]] | list, tenant: str, collection: str, dim: int
+    rows: Sequence[Any], tenant: str, collection: str, dim: int
 ) -> tuple[np.ndarray, np.ndarray]:
+    """``(ids [n], vectors [n, dim])`` of ``(chunk id, embedding)`` rows; every vector stored."""
     missing = sum(1 for _, blob in rows if blob is None)
     if missing:
         raise MissingVectorsError(tenant, collection, missing)

@@ -27,7 +27,6 @@ from retrieval.changelog import (
     MissingVectorsError,
     read_contents,
     read_delta,
-    read_state,
     snapshot,
 )
 from retrieval.index_store import IndexStore
@@ -36,8 +35,10 @@ from retrieval.records import IndexChange
 
 log = logging.getLogger(__name__)
 
-# A delta touching more than this share of the collection is slower to replay than a rebuild.
+# A delta touching more than this share of the collection (and more than REPLAY_ALWAYS changes,
+# which replay in milliseconds whatever the size) is slower to replay than a rebuild.
 REBUILD_FRACTION = 0.5
+REPLAY_ALWAYS = 1000
 # Changes replayed since this host last wrote a file before it writes one (restarts stay cheap
 # without writing a large file on every small catch-up).
 PERSIST_CHANGES = 2000
@@ -155,7 +156,7 @@ class HostIndexes:
                     IndexChange.version <= state.version,
                 )
             )
-            if (count or 0) <= REBUILD_FRACTION * max(state.num_vectors, 1):
+            if (count or 0) <= max(REPLAY_ALWAYS, REBUILD_FRACTION * state.num_vectors):
                 return _Plan(base, read_delta(session, tenant, collection, state, base), None)
         return _Plan(None, None, read_contents(session, tenant, collection, state))
 

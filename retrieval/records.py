@@ -142,7 +142,9 @@ class IndexChange(RecordBase):
     """
 
     __tablename__ = "index_changes"
-    __table_args__ = (Index("ix_index_changes_collection_version", "collection_index_id", "version"),)
+    __table_args__ = (
+        Index("ix_index_changes_collection_version", "collection_index_id", "version"),
+    )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     collection_index_id: Mapped[int] = mapped_column(

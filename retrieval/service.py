@@ -20,8 +20,8 @@ import numpy as np
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from retrieval.chunking import Chunker, embedding_text
 from retrieval.backfill import backfill_collection
+from retrieval.chunking import Chunker, embedding_text
 from retrieval.embedder import Embedder
 from retrieval.errors import DocumentError, QueryError, UnknownCollectionError, check_name
 from retrieval.host_indexes import HostIndexes

@@ -61,7 +61,9 @@ def answers(service: RetrievalService, questions: list[str], tenant: str, collec
             top_k: int = 5) -> list[list[tuple[str, int, float, str, int | None]]]:  # fmt: skip
     """Every question's hits as comparable tuples (document, chunk, score, text, version)."""
     return [
-        [(h.document, h.chunk_id, h.score, h.text, h.index_version)
-         for h in service.search(q, collection=collection, tenant=tenant, top_k=top_k)]  # fmt: skip
+        [
+            (h.document, h.chunk_id, h.score, h.text, h.index_version)
+            for h in service.search(q, collection=collection, tenant=tenant, top_k=top_k)
+        ]  # fmt: skip
         for q in questions
     ]
