@@ -98,7 +98,9 @@ def snapshot(
     collection: str,
     read: Callable[[Session, IndexState], T],
 ) -> tuple[IndexState, T] | None:
-    """``(state, read(session, state))`` from one consistent view; None when no collection."""
+    """``(state, read(session, state))`` from one consistent view; None when no collection.
+
+    ``read`` returns None when it read nothing (the caller's copy is current)."""
     for _ in range(SNAPSHOT_TRIES):
         with session_factory() as session:
             if session.get_bind().dialect.name == "postgresql":
@@ -107,7 +109,8 @@ def snapshot(
             if state is None:
                 return None
             result = read(session, state)
-            if read_state(session, tenant, collection) == state:
+            # None: nothing else was read, and one statement is a consistent view by itself.
+            if result is None or read_state(session, tenant, collection) == state:
                 return state, result
     # Writes kept landing between the two reads (SQLite under a busy writer): wait for the
     # collection's write lock once, read, and release it (rolled back: nothing is written).

@@ -76,7 +76,7 @@ class HostIndexes:
         self.fill = fill
         self.sources: Counter[str] = Counter()  # memory / delta / build: how each catch-up went
         self._held: dict[Key, _Held] = {}
-        self._locks: dict[Key, threading.Lock] = {}
+        self._locks: dict[Key, threading.RLock] = {}
         self._guard = threading.Lock()
 
     def current(
@@ -239,6 +239,7 @@ class HostIndexes:
         with self._guard:
             return self._held.get(key)
 
-    def _key_lock(self, key: Key) -> threading.Lock:
+    def _key_lock(self, key: Key) -> threading.RLock:
+        # Re-entrant: a replay that finds its base gone serves ``current`` again on this thread.
         with self._guard:
-            return self._locks.setdefault(key, threading.Lock())
+            return self._locks.setdefault(key, threading.RLock())
