@@ -155,7 +155,10 @@ def read_delta(
 
 def read_contents(session: Session, tenant: str, collection: str, state: IndexState) -> Contents:
     """Every stored vector of the collection (and its centroids, for IVF)."""
-    rows = session.execute(_vectors_query(tenant, collection).order_by(Chunk.id)).all()
+    if session.get_bind().dialect.name == "postgresql":
+        rows: Sequence[Any] = _binary_rows(session, tenant, collection)
+    else:
+        rows = session.execute(_vectors_query(tenant, collection).order_by(Chunk.id)).all()
     ids, vectors = _decode(rows, tenant, collection, state.dim)
     centroids = None
     if state.kind == "ivf":
@@ -201,6 +204,20 @@ def _vectors_query(tenant: str, collection: str):  # type: ignore[no-untyped-def
         .join(Document, Chunk.document_id == Document.id)
         .where(Document.tenant == tenant, Document.collection == collection)
     )
+
+
+def _binary_rows(session: Session, tenant: str, collection: str) -> list[Any]:
+    """``(id, embedding)`` rows in chunk-id order, in PostgreSQL's binary format: bytea as raw
+    bytes instead of hex text, about twice as fast at 100k chunks (measured; docs/scaleout.md).
+    Runs on the session's own connection, so inside its consistent view."""
+    driver: Any = session.connection().connection.driver_connection
+    with driver.cursor(binary=True) as cur:
+        cur.execute(
+            "SELECT c.id, c.embedding FROM chunks c JOIN documents d ON c.document_id = d.id"
+            " WHERE d.tenant = %s AND d.collection = %s ORDER BY c.id",
+            (tenant, collection),
+        )
+        return list(cur.fetchall())
 
 
 def _decode(

@@ -78,6 +78,7 @@ class HostIndexes:
         self._held: dict[Key, _Held] = {}
         self._locks: dict[Key, threading.RLock] = {}
         self._guard = threading.Lock()
+        self._writing: list[threading.Thread] = []  # index files being written after an answer
 
     def current(
         self, tenant: str, collection: str, *, fill: bool = True
@@ -196,7 +197,9 @@ class HostIndexes:
         else:
             self.sources["delta"] += 1
         if unsaved >= PERSIST_CHANGES:
-            self.remember(tenant, collection, state.version, index)
+            self._hold((tenant, collection), state.version, index, 0)
+            # After the answer, not before it: a 100k-chunk file takes seconds on a busy disk.
+            self._persist_later(tenant, collection, state.version, index)
         else:
             self._hold((tenant, collection), state.version, index, unsaved)
         return index
@@ -220,6 +223,22 @@ class HostIndexes:
         if len(delta.add_ids):
             index.add_with_ids(delta.add_vectors, delta.add_ids)
         return index, unsaved + len(delta)
+
+    def wait_for_files(self, timeout: float | None = 60.0) -> None:
+        """Return once the index files this process started writing are on disk."""
+        with self._guard:
+            writing, self._writing = self._writing, []
+        for thread in writing:
+            thread.join(timeout)
+
+    def _persist_later(self, tenant: str, collection: str, version: int, index: Any) -> None:
+        thread = threading.Thread(
+            target=self._persist, args=(tenant, collection, version, index), daemon=True,
+            name=f"index-file-{version}",
+        )  # fmt: skip
+        with self._guard:
+            self._writing = [t for t in self._writing if t.is_alive()] + [thread]
+        thread.start()
 
     def _persist(self, tenant: str, collection: str, version: int, index: faiss.Index) -> None:
         try:

@@ -132,6 +132,7 @@ def test_lost_files_are_rebuilt_from_the_database(
              collection=c, tenant=t)  # fmt: skip
     want = answers(a, QUESTIONS, t, c)
     assert answers(b, QUESTIONS, t, c) == want
+    b.indexes.wait_for_files()  # B's own file is on disk before B loses it
     before = row(a, t, c)
     for lost in ("a", "b"):
         shutil.rmtree(tmp_path / lost)  # the whole data directory, then a process restart
@@ -139,6 +140,7 @@ def test_lost_files_are_rebuilt_from_the_database(
         assert answers(fresh, QUESTIONS, t, c) == want
         assert fresh.embedder.texts == len(QUESTIONS)
         assert fresh.indexes.sources["build"] == 1
+        fresh.indexes.wait_for_files()
         assert fresh.store.versions(t, c) == [before[0]]  # the cache file is back
     assert row(a, t, c) == before
 
@@ -149,7 +151,8 @@ def test_restart_replays_changes_since_its_file(
     a, b = make_host("a"), make_host("b")
     c, t = names["collection"], names["a"]
     a.ingest([write(tmp_path / "fruit.md", FRUIT)], collection=c, tenant=t)
-    b.search("apples", collection=c, tenant=t)  # B now has a file of version 1
+    b.search("apples", collection=c, tenant=t)
+    b.indexes.wait_for_files()  # B now has a file of version 1
     a.ingest([write(tmp_path / "engines.md", ENGINES)], collection=c, tenant=t)
     a.delete(str(tmp_path / "fruit.md"), collection=c, tenant=t)
     restarted = make_host("b")  # same data directory, empty memory
