@@ -19,7 +19,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from app.queries import RequestError
+from app.requests import RequestError
 from retrieval.errors import InvalidNameError, check_name
 from retrieval.loaders import SUPPORTED_SUFFIXES
 from retrieval.records import Document
