@@ -103,14 +103,14 @@ class HostIndexes:
             state, plan = got
             return state.version, self._apply(tenant, collection, state, held, plan)
 
-    def private_copy(self, tenant: str, collection: str, version: int) -> faiss.Index:
-        """A copy of the committed index of ``version``, for a writer that holds the collection's
-        lock (so the committed version cannot move) to change and commit as the next one."""
+    def committed(self, tenant: str, collection: str, version: int) -> faiss.Index:
+        """The (shared) index of ``version``, for a writer that holds the collection's lock, so
+        that the committed version cannot move; it copies the index before changing it."""
         got = self.current(tenant, collection, fill=False)
         if got is None or got[0] != version:
             found = None if got is None else got[0]
             raise RuntimeError(f"{tenant}/{collection}: expected version {version}, read {found}")
-        return faiss.clone_index(got[1])
+        return got[1]
 
     def remember(self, tenant: str, collection: str, version: int, index: faiss.Index) -> None:
         """Hold ``index`` as ``version`` (when newer than what is held) and write its file."""
