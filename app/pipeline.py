@@ -159,8 +159,11 @@ def answer_query(
             # with a message the client can read; a killed process never gets here (the reaper does).
             message = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
             if isinstance(exc, Exception):
-                _fail(sf, qid, message)
-                log.warning("query %s failed: %s", qid, message)
+                from app.failures import public_error
+
+                # The client gets a stable message; the exception's own text stays in the log.
+                _fail(sf, qid, public_error(exc))
+                log.warning("query %s failed: %s", qid, message, exc_info=exc)
                 from app.audit.privacy import scrub_question
 
                 scrub_question(sf, s, qid)  # a failed query is final: keep only its stored form

@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session, selectinload, sessionmaker
 
 from app.db import Answer, Query, Tenant
 from app.settings import Settings
+from app.validation import check_text
 
 QUEUES = ("answer", "batch")
 
@@ -75,6 +76,7 @@ def validate_request(settings: Settings, data: dict[str, Any]) -> QueryRequest:
     question = data.get("question")
     if not isinstance(question, str) or not question.strip():
         raise RequestError("question", "must be a non-empty string")
+    check_text("question", question)
     if len(question) > settings.max_question_chars:
         raise RequestError(
             "question", f"longer than {settings.max_question_chars} characters ({len(question)})"
@@ -82,8 +84,9 @@ def validate_request(settings: Settings, data: dict[str, Any]) -> QueryRequest:
     collection = data.get("collection")
     if not isinstance(collection, str) or not collection.strip() or len(collection) > 128:
         raise RequestError("collection", "must be a non-empty string of at most 128 characters")
+    check_text("collection", collection)
     method = data.get("method") or settings.default_method
-    if method not in settings.allowed_methods:
+    if not isinstance(method, str) or method not in settings.allowed_methods:
         raise RequestError(
             "method", f"must be one of {', '.join(settings.allowed_methods)}, got {method!r}"
         )
@@ -155,6 +158,7 @@ def create_query(
     if idempotency_key is not None:
         if not idempotency_key or len(idempotency_key) > 200:
             raise RequestError("Idempotency-Key", "must be 1 to 200 characters")
+        check_text("Idempotency-Key", idempotency_key)
         existing = _by_key(session, tenant.id, idempotency_key)
         if existing is not None:
             return existing, False

@@ -9,9 +9,11 @@ from typing import Any
 from fastapi import FastAPI
 
 from app.api import errors
+from app.api.guard import RequestGuard
 from app.api.routes import admin, batches, documents, health, queries
 from app.outbox import Send, Sweeper
 from app.settings import Settings
+from app.tenancy.limits import Enforcer
 
 
 def create_app(settings: Settings, *, send: Send | None = None, sweeper: bool = True) -> FastAPI:
@@ -43,6 +45,10 @@ def create_app(settings: Settings, *, send: Send | None = None, sweeper: bool = 
     def send_task(name: str, args: list[Any]) -> None:
         celery().send_task(name, args=args, retry=False)
 
+    def check_broker() -> None:
+        with celery().connection_for_write() as conn:
+            conn.ensure_connection(max_retries=1, timeout=settings.broker_timeout_seconds)
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         running = Sweeper(session_factory, settings, app.state.send).start() if sweeper else None
@@ -63,7 +69,10 @@ def create_app(settings: Settings, *, send: Send | None = None, sweeper: bool = 
     app.state.session_factory = session_factory
     app.state.send = send
     app.state.send_task = send_task
+    app.state.check_broker = check_broker
+    app.state.enforcer = Enforcer(settings)
     errors.install(app)
+    app.add_middleware(RequestGuard, max_bytes=settings.max_request_bytes)  # type: ignore[arg-type]
     app.include_router(health.router)
     app.include_router(queries.router)
     app.include_router(admin.router)

@@ -10,7 +10,8 @@ from pydantic import BaseModel, ConfigDict, Field
 class QueryCreate(BaseModel):
     """``POST /v1/queries``: a question and optional decoding parameters (limits from settings)."""
 
-    model_config = ConfigDict(extra="forbid")
+    # strict: `max_tokens: true` or `"temperature": "0.5"` is refused, not coerced.
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     question: str = Field(description="The question, in natural language.")
     collection: str = Field(description="Collection of the caller's documents to search.")

@@ -11,9 +11,12 @@ from app.commands.common import get_settings, one_line_errors
 @click.option(
     "--queues",
     "-Q",
-    default="answer,batch,ingest",
+    default="answer,batch",
     show_default=True,
-    help="Comma-separated queues.",
+    help=(
+        "Comma-separated queues. Ingest runs in its own worker process (`--queues ingest`), so "
+        "a large upload never runs in front of an answer on the same engine."
+    ),
 )
 @click.option(
     "--pool",

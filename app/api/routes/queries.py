@@ -9,8 +9,10 @@ from fastapi import APIRouter, Header, Request
 from app.api.deps import SessionDep, SettingsDep, TenantDep
 from app.api.errors import ApiError
 from app.api.schemas import ErrorOut, QueryAccepted, QueryCreate, QueryOut
+from app.api.tokens import check_question_tokens, token_counter
+from app.audit.privacy import matches_stored
 from app.db import Tenant
-from app.outbox import send_and_mark
+from app.outbox import admit
 from app.queries import create_query, get_query, query_view, require_collection, validate_request
 
 router = APIRouter(prefix="/v1/queries", tags=["queries"])
@@ -33,21 +35,25 @@ def submit_query(
 ) -> QueryAccepted:
     """Store the question and queue it; the same Idempotency-Key returns the same id."""
     validated = validate_request(settings, body.model_dump())
+    counter = token_counter(request.app.state, settings)
+    check_question_tokens(counter, settings, validated.question)
     tenant = session.get(Tenant, caller.tenant_id)
     assert tenant is not None
     require_collection(session, tenant.name, validated.collection)
+    request.app.state.enforcer.submission(session, tenant.id)
     query, created = create_query(session, tenant, validated, idempotency_key=idempotency_key)
     if not created:
         same = (
-            query.question == validated.question
+            matches_stored(query.question, validated.question)
             and query.collection == validated.collection
             and query.params == validated.params()
         )
         if not same:
             raise ApiError(409, "Idempotency-Key", "already used for a different request")
         return QueryAccepted(id=str(query.id), status=query.status)
-    # A failed send leaves the query in the outbox (enqueued_at NULL): the sweeper sends it later.
-    send_and_mark(request.app.state.session_factory, query.id, query.queue, request.app.state.send)
+    # Admission: sent now if the tenant has a free slot, else held (enqueued_at NULL) until one
+    # of its queries is answered; a failed send leaves it for the sweeper too (app/outbox.py).
+    admit(request.app.state.session_factory, settings, request.app.state.send, tenant_id=tenant.id)
     return QueryAccepted(id=str(query.id), status="queued")
 
 
