@@ -17,7 +17,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import and_, func, or_, select, update
+from sqlalchemy import and_, func, or_, select, text, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.db import Query, utcnow
@@ -27,6 +27,9 @@ from app.periodic import Periodic
 from app.settings import Settings
 
 log = logging.getLogger(__name__)
+
+# An arbitrary constant that names the admission lock among PostgreSQL advisory locks.
+ADMISSION_LOCK = 0x5EC_4A6_01
 
 Send = Callable[[uuid.UUID, str], None]
 """Puts one query id on the named queue; raises when the broker cannot be reached."""
@@ -169,14 +172,21 @@ def admit(
     tenant), after each answer and by the sweeper. Returns the number sent.
     """
     cap = settings.tenant_max_in_flight
+    unsent = and_(Query.enqueued_at.is_(None), Query.queue == "answer")
     with session_factory() as session:
+        skip_fsync(session)
+        if session.get_bind().dialect.name == "postgresql":
+            # One admitter at a time (API submits, after-answer, sweepers): the count it reads
+            # stays true until its claim commits, so a tenant never passes its cap. Held for
+            # milliseconds: the sends happen after the commit.
+            session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": ADMISSION_LOCK})
         held = select(
             Query.id,
             Query.tenant_id,
             func.row_number()
             .over(partition_by=Query.tenant_id, order_by=(Query.queued_at, Query.id))
             .label("turn"),
-        ).where(Query.status == "queued", Query.enqueued_at.is_(None), Query.queue == "answer")
+        ).where(Query.status == "queued", unsent)
         if tenant_id is not None:
             held = held.where(Query.tenant_id == tenant_id)
         sub = held.subquery()
@@ -185,44 +195,59 @@ def admit(
             .where(sub.c.turn <= cap)
             .order_by(sub.c.turn, sub.c.tenant_id)
         ).all()
-        if not rows:
-            return 0
-        busy = in_flight(session, sorted({t for _, t, _ in rows}))
-    chosen = [qid for qid, tenant, turn in rows if turn <= cap - busy.get(tenant, 0)][:limit]
-    unsent = and_(Query.enqueued_at.is_(None), Query.queue == "answer")
-    return _claim_and_send(session_factory, chosen, unsent, send)
+        busy = in_flight(session, sorted({t for _, t, _ in rows})) if rows else {}
+        chosen = [qid for qid, tenant, turn in rows if turn <= cap - busy.get(tenant, 0)][:limit]
+        claimed = _claim(session, chosen, unsent)
+        session.commit()
+    return _send_claimed(session_factory, chosen, claimed, send)
 
 
 def _claim_and_send(
     session_factory: sessionmaker[Session], ids: list[uuid.UUID], due: Any, send: Send
 ) -> int:
-    """Claim the still-due queries among ``ids`` in one statement, then send them in order.
-
-    The claim is ``UPDATE ... WHERE id IN (SELECT ... FOR UPDATE SKIP LOCKED) RETURNING`` on
-    PostgreSQL: concurrent sweepers skip each other's rows instead of waiting or sending twice.
-    A send that fails gives back that query and the ones after it (the broker is down).
-    """
+    """Claim the still-due queries among ``ids``, then send them in order; how many were sent."""
     if not ids:
         return 0
     with session_factory() as session:
         skip_fsync(session)
-        lockable = (
-            select(Query.id)
-            .where(Query.id.in_(ids), Query.status == "queued", due)
-            .with_for_update(skip_locked=True)
-        )
-        claimed = dict(
-            session.execute(
-                update(Query)
-                .where(Query.id.in_(lockable.scalar_subquery()))
-                .values(enqueued_at=utcnow(), sends=Query.sends + 1)
-                .returning(Query.id, Query.queue)
-                .execution_options(synchronize_session=False)
-            )
-            .tuples()
-            .all()
-        )
+        claimed = _claim(session, ids, due)
         session.commit()
+    return _send_claimed(session_factory, ids, claimed, send)
+
+
+def _claim(session: Session, ids: list[uuid.UUID], due: Any) -> dict[uuid.UUID, str]:
+    """Mark the still-due queries among ``ids`` as sent (uncommitted); ``{id: queue}`` of those.
+
+    One ``UPDATE ... WHERE id IN (SELECT ... FOR UPDATE SKIP LOCKED) RETURNING`` on PostgreSQL:
+    concurrent sweepers skip each other's rows instead of waiting or sending twice.
+    """
+    if not ids:
+        return {}
+    lockable = (
+        select(Query.id)
+        .where(Query.id.in_(ids), Query.status == "queued", due)
+        .with_for_update(skip_locked=True)
+    )
+    return dict(
+        session.execute(
+            update(Query)
+            .where(Query.id.in_(lockable.scalar_subquery()))
+            .values(enqueued_at=utcnow(), sends=Query.sends + 1)
+            .returning(Query.id, Query.queue)
+            .execution_options(synchronize_session=False)
+        )
+        .tuples()
+        .all()
+    )
+
+
+def _send_claimed(
+    session_factory: sessionmaker[Session],
+    ids: list[uuid.UUID],
+    claimed: dict[uuid.UUID, str],
+    send: Send,
+) -> int:
+    """Send the claimed queries in ``ids`` order; a failed send gives back it and the rest."""
     order = [qid for qid in ids if qid in claimed]
     for n, query_id in enumerate(order):
         try:
