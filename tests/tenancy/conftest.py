@@ -19,6 +19,7 @@ from sqlalchemy import Engine, create_engine, func, select
 from sqlalchemy.orm import Session
 
 from app.settings import Settings
+from tests.fakes import RecordingDispatcher
 
 
 @pytest.fixture(scope="module")
@@ -47,14 +48,22 @@ def tenancy_pg() -> Iterator[str]:
 
 @dataclass
 class Api:
-    """A TestClient on the app, keys by tenant, what was sent, and the database engine."""
+    """A TestClient on the app, its recording dispatcher, and the database engine."""
 
     client: Any
     engine: Engine
     settings: Settings
-    sent: list[tuple[Any, str]] = field(default_factory=list)
-    tasks: list[tuple[str, list[Any]]] = field(default_factory=list)
-    keys: dict[str, str] = field(default_factory=dict)
+    dispatcher: Any = field(default_factory=lambda: RecordingDispatcher())
+
+    @property
+    def sent(self) -> list[tuple[Any, ...]]:
+        """Queries sent to the queue: ``(query id, queue)``."""
+        return list(self.dispatcher.of("query"))
+
+    @property
+    def tasks(self) -> list[tuple[str, tuple[Any, ...]]]:
+        """Every other send (uploads, deletes, batches) as ``(kind, args)``."""
+        return [(k, a) for k, a in self.dispatcher.sent if k != "query"]
 
     def key(self, tenant: str, *, admin: bool = False) -> dict[str, str]:
         """Authorization headers for a new key of ``tenant`` (whose collection 'docs' exists)."""
@@ -96,10 +105,7 @@ def make_api(url: str, data_dir: Path, **overrides: Any) -> Iterator[Api]:
     settings = Settings(data_dir=data_dir, database_url=url, **overrides)
     engine = create_engine(url)
     api = Api(client=None, engine=engine, settings=settings)
-    app = create_app(settings, send=lambda qid, queue: api.sent.append((qid, queue)),
-                     sweeper=False)  # fmt: skip
-    app.state.send_task = lambda name, args: api.tasks.append((name, args))
-    app.state.check_broker = None
+    app = create_app(settings, api.dispatcher, sweeper=False)
     with TestClient(app) as client:
         api.client = client
         yield api

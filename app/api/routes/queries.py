@@ -6,7 +6,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Request
 
-from app.api.deps import SessionDep, SettingsDep, TenantDep
+from app.api.deps import DispatcherDep, EnforcerDep, SessionDep, SettingsDep, TenantDep
 from app.api.errors import ApiError
 from app.api.schemas import ErrorOut, QueryAccepted, QueryCreate, QueryOut
 from app.api.tokens import check_question_tokens, token_counter
@@ -30,7 +30,9 @@ def submit_query(
     caller: TenantDep,
     session: SessionDep,
     settings: SettingsDep,
+    dispatcher: DispatcherDep,
     request: Request,
+    enforcer: EnforcerDep,
     idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key")] = None,
 ) -> QueryAccepted:
     """Store the question and queue it; the same Idempotency-Key returns the same id."""
@@ -40,7 +42,7 @@ def submit_query(
     tenant = session.get(Tenant, caller.tenant_id)
     assert tenant is not None
     require_collection(session, tenant.name, validated.collection)
-    request.app.state.enforcer.submission(session, tenant.id)
+    enforcer.submission(session, tenant.id)
     query, created = create_query(session, tenant, validated, idempotency_key=idempotency_key)
     if not created:
         same = (
@@ -53,7 +55,7 @@ def submit_query(
         return QueryAccepted(id=str(query.id), status=query.status)
     # Admission: sent now if the tenant has a free slot, else held (enqueued_at NULL) until one
     # of its queries is answered; a failed send leaves it for the sweeper too (app/outbox.py).
-    admit(request.app.state.session_factory, settings, request.app.state.send, tenant_id=tenant.id)
+    admit(request.app.state.session_factory, settings, dispatcher.send_query, tenant_id=tenant.id)
     return QueryAccepted(id=str(query.id), status="queued")
 
 
