@@ -124,7 +124,9 @@ def sweep(
         # (app/batch) carry them, and a re-send would turn every item into a message of its own.
         and_(
             Query.enqueued_at < resend,
-            Query.queue != "batch",
+            # Only interactive ones: golden-evaluation queries (queue "eval") run in the process
+            # that made them and have no queue to be sent to.
+            Query.queue == "answer",
             Query.sends <= settings.max_resends,
         ),
     )

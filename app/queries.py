@@ -17,18 +17,9 @@ from sqlalchemy.orm import Session, selectinload, sessionmaker
 
 from app.db import Answer, Query, Tenant
 from app.settings import Settings
-from app.validation import check_text
+from app.validation import RequestError, check_text  # RequestError: re-exported as before
 
 QUEUES = ("answer", "batch")
-
-
-class RequestError(ValueError):
-    """A refused request; ``field`` names the offending field (for the 4xx JSON body)."""
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(f"{field}: {message}")
-        self.field = field
-        self.message = message
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,18 @@ EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
 LATEST = datetime(3000, 1, 1, tzinfo=UTC)
 
 
+class RequestError(ValueError):
+    """A refused request; ``field`` names the offending field (for the 4xx JSON body).
+
+    Defined here, beside the checks that raise it most, and re-exported by ``app.queries``.
+    """
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
 def text_problem(value: str) -> str | None:
     """Why ``value`` cannot be stored as text (NUL byte, lone surrogate), or None when it can."""
     if "\x00" in value:
@@ -35,8 +47,6 @@ def check_text(field: str, value: str) -> str:
     """``value`` unchanged; RequestError naming ``field`` when it holds a NUL or lone surrogate."""
     problem = text_problem(value)
     if problem is not None:
-        from app.queries import RequestError  # queries imports this module
-
         raise RequestError(field, problem)
     return value
 
