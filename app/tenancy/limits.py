@@ -6,8 +6,10 @@ Two kinds of limit, each kept where it is cheapest to keep right:
   storage where the broker is Redis (every API process shares one counter), its in-memory
   storage on the embedded default (one API process on one host, so one counter is all there is;
   a restart forgets the day's upload bytes, documented in docs/tenants.md).
-- Counts (queries queued or running, batch items in flight) are read from the database at
-  submit, so they are right on every deployment and need no second bookkeeping.
+- Counts (queries queued or running, batch items in flight) are read from the database, so they
+  are right on every deployment and need no second bookkeeping; a count is reused for a second
+  with this process's own submissions added (``Enforcer._room``), so a busy tenant's request
+  costs no query.
 
 A refusal is a ``LimitExceeded`` (429, or 413 for one over-sized request) with ``Retry-After``.
 """
@@ -29,6 +31,8 @@ from app.tenancy.records import TenantLimits
 
 CACHE_SECONDS = 5.0
 """An admin's change to a tenant's limits takes effect within this long on every API process."""
+COUNT_SECONDS = 1.0
+"""How long a tenant's count of active work is reused (plus this process's own submissions)."""
 
 
 class LimitExceeded(Exception):
@@ -112,6 +116,7 @@ class Enforcer:
         self.storage = storage.storage_from_string(uri, key_prefix="specrag-limits")
         self.window = strategies.FixedWindowRateLimiter(self.storage)
         self._cache: dict[int, tuple[float, Limits]] = {}
+        self._counts: dict[tuple[int, str], tuple[float, int]] = {}
         self._lock = threading.Lock()
 
     def limits(self, session: Session, tenant_id: int) -> Limits:
@@ -132,7 +137,7 @@ class Enforcer:
         self._rate(tenant_id, limits.submissions_per_second)
         if batch_items:
             cap = limits.max_batch_items
-            if cap and _active(session, tenant_id, "batch") + batch_items > cap:
+            if cap and not self._room(session, tenant_id, "batch", batch_items, cap):
                 raise LimitExceeded(
                     "questions",
                     f"the tenant may have {cap} batch items queued or running; wait for "
@@ -141,13 +146,35 @@ class Enforcer:
                 )
         else:
             cap = limits.max_active_queries
-            if cap and _active(session, tenant_id, "answer") >= cap:
+            if cap and not self._room(session, tenant_id, "answer", 1, cap):
                 raise LimitExceeded(
                     "question",
                     f"the tenant already has {cap} queries queued or running",
                     retry_after=5,
                 )
         return limits
+
+    def _room(self, session: Session, tenant_id: int, queue: str, adding: int, cap: int) -> bool:
+        """Whether ``adding`` more items fit under ``cap``; counts them when they do.
+
+        The database count is cached for ``COUNT_SECONDS`` and this process's own submissions are
+        added to it, so a busy tenant's request costs no query; answers finished meanwhile are not
+        subtracted, so the cache can only err towards refusing, and a refusal is always confirmed
+        by a fresh count. Other API processes' submissions show at the next refresh.
+        """
+        key = (tenant_id, queue)
+        now = time.monotonic()
+        with self._lock:
+            hit = self._counts.get(key)
+        if hit is None or now - hit[0] > COUNT_SECONDS or hit[1] + adding > cap:
+            hit = (now, _active(session, tenant_id, queue))
+        if hit[1] + adding > cap:
+            with self._lock:
+                self._counts[key] = hit
+            return False
+        with self._lock:
+            self._counts[key] = (hit[0], hit[1] + adding)
+        return True
 
     def upload(self, session: Session, tenant_id: int, size: int) -> Limits:
         """Count an upload of ``size`` bytes; LimitExceeded when over a request or daily quota."""

@@ -5,7 +5,7 @@ guard's body scan on a small query body, 2000 times after a warm-up, and prints 
 microseconds. Variants: rates in Redis (the broker) with the counts on PostgreSQL, and rates in
 memory with the counts on SQLite (the embedded default).
 
-    SPECRAG_TORCH_THREADS=1 .venv/bin/python benchmarks/limits.py --n 2000
+    SPECRAG_TORCH_THREADS=1 .venv/bin/python benchmarks/tenant_limits.py --n 2000
 
 Needs PostgreSQL on 127.0.0.1:5432 and Redis on 127.0.0.1:6379 (a free DB number is claimed as
 the test fixtures claim one, and flushed after).
@@ -41,6 +41,7 @@ def time_variant(name: str, settings, n: int) -> dict[str, float]:  # type: igno
     from app.queries import get_or_create_tenant
     from app.tenancy.limits import Enforcer
 
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
     engine = create_engine(settings.resolved_database_url)
     upgrade(engine)
     sf = make_session_factory(engine)
