@@ -19,8 +19,8 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from app.queries import RequestError
-from app.validation import check_text, text_problem
+from app.requests import RequestError, check_text
+from app.validation import text_problem
 from retrieval.errors import InvalidNameError, check_name
 from retrieval.loaders import SUPPORTED_SUFFIXES
 from retrieval.records import Document

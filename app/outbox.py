@@ -17,13 +17,15 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import and_, func, or_, select, text, update
+from sqlalchemy import ColumnElement, and_, func, or_, select, text, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.db import Query, utcnow
 from app.db.session import skip_fsync
 from app.failures import WORKER_LOST
+from app.finish import finish_query
 from app.periodic import Periodic
+from app.requests import QueryStatus
 from app.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -60,6 +62,16 @@ def _rowcount(result: object) -> int:
     return int(getattr(result, "rowcount", 0))
 
 
+def _requeue(session: Session, query_id: uuid.UUID, stopped: ColumnElement[bool]) -> bool:
+    # Back to queued and unsent: the sweep sends it again.
+    result = session.execute(
+        update(Query)
+        .where(Query.id == query_id, Query.status == QueryStatus.RUNNING, stopped)
+        .values(status=QueryStatus.QUEUED, enqueued_at=None, heartbeat_at=None, worker_host=None)
+    )
+    return bool(_rowcount(result))
+
+
 def reap_stale(session_factory: sessionmaker[Session], settings: Settings) -> list[uuid.UUID]:
     """Re-queue running queries whose heartbeat stopped; fail those out of attempts. Returns ids."""
     cutoff = utcnow() - timedelta(seconds=settings.stale_after_seconds)
@@ -67,31 +79,25 @@ def reap_stale(session_factory: sessionmaker[Session], settings: Settings) -> li
     with session_factory() as session:
         stale = session.execute(
             select(Query.id, Query.attempts).where(
-                Query.status == "running",
+                Query.status == QueryStatus.RUNNING,
                 or_(Query.heartbeat_at.is_(None), Query.heartbeat_at < cutoff),
             )
         ).all()
         for query_id, attempts in stale:
             # The same condition again, so that two reapers (or a late heartbeat) cannot both win.
-            guard = (
-                Query.id == query_id,
-                Query.status == "running",
-                or_(Query.heartbeat_at.is_(None), Query.heartbeat_at < cutoff),
-            )
+            stopped = or_(Query.heartbeat_at.is_(None), Query.heartbeat_at < cutoff)
             if attempts >= settings.max_attempts:
-                values = {
-                    "status": "failed",
-                    "error": WORKER_LOST,
-                    "done_at": utcnow(),
-                }
+                moved = finish_query(
+                    session,
+                    settings,
+                    query_id,
+                    QueryStatus.FAILED,
+                    error=WORKER_LOST,
+                    where=(stopped,),
+                )
             else:
-                values = {
-                    "status": "queued",
-                    "enqueued_at": None,
-                    "heartbeat_at": None,
-                    "worker_host": None,
-                }
-            if _rowcount(session.execute(update(Query).where(*guard).values(**values))):
+                moved = _requeue(session, query_id, stopped)
+            if moved:
                 reaped.append(query_id)
         session.commit()
     if reaped:

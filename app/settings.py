@@ -12,6 +12,8 @@ from typing import Any, Literal
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from app.requests import Method
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEMO_MODELS = REPO_ROOT / "models" / "demo"
 
@@ -82,11 +84,11 @@ class Settings(BaseSettings):
     )
     max_temperature: float = Field(default=2.0, description="Largest temperature accepted.")
     allowed_methods: tuple[str, ...] = Field(
-        default=("draft_model", "ngram", "none"),
+        default=tuple(Method),
         description="Speculation methods clients may ask for.",
     )
     default_method: str = Field(
-        default="draft_model", description="Method when the request names none."
+        default=Method.DRAFT_MODEL, description="Method when the request names none."
     )
     max_speculative_tokens: int = Field(
         default=8, description="Largest fixed k a request may ask for; also k_max of 'auto'."

@@ -3,7 +3,8 @@
 A NUL byte cannot be stored in a PostgreSQL ``text`` column and a lone surrogate cannot be
 encoded as UTF-8 (nor sent in a Celery message), so both used to surface as a 500 after part of
 a request had been stored or queued. Every string a client sends is checked here first, and the
-refusal names the field. CSV cells are neutralised here too (OWASP "CSV injection").
+refusal names the field (``app.requests.check_text`` raises the RequestError). CSV cells are
+neutralised here too (OWASP "CSV injection"). This module imports nothing of the app.
 """
 
 from __future__ import annotations
@@ -22,18 +23,6 @@ EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
 LATEST = datetime(3000, 1, 1, tzinfo=UTC)
 
 
-class RequestError(ValueError):
-    """A refused request; ``field`` names the offending field (for the 4xx JSON body).
-
-    Defined here, beside the checks that raise it most, and re-exported by ``app.queries``.
-    """
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(f"{field}: {message}")
-        self.field = field
-        self.message = message
-
-
 def text_problem(value: str) -> str | None:
     """Why ``value`` cannot be stored as text (NUL byte, lone surrogate), or None when it can."""
     if "\x00" in value:
@@ -41,14 +30,6 @@ def text_problem(value: str) -> str | None:
     if _SURROGATE.search(value):
         return "contains a lone UTF-16 surrogate, which is not valid Unicode"
     return None
-
-
-def check_text(field: str, value: str) -> str:
-    """``value`` unchanged; RequestError naming ``field`` when it holds a NUL or lone surrogate."""
-    problem = text_problem(value)
-    if problem is not None:
-        raise RequestError(field, problem)
-    return value
 
 
 def find_bad_text(value: Any, path: str = "") -> tuple[str, str] | None:

@@ -14,6 +14,7 @@ from typing import Any
 from celery import Celery
 from kombu import Exchange, Queue
 
+from app.audit.hooks import install_hooks
 from app.dispatch import TaskName
 from app.requests import QueueName
 from app.settings import Settings
@@ -76,6 +77,7 @@ def create_celery(settings: Settings) -> SpecragCelery:
         worker_send_task_events=False,
         task_send_sent_event=False,
     )
+    install_hooks()  # audit's after-answer work (shadow samples) in this process's pipeline
     tasks.register(app)
     batch_tasks.register(app)
     audit_tasks.register(app)

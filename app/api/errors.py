@@ -8,7 +8,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
-from app.queries import RequestError
+from app.requests import RequestError
 from app.tenancy.limits import LimitExceeded
 
 

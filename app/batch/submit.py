@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session
 
 from app.batch.records import Batch, BatchItem
 from app.db.models import Query, Tenant, utcnow
-from app.queries import QueryRequest, RequestError, validate_request
+from app.requests import QueryRequest, RequestError, validate_request
 from app.settings import Settings
 
 log = logging.getLogger(__name__)

@@ -90,7 +90,9 @@ def test_a_late_second_run_cannot_record_a_second_answer(resources: Resources) -
     }
     outcome = _record(
         resources.session_factory,
+        resources.settings,
         qid,
+        question=None,
         text="late",
         cited=[],
         stats=stats,
