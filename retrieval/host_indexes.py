@@ -27,6 +27,7 @@ from retrieval.changelog import (
     MissingVectorsError,
     read_contents,
     read_delta,
+    read_state,
     snapshot,
 )
 from retrieval.index_store import IndexStore
@@ -89,8 +90,17 @@ class HostIndexes:
         raises MissingVectorsError rather than storing legacy vectors (a writer holding the
         collection's lock must not wait for a second write)."""
         key = (tenant, collection)
+        held = self._get(key)
+        if held is not None:  # the common case, without waiting for a catch-up lock
+            with self.session_factory() as session:
+                state = read_state(session, tenant, collection)
+            if state is None:
+                return None
+            if state.version == held.version:
+                self.sources["memory"] += 1
+                return held.version, held.index
         with self._key_lock(key):
-            held = self._get(key)
+            held = self._get(key)  # another thread may have caught up meanwhile
             try:
                 got = self._snapshot(tenant, collection, held)
             except MissingVectorsError:
