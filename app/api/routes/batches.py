@@ -8,15 +8,13 @@ admin key.
 from __future__ import annotations
 
 import json
-import uuid
-from collections.abc import Callable
 from typing import Any, Literal
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
-from app.api.deps import SessionDep, SettingsDep, TenantDep
+from app.api.deps import DispatcherDep, EnforcerDep, SessionDep, SettingsDep, TenantDep
 from app.api.errors import ApiError
 from app.api.schemas import ErrorOut
 from app.db import Tenant
@@ -33,6 +31,8 @@ ERRORS: dict[int | str, dict[str, Any]] = {
 class StoredFilterIn(BaseModel):
     """Which stored queries to re-run; times are ISO 8601 on the query's submission time."""
 
+    model_config = ConfigDict(extra="forbid", strict=True)
+
     since: str | None = None
     until: str | None = None
     tenant: str | None = Field(default=None, description="Another tenant's needs an admin key.")
@@ -44,6 +44,8 @@ class StoredFilterIn(BaseModel):
 class BatchCreate(BaseModel):
     """Exactly one source: ``jsonl`` (text, one question object a line), ``questions``, ``filter``."""
 
+    model_config = ConfigDict(extra="forbid", strict=True)
+
     jsonl: str | None = None
     questions: list[dict[str, Any]] | None = None
     filter: StoredFilterIn | None = None
@@ -54,29 +56,14 @@ class BatchCreate(BaseModel):
     max_tokens: int | None = None
 
 
-def _dispatcher(request: Request) -> Callable[[uuid.UUID, int, int], None]:
-    found = getattr(request.app.state, "dispatch_batch", None)
-    if found is None:
-        # Built on first use: an API that never sees a batch never builds a second Celery app.
-        from workers import create_celery
-        from workers.batch_tasks import dispatch
-
-        celery = create_celery(request.app.state.settings)
-
-        def found(batch_id: uuid.UUID, epoch: int, lanes: int) -> None:
-            dispatch(celery, batch_id, epoch, lanes)
-
-        request.app.state.dispatch_batch = found
-    return found  # type: ignore[no-any-return]
-
-
 @router.post("", status_code=202, responses=ERRORS)
 def submit_batch(
     body: BatchCreate,
     caller: TenantDep,
     session: SessionDep,
     settings: SettingsDep,
-    request: Request,
+    dispatcher: DispatcherDep,
+    enforcer: EnforcerDep,
 ) -> dict[str, Any]:
     """Validate and store the batch (all or nothing), queue it; returns its id."""
     from app.batch import submit as sub
@@ -124,10 +111,11 @@ def submit_batch(
             session, settings, flt, overrides=overrides, limit=settings.batch_max_items
         )
         source, detail = "filter", flt.to_dict()
+    enforcer.submission(session, owner.id, batch_items=len(specs))
     batch = sub.create_batch(
         session, settings, owner, specs, source=source, source_detail=detail, overrides=overrides
     )
-    sub.dispatch_new(batch, _dispatcher(request))
+    sub.dispatch_new(batch, dispatcher.dispatch_batch)
     return {"id": str(batch.id), "status": batch.status, "total": batch.total}
 
 

@@ -6,12 +6,13 @@ both answer 202; ``GET`` shows when a document has landed. A refused request que
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Literal
 
-from fastapi import APIRouter, Query, Request
-from pydantic import BaseModel, Field
+from fastapi import APIRouter, Query
+from pydantic import BaseModel, ConfigDict, Field
 
-from app.api.deps import SessionDep, SettingsDep, TenantDep
+from app.api.deps import DispatcherDep, EnforcerDep, SessionDep, SettingsDep, TenantDep
 from app.api.errors import ApiError
 from app.api.schemas import ErrorOut
 from app.documents import list_documents, validate_uploads
@@ -28,6 +29,8 @@ ERRORS: dict[int | str, dict[str, Any]] = {
 class DocumentIn(BaseModel):
     """One file of an upload."""
 
+    model_config = ConfigDict(extra="forbid", strict=True)
+
     name: str = Field(description="File name with its extension (.txt .md .html .pdf).")
     content: str = Field(description="The file's text, or its bytes in base64.")
     encoding: Literal["text", "base64"] = Field("text", description="How `content` is encoded.")
@@ -36,27 +39,51 @@ class DocumentIn(BaseModel):
 class UploadIn(BaseModel):
     """Files to ingest into one of the caller's collections."""
 
+    model_config = ConfigDict(extra="forbid", strict=True)
+
     collection: str
     documents: list[DocumentIn]
 
 
-def _send(request: Request, task: str, args: list[Any]) -> None:
+def _send(send: Callable[[], None]) -> None:
     try:
-        request.app.state.send_task(task, args)
+        send()
     except Exception as exc:  # broker down: nothing was stored, so refuse with the reason
         raise ApiError(503, "broker", f"the ingest queue is unreachable, try again: {exc}") from exc
 
 
 @router.post("", status_code=202, responses=ERRORS)
-def upload(body: UploadIn, caller: TenantDep, settings: SettingsDep, request: Request) -> dict:
-    """Queue the files for ingest; re-uploading an unchanged file is a no-op."""
-    from workers.app import INGEST_UPLOADS_TASK
+def upload(
+    body: UploadIn,
+    caller: TenantDep,
+    session: SessionDep,
+    settings: SettingsDep,
+    dispatcher: DispatcherDep,
+    enforcer: EnforcerDep,
+) -> dict:
+    """Queue the files for ingest; re-uploading an unchanged file is a no-op.
+
+    Each file is checked here (type, encoding, a PDF that opens), so a bad file is a 422 now;
+    its state (pending, then indexed or failed with the reason) shows in ``GET``.
+    """
+    from app.tenancy.uploads import mark_pending, restore
 
     uploads = validate_uploads(
         body.collection, [d.model_dump() for d in body.documents], settings.max_file_bytes
     )
+    size = sum(len(u.content) for u in uploads)
+    limits = enforcer.upload(session, caller.tenant_id, size)
     files = [u.to_message() for u in uploads]
-    _send(request, INGEST_UPLOADS_TASK, [files, body.collection, caller.tenant])
+    before = mark_pending(session, caller.tenant, body.collection, uploads)
+    try:
+        _send(
+            lambda: dispatcher.send_uploads(
+                files, body.collection, caller.tenant, limits.max_extracted_chars
+            )
+        )
+    except ApiError:
+        restore(session, caller.tenant, body.collection, before)  # nothing half-written
+        raise
     return {
         "status": "queued",
         "collection": body.collection,
@@ -77,15 +104,13 @@ def list_(caller: TenantDep, session: SessionDep, collection: str = Query(...)) 
 def delete(
     caller: TenantDep,
     session: SessionDep,
-    request: Request,
+    dispatcher: DispatcherDep,
     collection: str = Query(...),
     document: str = Query(..., description="The document's source, as GET lists it."),
 ) -> dict:
     """Queue the removal of one document from the index and the database."""
-    from workers.app import DELETE_DOCUMENT_TASK
-
     known = {d["document"] for d in list_documents(session, caller.tenant, collection)}
     if document not in known:
         raise ApiError(404, "document", f"no document {document!r} in collection {collection!r}")
-    _send(request, DELETE_DOCUMENT_TASK, [document, collection, caller.tenant])
+    _send(lambda: dispatcher.send_delete(document, collection, caller.tenant))
     return {"status": "queued", "collection": collection, "document": document}
