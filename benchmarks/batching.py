@@ -114,7 +114,7 @@ def part_sweep(engine: SpeculativeEngine, prompts: list[list[int]], sizes: list[
         for name, method, k in settings:
             params = SamplingParams(max_new_tokens=MAX_NEW, method=method, num_speculative_tokens=k)
             results, seconds = timed(
-                lambda: engine.generate_many(batch, params, max_batch_size=size)
+                lambda b=batch, p=params, s=size: engine.generate_many(b, p, max_batch_size=s)
             )
             rates[name] = tokens_per_second(results, seconds)
             if k == "auto":
