@@ -25,6 +25,7 @@ from app.requests import (
     RequestError,
     validate_request,
 )
+from retrieval.records import CollectionIndex
 
 # Re-exported: the request model and its validation used to live here.
 __all__ = [
@@ -166,7 +167,6 @@ def wait_for(
 
 def require_collection(session: Session, tenant: str, collection: str) -> None:
     """RequestError naming ``collection`` unless the tenant has ingested into it."""
-    from retrieval.records import CollectionIndex
 
     found = session.scalar(
         select(CollectionIndex.id).where(

@@ -24,6 +24,7 @@ from app.batch.records import Batch, BatchItem
 from app.db.models import Query, Tenant, utcnow
 from app.requests import QueryRequest, RequestError, validate_request
 from app.settings import Settings
+from retrieval.records import CollectionIndex
 
 log = logging.getLogger(__name__)
 
@@ -189,7 +190,6 @@ def _describe(flt: StoredFilter) -> str:
 
 def check_collections(session: Session, specs: Sequence[ItemSpec]) -> None:
     """RequestError naming the first collection that has never been ingested for its tenant."""
-    from retrieval.records import CollectionIndex
 
     names = dict(session.execute(select(Tenant.id, Tenant.name)).tuples().all())
     wanted = sorted({(s.tenant_id, s.request.collection) for s in specs})
