@@ -54,7 +54,11 @@ def finish_query(
         if question is None:
             question = session.scalar(select(Query.question).where(Query.id == query_id))
         if question is not None:
-            values["question"] = stored_form(question, settings.store_questions)
+            kept = stored_form(question, settings.store_questions)
+            values["question"] = kept
+            if kept != question:
+                # A batch re-run refuses questions not kept in clear (app/audit/privacy.py).
+                values["question_stored"] = settings.store_questions
     result = session.execute(
         update(Query)
         .where(Query.id == query_id, Query.status.in_(tuple(from_statuses)), *where)

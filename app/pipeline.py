@@ -26,6 +26,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.db import Answer, AnswerSource, GenerationStatsRecord, Query, utcnow
+from app.failures import public_error
 from app.finish import finish_query
 from app.hooks import Answered, run_after_answer
 from app.lease import Claimed, claim, heartbeat, release
@@ -102,11 +103,13 @@ def answer_query(
             # Anything else (bad collection, out of context, time limit) fails the query with a
             # message the client can read; a killed process never gets here (the reaper does).
             message = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-            log.warning("query %s failed: %s", qid, message)
+            # The client gets a stable message (app/failures.py); the exception's text is logged.
+            log.warning("query %s failed: %s", qid, message, exc_info=exc)
             with sf() as session:
                 finish_query(
-                    session, s, qid, QueryStatus.FAILED, question=claimed.question, error=message
-                )
+                    session, s, qid, QueryStatus.FAILED, question=claimed.question,
+                    error=public_error(exc),
+                )  # fmt: skip
                 session.commit()
             run_after_answer(resources, _answered(resources, qid, claimed, QueryStatus.FAILED))
             return "failed"

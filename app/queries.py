@@ -23,6 +23,7 @@ from app.requests import (
     QueryStatus,
     QueueName,
     RequestError,
+    check_text,
     validate_request,
 )
 from retrieval.records import CollectionIndex
@@ -75,6 +76,7 @@ def create_query(
     if idempotency_key is not None:
         if not idempotency_key or len(idempotency_key) > 200:
             raise RequestError("Idempotency-Key", "must be 1 to 200 characters")
+        check_text("Idempotency-Key", idempotency_key)
         existing = _by_key(session, tenant.id, idempotency_key)
         if existing is not None:
             return existing, False

@@ -22,6 +22,8 @@ from pydantic import (
     field_validator,
 )
 
+from app.validation import text_problem
+
 if TYPE_CHECKING:  # Settings takes its method defaults from here
     from app.settings import Settings
 
@@ -76,6 +78,22 @@ class RequestError(ValueError):
         self.message = message
 
 
+def check_text(field: str, value: str) -> str:
+    """``value`` unchanged; RequestError naming ``field`` when it holds a NUL or lone surrogate."""
+    problem = text_problem(value)
+    if problem is not None:
+        raise RequestError(field, problem)
+    return value
+
+
+def _storable(value: str) -> str:
+    # A NUL cannot be stored in PostgreSQL text, a lone surrogate not encoded (app/validation.py).
+    problem = text_problem(value)
+    if problem is not None:
+        raise ValueError(problem)
+    return value
+
+
 def _settings(info: ValidationInfo) -> Settings:
     settings: Settings | None = (info.context or {}).get("settings")
     if settings is None:
@@ -123,6 +141,7 @@ class QueryRequest(BaseModel):
         limit = _settings(info).max_question_chars
         if not value.strip():
             raise ValueError("must be a non-empty string")
+        _storable(value)
         if len(value) > limit:
             raise ValueError(f"longer than {limit} characters ({len(value)})")
         return value
@@ -130,7 +149,7 @@ class QueryRequest(BaseModel):
     @field_validator("collection")
     @classmethod
     def _collection(cls, value: str) -> str:
-        value = value.strip()
+        value = _storable(value).strip()
         if not value or len(value) > MAX_COLLECTION_CHARS:
             raise ValueError(
                 f"must be a non-empty string of at most {MAX_COLLECTION_CHARS} characters"

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -77,11 +77,16 @@ class RetrievalService:
         collection: str,
         tenant: str = "default",
         progress: bool = False,
+        sources: Mapping[str, str] | None = None,
+        max_chars: int = 0,
     ) -> IngestReport:
         """Per-file outcome of ingesting files or folders into the tenant's collection.
 
         Unchanged files are skipped, changed ones replace their old chunks, files gone from an
-        ingested folder are deleted; a bad file is reported and the others still ingest."""
+        ingested folder are deleted; a bad file is reported and the others still ingest.
+        ``sources`` renames files (normalised path -> the source name to store, e.g. an upload's
+        own name rather than a worker's path); ``max_chars`` (0: none) fails a file whose text
+        extracts to more characters."""
         from tqdm import tqdm
 
         check_name("tenant", tenant)
@@ -89,6 +94,8 @@ class RetrievalService:
         started = time.perf_counter()
         report = IngestReport(tenant=tenant, collection=collection)
         files, folders, failures = expand_paths(paths)
+        if sources:
+            files = [(sources.get(source, source), path) for source, path in files]
         report.files += failures
         gone = self._gone(tenant, collection, folders, {source for source, _ in files})
         pending: list[PreparedDocument] = []
@@ -97,7 +104,7 @@ class RetrievalService:
                    disable=not progress)  # fmt: skip
         with bar:
             for source, path in files:
-                prepared = self._prepare(report, tenant, collection, source, path)
+                prepared = self._prepare(report, tenant, collection, source, path, max_chars)
                 if prepared is not None:
                     pending.append(prepared)
                     bar.total += len(prepared.chunks)
@@ -124,12 +131,23 @@ class RetrievalService:
         return [s for s in known if inside(s, folders) and s not in found and not Path(s).exists()]
 
     def _prepare(
-        self, report: IngestReport, tenant: str, collection: str, source: str, path: Path
+        self,
+        report: IngestReport,
+        tenant: str,
+        collection: str,
+        source: str,
+        path: Path,
+        max_chars: int = 0,
     ) -> PreparedDocument | None:
         """The loaded and chunked file (embedded later, with others), or None when it is
         unchanged or failed (and then reported)."""
         try:
             doc = load_document(path, self.max_file_bytes)
+            chars = sum(len(section.text) for section in doc.sections)
+            if max_chars and chars > max_chars:
+                raise DocumentError(
+                    f"{source}: extracted {chars} characters; the limit is {max_chars}"
+                )
             if self._stored_hash(tenant, collection, source) == doc.content_hash:
                 report.files.append(FileResult(source, "unchanged"))
                 return None

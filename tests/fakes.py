@@ -49,9 +49,11 @@ class RecordingDispatcher:
         """Record the ingest."""
         self.sent.append(("ingest", (list(paths), collection, tenant)))
 
-    def send_uploads(self, files: list[dict[str, str]], collection: str, tenant: str) -> None:
+    def send_uploads(
+        self, files: list[dict[str, str]], collection: str, tenant: str, max_chars: int = 0
+    ) -> None:
         """Record the upload."""
-        self.sent.append(("uploads", (files, collection, tenant)))
+        self.sent.append(("uploads", (files, collection, tenant, max_chars)))
 
     def send_delete(self, source: str, collection: str, tenant: str) -> None:
         """Record the deletion."""

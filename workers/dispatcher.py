@@ -85,9 +85,17 @@ class CeleryDispatcher:
         """Queue the ingest of files or folders."""
         self._send(TaskName.INGEST.value, [list(paths), collection, tenant])
 
-    def send_uploads(self, files: list[dict[str, str]], collection: str, tenant: str) -> None:
-        """Queue uploaded files for ingest."""
-        self._send(TaskName.INGEST_UPLOADS.value, [files, collection, tenant])
+    def send_uploads(
+        self, files: list[dict[str, str]], collection: str, tenant: str, max_chars: int = 0
+    ) -> None:
+        """Queue uploaded files for ingest (with the tenant's extracted-characters limit)."""
+        self._send(TaskName.INGEST_UPLOADS.value, [files, collection, tenant, max_chars])
+
+    def ping(self) -> None:
+        """Raise unless the broker answers within the broker timeout (for ``/healthz``)."""
+        timeout = float(self.app.conf.broker_connection_timeout or 2.0)
+        with self.app.connection_for_write() as conn:
+            conn.ensure_connection(max_retries=1, timeout=timeout)
 
     def send_delete(self, source: str, collection: str, tenant: str) -> None:
         """Queue the removal of one document."""

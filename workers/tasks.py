@@ -2,17 +2,31 @@
 
 from __future__ import annotations
 
+import logging
 import socket
 from typing import Any
 
 from celery import Celery, Task
 
 from app.dispatch import TaskName
-from app.documents import upload_dir, write_uploads
+from app.outbox import admit
 from app.pipeline import answer_query as run
 from app.requests import QueryStatus
+from app.tenancy.deadline import time_limit
+from app.tenancy.ingest import delete_uploaded, ingest_uploaded
 from workers import runtime
 from workers.audit_tasks import send_shadow_if_sampled
+from workers.dispatcher import send_query
+
+log = logging.getLogger(__name__)
+
+
+def _admit_next(app: Celery, resources: Any) -> None:
+    """A slot freed: send the next held queries in tenant round-robin (app/outbox.py admit)."""
+    try:
+        admit(resources.session_factory, resources.settings, lambda q, qu: send_query(app, q, qu))
+    except Exception:  # the sweeper admits on its next round
+        log.exception("admission after an answer failed")
 
 
 def register(app: Celery) -> None:
@@ -24,6 +38,8 @@ def register(app: Celery) -> None:
         resources = runtime.resources(self.app)
         hostname = self.request.hostname or socket.gethostname()
         outcome = run(resources, query_id, host=hostname)
+        if outcome in (QueryStatus.SUCCEEDED, QueryStatus.FAILED):
+            _admit_next(self.app, resources)
         if outcome == QueryStatus.SUCCEEDED:
             send_shadow_if_sampled(self.app, query_id)  # no-op unless shadow sampling is on
         return {"id": query_id, "outcome": outcome}
@@ -33,27 +49,23 @@ def register(app: Celery) -> None:
         self: Task, paths: list[str], collection: str, tenant: str = "default"
     ) -> dict[str, Any]:
         """Ingest files or folders into the tenant's collection; returns the ingest report."""
-        report = runtime.resources(self.app).retrieval.ingest(
-            paths, collection=collection, tenant=tenant
-        )
+        resources = runtime.resources(self.app)
+        with time_limit(resources.settings.ingest_time_limit):
+            report = resources.retrieval.ingest(paths, collection=collection, tenant=tenant)
         return dict(report.to_dict())
 
     @app.task(name=TaskName.INGEST_UPLOADS.value, bind=True, shared=False)
     def ingest_uploads(
-        self: Task, files: list[dict[str, str]], collection: str, tenant: str
+        self: Task,
+        files: list[dict[str, str]],
+        collection: str,
+        tenant: str,
+        max_chars: int = 0,
     ) -> dict[str, Any]:
-        """Write files uploaded over the API under the data dir and ingest them."""
-        resources = runtime.resources(self.app)
-        folder = upload_dir(resources.settings.data_dir, tenant, collection)
-        paths = write_uploads(folder, files)
-        report = resources.retrieval.ingest(paths, collection=collection, tenant=tenant)
-        return dict(report.to_dict())
+        """Ingest files uploaded over the API under their own names; records each file's state."""
+        return ingest_uploaded(runtime.resources(self.app), files, collection, tenant, max_chars)
 
     @app.task(name=TaskName.DELETE_DOCUMENT.value, bind=True, shared=False)
     def delete_document(self: Task, source: str, collection: str, tenant: str) -> bool:
         """Remove one document from the tenant's collection (database and index together)."""
-        return bool(
-            runtime.resources(self.app).retrieval.delete(
-                source, collection=collection, tenant=tenant
-            )
-        )
+        return delete_uploaded(runtime.resources(self.app), source, collection, tenant)
