@@ -56,6 +56,7 @@ class Claimed:
     params: dict[str, Any]
     queued_at: datetime
     started_at: datetime
+    queue: str = "answer"
 
 
 def claim(sf: sessionmaker[Session], query_id: uuid.UUID, host: str) -> Claimed | None:
@@ -83,12 +84,13 @@ def claim(sf: sessionmaker[Session], query_id: uuid.UUID, host: str) -> Claimed 
                 Query.collection,
                 Query.params,
                 Query.queued_at,
+                Query.queue,
             )
         ).one_or_none()
         session.commit()
     if row is None:
         return None
-    return Claimed(row[0], row[1], row[2], row[3], dict(row[4]), row[5], now)
+    return Claimed(row[0], row[1], row[2], row[3], dict(row[4]), row[5], now, row[6])
 
 
 @contextmanager
@@ -164,6 +166,7 @@ def answer_query(
                 from app.audit.privacy import scrub_question
 
                 scrub_question(sf, s, qid)  # a failed query is final: keep only its stored form
+                _after_answer(resources, qid, claimed, "failed")
                 return "failed"
             # Shutdown or interrupt: not the query's fault, so it goes back on the outbox.
             _release(sf, qid)
@@ -247,7 +250,46 @@ def _run(resources: Resources, qid: uuid.UUID, claimed: Claimed) -> Outcome:
             output_ids=list(result.token_ids),
         )  # fmt: skip
         privacy.scrub_question(sf, resources.settings, qid)
+        _after_answer(
+            resources, qid, claimed, "succeeded", stats=stats.to_dict(),
+            model_pair=engine.model_pair, prompt_ids=prompt_ids, output_ids=list(result.token_ids),
+        )  # fmt: skip
     return outcome
+
+
+def _after_answer(
+    resources: Resources,
+    qid: uuid.UUID,
+    claimed: Claimed,
+    status: str,
+    *,
+    stats: dict[str, Any] | None = None,
+    model_pair: str | None = None,
+    prompt_ids: list[int] | None = None,
+    output_ids: list[int] | None = None,
+) -> None:
+    """Run the after-answer hooks (metrics, ...) once for a query that became final."""
+    from app.hooks import Answered, run_after_answer
+
+    try:
+        tenant: str | None = resources.tenant_name(claimed.tenant_id)
+    except LookupError:
+        tenant = None
+    run_after_answer(
+        resources,
+        Answered(
+            query_id=qid,
+            status=status,
+            queue=claimed.queue,
+            tenant=tenant,
+            stats=stats,
+            model_pair=model_pair,
+            method=str(claimed.params.get("method") or "") or None,
+            prompt_token_ids=list(prompt_ids or []),
+            output_token_ids=list(output_ids or []),
+            params=dict(claimed.params),
+        ),
+    )
 
 
 def _record(

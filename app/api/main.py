@@ -51,6 +51,7 @@ def create_app(settings: Settings, *, send: Send | None = None, sweeper: bool = 
         finally:
             if running is not None:
                 running.stop()
+            metrics.close()
             engine.dispose()
 
     app = FastAPI(
@@ -69,4 +70,8 @@ def create_app(settings: Settings, *, send: Send | None = None, sweeper: bool = 
     app.include_router(admin.router)
     app.include_router(batches.router)
     app.include_router(documents.router)
+    from app.metrics import install as install_metrics
+    from workers import QUEUES
+
+    metrics = install_metrics(app, settings, session_factory, QUEUES)
     return app
