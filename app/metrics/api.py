@@ -7,47 +7,39 @@ holds no tenant's key and the page holds no tenant's data.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 from fastapi import FastAPI, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from sqlalchemy.orm import Session, sessionmaker
 
+from app.dispatch import Dispatcher
 from app.metrics.http import HttpMetrics, MetricsMiddleware
-from app.metrics.queues import BrokerDepth, QueueCollector
-from app.settings import Settings
+from app.metrics.queues import QueueCollector
+from app.requests import QueueName
 
 
 @dataclass
 class ApiMetrics:
-    """The API's metrics registry and what it holds open (``close`` at shutdown)."""
+    """The API's metrics registry and its request metrics."""
 
     registry: CollectorRegistry
     http: HttpMetrics
-    broker: BrokerDepth
 
     def render(self) -> bytes:
         """The registry as Prometheus text (reads broker and database now)."""
         return bytes(generate_latest(self.registry))
 
-    def close(self) -> None:
-        """Release the broker connection used for queue depth."""
-        self.broker.close()
-
 
 def install(
-    app: FastAPI,
-    settings: Settings,
-    session_factory: sessionmaker[Session],
-    queues: Sequence[str],
+    app: FastAPI, session_factory: sessionmaker[Session], dispatcher: Dispatcher
 ) -> ApiMetrics:
-    """Count every request of ``app`` and serve ``GET /metrics``; returns the metrics to close."""
+    """Count every request of ``app`` and serve ``GET /metrics``; queue depth via ``dispatcher``."""
     registry = CollectorRegistry(auto_describe=True)
     http = HttpMetrics(registry)
-    broker = BrokerDepth(settings.resolved_broker_url, settings.broker_timeout_seconds)
-    registry.register(QueueCollector(broker, session_factory, queues))
-    metrics = ApiMetrics(registry, http, broker)
+    queues = [str(q) for q in QueueName]
+    registry.register(QueueCollector(dispatcher.queue_depths, session_factory, queues))
+    metrics = ApiMetrics(registry, http)
     app.add_middleware(MetricsMiddleware, metrics=http)
 
     # A plain def: FastAPI runs it in its thread pool, so the broker and database reads of a

@@ -21,7 +21,7 @@ def exported_families() -> dict[str, str]:
     http = CollectorRegistry()
     HttpMetrics(http)
     # describe() names the queue families without reading a broker or a database.
-    queues = QueueCollector(None, None, ()).describe()  # type: ignore[arg-type]
+    queues = QueueCollector(dict, None, ()).describe()  # type: ignore[arg-type]
     families: dict[str, str] = {}
     for family in [*WorkerMetrics().registry.collect(), *http.collect(), *queues]:
         families[family.name] = family.type

@@ -1,18 +1,21 @@
 """Queue depth read from real brokers (Redis with kombu's priority lists, the embedded SQLAlchemy
-broker) and pending queries read from the database; a dead broker never fails the scrape."""
+broker) by the Celery dispatcher, and pending queries read from the database; a dead broker never
+fails the scrape."""
 
 from __future__ import annotations
 
 import uuid
 from pathlib import Path
 
+from celery import Celery
 from kombu import Connection, Exchange, Queue
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.db import Query, Tenant
-from app.metrics.queues import BrokerDepth, QueueCollector
+from app.metrics.queues import QueueCollector
+from workers.dispatcher import CeleryDispatcher
 
 
 def _publish(url: str, queue: str, priorities: list[int]) -> None:
@@ -51,23 +54,21 @@ def test_redis_depth_sums_every_priority_list(redis_url: str) -> None:
     try:
         # kombu put the prioritised messages on lists of their own: the plain list holds two.
         assert client.llen(busy) == 2
-        depth = BrokerDepth(redis_url)
-        assert depth.depths([busy, idle]) == {busy: 6, idle: 0}
-        depth.close()
+        depth = CeleryDispatcher(Celery("depth", broker=redis_url, set_as_current=False))
+        assert depth.queue_depths([busy, idle]) == {busy: 6, idle: 0}
     finally:
         client.delete(*client.keys(f"{busy}*"), *client.keys(f"_kombu.binding.{busy}*"))
 
 
 def test_embedded_broker_depth_counts_visible_messages(tmp_path: Path) -> None:
     url = f"sqla+sqlite:///{tmp_path / 'broker.db'}"
-    depth = BrokerDepth(url)
-    assert depth.depths(["answer", "batch"]) == {"answer": 0, "batch": 0}  # no tables yet
+    depth = CeleryDispatcher(Celery("depth", broker=url, set_as_current=False))
+    assert depth.queue_depths(["answer", "batch"]) == {"answer": 0, "batch": 0}  # no tables yet
     _publish(url, "answer", [0, 5, 9])
-    assert depth.depths(["answer", "batch"]) == {"answer": 3, "batch": 0}
+    assert depth.queue_depths(["answer", "batch"]) == {"answer": 3, "batch": 0}
     with Connection(url) as conn:
         conn.SimpleQueue("answer").get(timeout=5).ack()  # a consumer takes one
-    assert depth.depths(["answer", "batch"]) == {"answer": 2, "batch": 0}
-    depth.close()
+    assert depth.queue_depths(["answer", "batch"]) == {"answer": 2, "batch": 0}
 
 
 def test_pending_queries_and_a_dead_broker(session_factory: sessionmaker[Session]) -> None:
@@ -87,8 +88,9 @@ def test_pending_queries_and_a_dead_broker(session_factory: sessionmaker[Session
             )
         session.commit()
     # Port 1 on loopback: nothing listens, so the broker read fails at once.
-    dead = BrokerDepth("redis://127.0.0.1:1/0", timeout=0.5)
-    samples = _scrape(QueueCollector(dead, session_factory, ["answer", "batch", "ingest"]))
+    dead = CeleryDispatcher(Celery("dead", broker="redis://127.0.0.1:1/0", set_as_current=False))
+    collector = QueueCollector(dead.queue_depths, session_factory, ["answer", "batch", "ingest"])
+    samples = _scrape(collector)
     assert samples[("specrag_broker_up", ())] == 0
     assert not any(name == "specrag_queue_depth" for name, _ in samples)
     pending = {

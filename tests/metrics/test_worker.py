@@ -14,11 +14,11 @@ from click.testing import CliRunner
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from app.cli import main
 from app.hooks import Answered
 from app.metrics import MetricsPortError, WorkerMetrics, serve
 from app.metrics.serve import start_worker_metrics
 from app.settings import Settings
+from workers.cli import main
 
 
 def _stats(**over: Any) -> dict[str, Any]:
