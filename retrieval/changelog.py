@@ -145,8 +145,10 @@ def read_delta(
     rows: list[Any] = []
     for start in range(0, len(wanted), 5000):  # bounded IN lists
         batch = wanted[start : start + 5000]
+        # By primary key alone: the log names this collection's chunks (a join on documents
+        # made PostgreSQL scan every chunk: 2.7 s instead of milliseconds at 100k).
         rows += session.execute(
-            _vectors_query(tenant, collection).where(Chunk.id.in_(batch)).order_by(Chunk.id)
+            select(Chunk.id, Chunk.embedding).where(Chunk.id.in_(batch)).order_by(Chunk.id)
         ).all()
     # An added chunk that is gone again is not found here: its later removal is in ``removed``.
     ids, vectors = _decode(rows, tenant, collection, state.dim)
