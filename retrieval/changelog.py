@@ -146,7 +146,7 @@ def read_delta(
     for start in range(0, len(wanted), 5000):  # bounded IN lists
         batch = wanted[start : start + 5000]
         # By primary key alone: the log names this collection's chunks (a join on documents
-        # made PostgreSQL scan every chunk: 2.7 s instead of milliseconds at 100k).
+        # made PostgreSQL scan every chunk; docs/benchmarks.md, "Scale-out").
         rows += session.execute(
             select(Chunk.id, Chunk.embedding).where(Chunk.id.in_(batch)).order_by(Chunk.id)
         ).all()
