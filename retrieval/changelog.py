@@ -210,7 +210,7 @@ def _vectors_query(tenant: str, collection: str):  # type: ignore[no-untyped-def
 
 def _binary_rows(session: Session, tenant: str, collection: str) -> list[Any]:
     """``(id, embedding)`` rows in chunk-id order, in PostgreSQL's binary format: bytea as raw
-    bytes instead of hex text, about twice as fast at 100k chunks (measured; docs/scaleout.md).
+    bytes instead of hex text, about twice as fast at 100k chunks (docs/benchmarks.md).
     Runs on the session's own connection, so inside its consistent view."""
     driver: Any = session.connection().connection.driver_connection
     with driver.cursor(binary=True) as cur:
