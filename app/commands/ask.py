@@ -98,10 +98,11 @@ def ask(
         install_hooks()
         answer_query(Resources(settings, session_factory), query.id)
     else:
-        from app.outbox import send_and_mark
+        from app.outbox import admit
 
         assert dispatcher is not None
-        send_and_mark(session_factory, query.id, query.queue, dispatcher.send_query)
+        # Through admission like the API: the tenant's fair share holds for the CLI too.
+        admit(session_factory, settings, dispatcher.send_query, tenant_id=query.tenant_id)
     try:
         done = wait_for(session_factory, query.id, timeout=0 if local else timeout)
     except TimeoutError as exc:
