@@ -95,6 +95,12 @@ class CollectionWriter:
         with self.session_factory() as session:
             try:
                 row = self._lock_row(session, tenant, collection)
+                # The committed index, read before this transaction writes anything (a second
+                # connection must not wait on our own uncommitted pages); no other writer can
+                # commit while we hold the lock, so it stays the one we change.
+                committed = (
+                    self.indexes.committed(tenant, collection, row.version) if row.version else None
+                )
                 for prepared in upserts:
                     status, old, new = self._upsert(session, tenant, collection, prepared)
                     statuses[prepared.source] = status
@@ -109,12 +115,8 @@ class CollectionWriter:
                 if not (remove or add_ids) and row.version > 0:
                     session.rollback()  # nothing changed: no new version, no file
                     return WriteResult(statuses, row.version, None)
-                # The committed index (no other writer can commit while we hold the lock).
-                base = (
-                    new_flat(self.dim)
-                    if row.version == 0
-                    else self.indexes.private_copy(tenant, collection, row.version)
-                )
+                # A private copy: searches on other threads keep using the committed one.
+                base = new_flat(self.dim) if committed is None else faiss.clone_index(committed)
                 vectors = np.concatenate(add_vectors) if add_vectors else np.zeros((0, self.dim))
                 index = apply_changes(
                     base,

@@ -20,17 +20,17 @@ from app.requests import QueueName
 from app.settings import Settings
 from workers import audit_tasks, batch_tasks, runtime, tasks
 
-QUEUES: tuple[str, ...] = tuple(QueueName)
+QUEUES: tuple[str, ...] = tuple(queue.value for queue in QueueName)
 """Every queue a worker may consume, in the order it serves them (answer before batch)."""
 
 
 ROUTES: dict[str, str] = {
-    TaskName.ANSWER: QueueName.ANSWER,
-    TaskName.INGEST: QueueName.INGEST,
-    TaskName.INGEST_UPLOADS: QueueName.INGEST,
-    TaskName.DELETE_DOCUMENT: QueueName.INGEST,
-    TaskName.BATCH_CHUNK: QueueName.BATCH,
-    TaskName.SHADOW: QueueName.BATCH,
+    TaskName.ANSWER.value: QueueName.ANSWER.value,
+    TaskName.INGEST.value: QueueName.INGEST.value,
+    TaskName.INGEST_UPLOADS.value: QueueName.INGEST.value,
+    TaskName.DELETE_DOCUMENT.value: QueueName.INGEST.value,
+    TaskName.BATCH_CHUNK.value: QueueName.BATCH.value,
+    TaskName.SHADOW.value: QueueName.BATCH.value,
 }
 """Each task's default queue (an answer task sent to ``batch`` names its queue explicitly)."""
 
@@ -61,7 +61,7 @@ def create_celery(settings: Settings) -> SpecragCelery:
         task_queues=[
             Queue(name, Exchange(name, type="direct"), routing_key=name) for name in QUEUES
         ],
-        task_default_queue=QueueName.ANSWER,
+        task_default_queue=QueueName.ANSWER.value,
         task_routes={task: {"queue": queue} for task, queue in ROUTES.items()},
         task_acks_late=True,
         task_reject_on_worker_lost=True,

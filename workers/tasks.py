@@ -30,7 +30,7 @@ def _admit_next(app: Celery, resources: Any) -> None:
 def register(app: Celery) -> None:
     """Register the specrag tasks on ``app`` under their stable names."""
 
-    @app.task(name=TaskName.ANSWER, bind=True, shared=False)
+    @app.task(name=TaskName.ANSWER.value, bind=True, shared=False)
     def answer_query(self: Task, query_id: str) -> dict[str, str]:
         """Answer the stored query ``query_id``; returns its id and what happened to it."""
         resources = runtime.resources(self.app)
@@ -42,7 +42,7 @@ def register(app: Celery) -> None:
             send_shadow_if_sampled(self.app, query_id)  # no-op unless shadow sampling is on
         return {"id": query_id, "outcome": outcome}
 
-    @app.task(name=TaskName.INGEST, bind=True, shared=False)
+    @app.task(name=TaskName.INGEST.value, bind=True, shared=False)
     def ingest(
         self: Task, paths: list[str], collection: str, tenant: str = "default"
     ) -> dict[str, Any]:
@@ -54,7 +54,7 @@ def register(app: Celery) -> None:
             report = resources.retrieval.ingest(paths, collection=collection, tenant=tenant)
         return dict(report.to_dict())
 
-    @app.task(name=TaskName.INGEST_UPLOADS, bind=True, shared=False)
+    @app.task(name=TaskName.INGEST_UPLOADS.value, bind=True, shared=False)
     def ingest_uploads(
         self: Task,
         files: list[dict[str, str]],
@@ -67,7 +67,7 @@ def register(app: Celery) -> None:
 
         return ingest_uploaded(runtime.resources(self.app), files, collection, tenant, max_chars)
 
-    @app.task(name=TaskName.DELETE_DOCUMENT, bind=True, shared=False)
+    @app.task(name=TaskName.DELETE_DOCUMENT.value, bind=True, shared=False)
     def delete_document(self: Task, source: str, collection: str, tenant: str) -> bool:
         """Remove one document from the tenant's collection (database and index together)."""
         from app.tenancy.ingest import delete_uploaded

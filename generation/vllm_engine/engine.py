@@ -210,7 +210,7 @@ class VLLMEngine:
                 f"max_num_seqs to from_pretrained, e.g. in SPECRAG_VLLM_OPTIONS)"
             )
         loop = VLLMLoop(self, self._event_loop(), max_batch_size)
-        self._loops.append(loop)
+        self._loops = [*(kept for kept in self._loops if not kept.closed), loop]
         return loop
 
     def generate(self, prompt_token_ids: list[int], params: SamplingParams) -> GenerationResult:

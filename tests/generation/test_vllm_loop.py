@@ -56,7 +56,9 @@ def test_generate_is_safe_from_many_threads(engine_factory: Any, standin_vllm: A
     expected = engine.generate(PROMPT, params).token_ids
     results: list[list[int]] = []
     threads = [
-        threading.Thread(target=lambda: results.append(engine.generate(PROMPT, params).token_ids))
+        threading.Thread(
+            target=lambda: results.append(engine.generate(PROMPT, params).token_ids), daemon=True
+        )
         for _ in range(8)
     ]
     for t in threads:
@@ -71,8 +73,8 @@ def test_deltas_stream_the_verified_tokens_in_order(engine_factory: Any) -> None
     loop = engine.start_loop(4)
     seen: list[list[int]] = []
     handle = loop.submit(PROMPT, SamplingParams(max_new_tokens=30), on_delta=seen.append)
-    streamed = list(handle.deltas())  # ends when the request finished
     result = handle.result(WAIT)
+    streamed = list(handle.deltas())  # ends: the request finished
     assert handle.done and streamed == seen
     assert [t for burst in streamed for t in burst] == result.token_ids
     assert len(streamed) < len(result.token_ids)  # accepted drafts arrive as one burst
