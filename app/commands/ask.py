@@ -7,6 +7,7 @@ from typing import Any
 
 import click
 
+from app.audit.hooks import install_hooks
 from app.commands.common import (
     CommandError,
     emit,
@@ -15,7 +16,12 @@ from app.commands.common import (
     json_option,
     one_line_errors,
 )
+from app.db import prepare
+from app.outbox import admit
+from app.pipeline import answer_query
+from app.queries import create_query, get_or_create_tenant, query_view, require_collection, wait_for
 from app.requests import DEFAULT_NUM_SPECULATIVE_TOKENS, validate_request
+from app.resources import Resources
 
 
 def _spec_tokens(value: str) -> int | str:
@@ -63,14 +69,6 @@ def ask(
     as_json: bool,
 ) -> None:
     """Ask QUESTION about a collection; prints the answer, its sources and decoding stats."""
-    from app.db import prepare
-    from app.queries import (
-        create_query,
-        get_or_create_tenant,
-        query_view,
-        require_collection,
-        wait_for,
-    )
 
     settings = get_settings()
     request = validate_request(
@@ -91,15 +89,9 @@ def ask(
         require_collection(session, tenant, request.collection)
         query, _ = create_query(session, get_or_create_tenant(session, tenant), request)
     if local:
-        from app.audit.hooks import install_hooks
-        from app.pipeline import answer_query
-        from app.resources import Resources
-
         install_hooks()
         answer_query(Resources(settings, session_factory), query.id)
     else:
-        from app.outbox import admit
-
         assert dispatcher is not None
         # Through admission like the API: the tenant's fair share holds for the CLI too.
         admit(session_factory, settings, dispatcher.send_query, tenant_id=query.tenant_id)
