@@ -28,6 +28,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from app.db import Answer, AnswerSource, GenerationStatsRecord, Query, utcnow
 from app.db.session import skip_fsync
 from app.resources import Resources
+from app.streams import QueryStream, open_stream
 
 log = logging.getLogger(__name__)
 
@@ -151,15 +152,20 @@ def answer_query(
         log.info("query %s not claimed (status %s)", qid, status)
         return "missing" if status is None else "skipped"
     s = resources.settings
+    # Token bursts for GET /v1/queries/{id}/stream; a no-op without a stream Redis.
+    stream = open_stream(resources, qid, claimed.attempt)
     with heartbeat(sf, qid, claimed.attempt, s.heartbeat_seconds, float(s.task_time_limit)):
         try:
-            return _run(resources, qid, claimed)
+            outcome = _run(resources, qid, claimed, stream)
+            stream.end(outcome)  # after the commit: readers then find the final state
+            return outcome
         except BaseException as exc:
             # Anything that escapes (bad collection, out of context, time limit) fails the query
             # with a message the client can read; a killed process never gets here (the reaper does).
             message = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
             if isinstance(exc, Exception):
                 _fail(sf, qid, message)
+                stream.end("failed")
                 log.warning("query %s failed: %s", qid, message)
                 from app.audit.privacy import scrub_question
 
@@ -170,7 +176,7 @@ def answer_query(
             raise
 
 
-def _run(resources: Resources, qid: uuid.UUID, claimed: Claimed) -> Outcome:
+def _run(resources: Resources, qid: uuid.UUID, claimed: Claimed, stream: QueryStream) -> Outcome:
     from generation import SamplingParams
     from retrieval import build_prompt
 
@@ -216,6 +222,9 @@ def _run(resources: Resources, qid: uuid.UUID, claimed: Claimed) -> Outcome:
     gen_started = utcnow()
     result = engine.generate(prompt_ids, sampling)
     text = tokenizer.decode(result.token_ids, skip_special_tokens=True).strip()
+    # Until generation delivers deltas through stream.on_delta, the whole output is one burst;
+    # finish also sends the text held back, so the streamed texts add up to exactly ``text``.
+    stream.finish(text, list(result.token_ids))
 
     stats = result.stats
     done_at = utcnow()

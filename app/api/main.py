@@ -9,7 +9,7 @@ from typing import Any
 from fastapi import FastAPI
 
 from app.api import errors
-from app.api.routes import admin, batches, documents, health, queries
+from app.api.routes import admin, batches, documents, health, queries, stream
 from app.outbox import Send, Sweeper
 from app.settings import Settings
 
@@ -51,6 +51,7 @@ def create_app(settings: Settings, *, send: Send | None = None, sweeper: bool = 
         finally:
             if running is not None:
                 running.stop()
+            await stream.close_stream_source(app)
             engine.dispose()
 
     app = FastAPI(
@@ -66,6 +67,7 @@ def create_app(settings: Settings, *, send: Send | None = None, sweeper: bool = 
     errors.install(app)
     app.include_router(health.router)
     app.include_router(queries.router)
+    app.include_router(stream.router)
     app.include_router(admin.router)
     app.include_router(batches.router)
     app.include_router(documents.router)
