@@ -86,8 +86,8 @@ class StreamHub:
     async def after(self, key: str, after: str | None) -> list[Entry]:
         """Entries of ``key`` newer than ``after`` that are in Redis now."""
         start = f"({after}" if after else "-"
-        rows = await self.redis.xrange(key, min=start, max="+")
-        return [(str(i), dict(f)) for i, f in rows]
+        rows: Any = await self.redis.xrange(key, min=start, max="+")
+        return [(str(i), dict(f)) for i, f in rows or []]
 
     @property
     def open_streams(self) -> int:
@@ -116,7 +116,7 @@ class StreamHub:
 
     async def _run(self) -> None:
         while self._subs:
-            streams = {self._wake_key: self._wake_cursor, **self._cursors}
+            streams: Any = {self._wake_key: self._wake_cursor, **self._cursors}
             try:
                 reply = await self._reader.xread(streams, count=1024, block=self._block_ms)
             except asyncio.CancelledError:

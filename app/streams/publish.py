@@ -207,7 +207,7 @@ def open_stream(resources: Any, query_id: uuid.UUID, attempt: int) -> QueryStrea
     settings = resources.settings
     url = settings.resolved_stream_url
     pub = publisher(url, settings.stream_maxlen, settings.stream_ttl_seconds) if url else None
-    tokenizer = resources.tokenizer if pub is not None else None
+    tokenizer: Any = resources.tokenizer if pub is not None else None
 
     def decode(ids: list[int]) -> str:
         return str(tokenizer.decode(ids, skip_special_tokens=True))

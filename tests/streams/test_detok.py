@@ -62,7 +62,7 @@ def test_bursts_add_up_to_the_stripped_answer_and_never_split_a_character(
 
 def test_multibyte_character_split_across_bursts_is_held_back() -> None:
     # Byte-level decoding: "é" is two bytes, delivered in two bursts.
-    raw = list("caf".encode()) + list("é!".encode())
+    raw = list(b"caf") + list("é!".encode())
 
     def decode(ids: list[int]) -> str:
         return bytes(ids).decode("utf-8", errors="replace")

@@ -93,7 +93,8 @@ async def stream_query(
     try:
         resume = check_last_event_id(last_event_id)
     except ValueError:
-        raise ApiError(422, "Last-Event-ID", f"not an event id of this stream: {last_event_id!r}")
+        message = f"not an event id of this stream: {last_event_id!r}"
+        raise ApiError(422, "Last-Event-ID", message) from None
     if resume == END_ID:
         # The stream was complete; 204 tells an EventSource to stop reconnecting.
         return Response(status_code=204)
