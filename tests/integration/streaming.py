@@ -88,7 +88,7 @@ def api_server(settings: Settings) -> Iterator[str]:
     from app.api import create_app
 
     port = free_port()
-    app = create_app(settings, send=lambda qid, queue: None, sweeper=False)
+    app = create_app(settings, sweeper=False)
     server = uvicorn.Server(
         uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", backlog=2048)
     )
