@@ -8,12 +8,13 @@ import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import timedelta
 from typing import Any
 
 import httpx
 from sqlalchemy import update
 
-from app.db import Answer, Query, make_engine, make_session_factory
+from app.db import Answer, Query, make_engine, make_session_factory, utcnow
 from app.settings import Settings
 from tests.integration.helpers import free_port
 
@@ -31,7 +32,11 @@ def running_query(settings: Settings, tenant: str, status: str = "running") -> u
     with make_session_factory(engine)() as session:
         request = QueryRequest("Why?", "docs", "draft_model", 4, 8, 0.0, None)
         query, _ = create_query(session, get_or_create_tenant(session, tenant), request)
-        session.execute(update(Query).where(Query.id == query.id).values(status=status))
+        # A heartbeat in the future: the API's reaper leaves this worker-less query alone.
+        beat = utcnow() + timedelta(hours=1) if status == "running" else None
+        session.execute(
+            update(Query).where(Query.id == query.id).values(status=status, heartbeat_at=beat)
+        )
         session.commit()
         qid = query.id
     engine.dispose()

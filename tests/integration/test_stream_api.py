@@ -174,3 +174,48 @@ def test_stream_needs_a_key_and_hides_other_tenants_queries(
         next(client.stream(str(qid), timeout=10))
     assert err.value.status == 404
     finish_query(service_settings, qid, None)  # leave nothing running behind
+
+
+def test_a_client_that_stops_reading_slows_neither_the_writer_nor_other_streams(
+    api: Any, keys: dict[str, str], service_settings: Settings
+) -> None:
+    import socket
+    from urllib.parse import urlsplit
+
+    slow_qid = running_query(service_settings, "acme")
+    fast_qid = running_query(service_settings, "acme")
+    host = urlsplit(api.url)
+    slow = socket.create_connection((host.hostname, host.port), timeout=30)
+    # A client that asks for the stream and then never reads: the server's buffers fill up.
+    slow.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    slow.sendall(
+        f"GET /v1/queries/{slow_qid}/stream HTTP/1.1\r\nHost: x\r\n"
+        f"Authorization: Bearer {keys['acme']}\r\n\r\n".encode()
+    )
+    try:
+        from app.streams import QueryStream
+
+        _, pub = worker_stream(service_settings, slow_qid)
+        writer = QueryStream(pub, slow_qid, lambda ids: "z" * (65536 * len(ids)))
+        for _ in range(200):  # ~13 MB of text for the reader that does not read
+            writer.on_delta([1])
+        assert pub.flush(60)  # the worker's writes all went through
+        with httpx.stream(
+            "GET",
+            f"{api.url}/v1/queries/{fast_qid}/stream",
+            headers=_auth(keys["acme"]),
+            timeout=30,
+        ) as response:
+            blocks = read_events(response)
+            assert next(blocks).get("retry") == "1000"
+            fast, _ = worker_stream(service_settings, fast_qid)
+            fast.on_delta([ord(c) for c in "quick"])
+            fast.finish("quick", [])
+            finish_query(service_settings, fast_qid, "quick")
+            fast.end("succeeded")
+            events = [b for b in blocks if "event" in b]
+        assert [e["event"] for e in events] == ["token", "done"]
+        assert events[0]["data"]["text"] == "quick"
+    finally:
+        slow.close()
+        finish_query(service_settings, slow_qid, None)

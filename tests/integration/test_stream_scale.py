@@ -6,13 +6,14 @@ from __future__ import annotations
 import asyncio
 import threading
 import uuid
+from datetime import timedelta
 from typing import Any
 
 import httpx
 import pytest
 from sqlalchemy import update
 
-from app.db import Answer, Query, make_engine, make_session_factory
+from app.db import Answer, Query, make_engine, make_session_factory, utcnow
 from app.settings import Settings
 from tests.integration.streaming import api_server, chars
 
@@ -29,7 +30,8 @@ def _running_queries(settings: Settings, tenant: str, n: int) -> list[uuid.UUID]
         ids = [uuid.uuid4() for _ in range(n)]
         session.add_all(
             Query(id=i, tenant_id=owner.id, collection="docs", question="Why?", params={},
-                  status="running", queue="answer", attempts=1)
+                  status="running", queue="answer", attempts=1,
+                  heartbeat_at=utcnow() + timedelta(hours=1))
             for i in ids
         )  # fmt: skip
         session.commit()
