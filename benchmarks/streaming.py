@@ -3,7 +3,7 @@
 Every token entry a worker writes carries ``t``, the wall-clock time ``on_delta`` (or the final
 burst) handed it over; the client notes when the matching SSE event (same id) arrived. Both run
 on one machine, so the difference is the stream's own latency: publisher thread, Redis, the API's
-hub, HTTP.
+hub, HTTP. The API runs as its own ``specrag api`` process, as in production.
 
 - ``worker``: a real ``specrag worker`` subprocess on the demo pair answers queries submitted one
   at a time through the API; the client streams each and times its first token event.
@@ -20,14 +20,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
+import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -71,19 +74,38 @@ def release_redis_db(url: str) -> None:
     redis.Redis(host="127.0.0.1", port=6379).delete(f"specrag-test-db-claim:{number}")
 
 
-def serve(settings: Any) -> tuple[Any, str]:
-    """The API (Celery dispatcher) on a loopback port in a thread; (server, base URL)."""
-    import uvicorn
+def settings_env(settings: Any) -> dict[str, str]:
+    """The environment that makes a subprocess build the same Settings."""
+    env = settings_env(settings)
+    return env
 
-    from workers.cli import create_api
 
-    server = uvicorn.Server(
-        uvicorn.Config(create_api(settings), port=0, log_level="warning", backlog=2048)
+@contextmanager
+def api_process(settings: Any) -> Iterator[str]:
+    """``specrag api`` as its own process on a free loopback port; its base URL."""
+    import httpx
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    specrag = str(Path(sys.executable).parent / "specrag")
+    proc = subprocess.Popen(
+        [specrag, "api", "--host", "127.0.0.1", "--port", str(port)], env=settings_env(settings)
     )
-    threading.Thread(target=server.run, daemon=True).start()
-    while not server.started:
-        time.sleep(0.05)
-    return server, f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None and time.monotonic() < deadline, "the API did not start"
+            try:
+                if httpx.get(f"{base}/healthz").status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.2)
+        yield base
+    finally:
+        proc.terminate()
+        proc.wait(30)
 
 
 def entry_times(url: str, key: str) -> dict[str, float]:
@@ -99,12 +121,7 @@ def bench_worker(settings: Any, key: str, n: int, max_tokens: int) -> list[float
     from app.client import SpecragClient
     from app.streams import stream_key
 
-    env = dict(os.environ)
-    for name, value in settings.model_dump().items():
-        if value is not None:
-            env[f"SPECRAG_{name.upper()}"] = (
-                json.dumps(list(value)) if isinstance(value, tuple) else str(value)
-            )
+    env = settings_env(settings)
     log = settings.data_dir / "worker.log"
     specrag = str(Path(sys.executable).parent / "specrag")
     with open(log, "wb") as out:
@@ -116,10 +133,9 @@ def bench_worker(settings: Any, key: str, n: int, max_tokens: int) -> list[float
         while " ready." not in log.read_text(errors="replace"):
             assert worker.poll() is None and time.monotonic() < deadline, log.read_text()[-2000:]
             time.sleep(0.2)
-        server, base = serve(settings)
         latencies = []
         questions = ["What does the assert statement do?", "How does del work?", "What is pass?"]
-        with SpecragClient(base, key) as client:
+        with api_process(settings) as base, SpecragClient(base, key) as client:
             for i in range(n):
                 qid = client.submit(questions[i % 3], "demo", max_tokens=max_tokens)
                 first: tuple[str, float] | None = None
@@ -129,7 +145,6 @@ def bench_worker(settings: Any, key: str, n: int, max_tokens: int) -> list[float
                 assert first is not None, f"query {qid}: no token event"
                 sent = entry_times(settings.resolved_stream_url, stream_key(qid))[first[0]]
                 latencies.append((first[1] - sent) * 1000)
-        server.should_exit = True
         return latencies
     finally:
         worker.terminate()
@@ -153,7 +168,7 @@ def bench_transport(
     """Latencies (ms) of every token event over ``streams`` open streams of running queries."""
     import httpx
 
-    from app.db import Answer, Query, prepare
+    from app.db import Answer, Query, prepare, utcnow
     from app.queries import get_or_create_tenant
     from app.streams import QueryStream, publisher, stream_key
 
@@ -163,13 +178,13 @@ def bench_transport(
         ids = [uuid.uuid4() for _ in range(streams)]
         session.add_all(
             Query(id=i, tenant_id=tenant.id, collection="demo", question="?", params={},
-                  status="running", queue="answer", attempts=1)
+                  status="running", queue="answer", attempts=1,
+                  heartbeat_at=utcnow() + timedelta(hours=1))  # the API's reaper: not dead
             for i in ids
         )  # fmt: skip
         session.commit()
     url = settings.resolved_stream_url
     pub = publisher(url, settings.stream_maxlen, settings.stream_ttl_seconds)
-    server, base = serve(settings)
 
     def write() -> None:
         writers = [QueryStream(pub, i, lambda t: "x" * len(t)) for i in ids]
@@ -203,8 +218,8 @@ def bench_transport(
             writer.join()
         return got
 
-    got = asyncio.run(run())
-    server.should_exit = True
+    with api_process(settings) as base:
+        got = asyncio.run(run())
     latencies = []
     for qid, seen in zip(ids, got, strict=True):
         sent = entry_times(url, stream_key(qid))

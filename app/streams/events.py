@@ -190,9 +190,12 @@ class StreamSource:
                     yield final_event(view)
                     return
                 try:
-                    batch = await asyncio.wait_for(
-                        sub.queue.get(), timeout=self.settings.stream_keepalive_seconds
-                    )
+                    if not sub.queue.empty():
+                        batch = sub.queue.get_nowait()
+                    else:
+                        batch = await asyncio.wait_for(
+                            sub.queue.get(), timeout=self.settings.stream_keepalive_seconds
+                        )
                 except TimeoutError:
                     yield None
                     # An ``end`` lost with its worker (or with Redis): the database still knows.

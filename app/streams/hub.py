@@ -49,9 +49,17 @@ class StreamHub:
         self._reader = aioredis.Redis.from_url(
             url, decode_responses=True, socket_timeout=block_ms / 1000 + 10
         )
-        self.redis = aioredis.Redis.from_url(
-            url, decode_responses=True, socket_timeout=5, socket_connect_timeout=2
+        # A bounded pool: hundreds of streams opening at once queue for a connection instead of
+        # opening hundreds of them.
+        pool = aioredis.BlockingConnectionPool.from_url(
+            url,
+            decode_responses=True,
+            max_connections=32,
+            timeout=30,
+            socket_timeout=10,
+            socket_connect_timeout=5,
         )
+        self.redis = aioredis.Redis(connection_pool=pool)
         self._block_ms = block_ms
         self._subs: dict[str, set[Subscription]] = {}
         self._cursors: dict[str, str] = {}
