@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import socket
 import subprocess
@@ -76,7 +77,12 @@ def release_redis_db(url: str) -> None:
 
 def settings_env(settings: Any) -> dict[str, str]:
     """The environment that makes a subprocess build the same Settings."""
-    env = settings_env(settings)
+    env = dict(os.environ)
+    for name, value in settings.model_dump().items():
+        if value is not None:
+            env[f"SPECRAG_{name.upper()}"] = (
+                json.dumps(list(value)) if isinstance(value, tuple) else str(value)
+            )
     return env
 
 
@@ -90,7 +96,10 @@ def api_process(settings: Any) -> Iterator[str]:
         port = sock.getsockname()[1]
     specrag = str(Path(sys.executable).parent / "specrag")
     proc = subprocess.Popen(
-        [specrag, "api", "--host", "127.0.0.1", "--port", str(port)], env=settings_env(settings)
+        [specrag, "api", "--host", "127.0.0.1", "--port", str(port)],
+        env=settings_env(settings),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     base = f"http://127.0.0.1:{port}"
     try:
@@ -247,14 +256,17 @@ def main() -> None:
     with factory() as session:
         key = create_key(session, "default")
     print("| case | events | p50 ms | p95 ms | p99 ms | max ms |\n|---|---|---|---|---|---|")
-    if args.queries:
-        Resources(settings, factory).retrieval.ingest([ROOT / "demo" / "corpus"], collection="demo")
-        ms = bench_worker(settings, key, args.queries, args.max_tokens)
-        print(row("worker (demo pair), first token event", ms), flush=True)
-    for n in args.streams:
-        ms = bench_transport(settings, key, n, args.bursts, args.interval)
-        print(row(f"{n} open streams, every token event", ms), flush=True)
-    release_redis_db(settings.broker_url or "")
+    try:
+        if args.queries:
+            retrieval = Resources(settings, factory).retrieval
+            retrieval.ingest([ROOT / "demo" / "corpus"], collection="demo")
+            ms = bench_worker(settings, key, args.queries, args.max_tokens)
+            print(row("worker (demo pair), first token event", ms), flush=True)
+        for n in args.streams:
+            ms = bench_transport(settings, key, n, args.bursts, args.interval)
+            print(row(f"{n} open streams, every token event", ms), flush=True)
+    finally:
+        release_redis_db(settings.broker_url or "")
 
 
 if __name__ == "__main__":

@@ -193,9 +193,9 @@ class StreamSource:
                     if not sub.queue.empty():
                         batch = sub.queue.get_nowait()
                     else:
-                        batch = await asyncio.wait_for(
-                            sub.queue.get(), timeout=self.settings.stream_keepalive_seconds
-                        )
+                        # asyncio.timeout, not wait_for: no extra task per wait.
+                        async with asyncio.timeout(self.settings.stream_keepalive_seconds):
+                            batch = await sub.queue.get()
                 except TimeoutError:
                     yield None
                     # An ``end`` lost with its worker (or with Redis): the database still knows.
