@@ -50,7 +50,7 @@ def answer_waiting(app: Celery) -> bool:
 def register(app: Celery) -> None:
     """Register the chunk task on ``app`` and run the batch watchdog beside its workers."""
 
-    @app.task(name=TaskName.BATCH_CHUNK, bind=True, acks_late=True, shared=False)
+    @app.task(name=TaskName.BATCH_CHUNK.value, bind=True, acks_late=True, shared=False)
     def batch_chunk(self: Task, batch_id: str, epoch: int) -> dict[str, Any]:
         """Answer up to one chunk of the batch's items; re-queue itself while items remain."""
         resources = runtime.resources(self.app)

@@ -33,9 +33,12 @@ def create_api(settings: Settings, *, sweeper: bool = True) -> FastAPI:
 @click.option(
     "--queues",
     "-Q",
-    default=",".join(QUEUES),
+    default="answer,batch",
     show_default=True,
-    help="Comma-separated queues.",
+    help=(
+        "Comma-separated queues. Ingest runs in its own worker process (`--queues ingest`), so "
+        "a large upload never runs in front of an answer on the same engine."
+    ),
 )
 @click.option(
     "--pool",

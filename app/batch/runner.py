@@ -19,7 +19,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Literal
 
-from sqlalchemy import and_, delete, func, or_, select, update
+from sqlalchemy import delete, func, or_, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.batch.preempt import Preempted
@@ -300,29 +300,43 @@ def cancel(sf: SessionFactory, batch_id: uuid.UUID) -> str | None:
         if not _rowcount(moved):
             session.rollback()
             return session.scalar(select(Batch.status).where(Batch.id == batch_id))
-        now = utcnow()
-        # Items not started, and orphans whose query waits to be re-run: their queries never ran,
-        # so they are deleted rather than left queued (or recorded as failures that never were).
-        waiting = select(Query.id).where(Query.status == "queued")
+        # Open items whose query never ran are cancelled, and their queries deleted (not left
+        # queued, nor recorded as failures that never were). The DELETE decides which: it and a
+        # worker's claim (queued -> running) lock the same query row, so for each query exactly
+        # one of them wins. Cancelling items by a condition on their query's status instead
+        # (evaluated on an earlier snapshot than the DELETE) let a query claimed in between be
+        # answered under an item already counted as cancelled.
+        open_items = session.execute(
+            select(BatchItem.id, BatchItem.query_id).where(
+                BatchItem.batch_id == batch_id, BatchItem.status.in_(("pending", "running"))
+            )
+        ).all()
+        asked = [q for _, q in open_items if q is not None]
+        deleted = (
+            set(
+                session.scalars(
+                    delete(Query)
+                    .where(Query.id.in_(asked), Query.status == "queued")
+                    .returning(Query.id)
+                ).all()
+            )
+            if asked
+            else set()
+        )
+        never_ran = [i for i, q in open_items if q is None or q in deleted]
         cancelled = (
-            session.execute(
+            session.scalars(
                 update(BatchItem)
                 .where(
-                    BatchItem.batch_id == batch_id,
-                    or_(
-                        BatchItem.status == "pending",
-                        and_(BatchItem.status == "running", BatchItem.query_id.in_(waiting)),
-                    ),
+                    BatchItem.id.in_(never_ran),
+                    BatchItem.status.in_(("pending", "running")),
                 )
-                .values(status="cancelled", done_at=now)
-                .returning(BatchItem.query_id)
-            )
-            .scalars()
-            .all()
+                .values(status="cancelled", done_at=utcnow(), query_id=None)
+                .returning(BatchItem.id)
+            ).all()
+            if never_ran
+            else []
         )
-        qids = [q for q in cancelled if q is not None]
-        if qids:
-            session.execute(delete(Query).where(Query.id.in_(qids), Query.status == "queued"))
         session.execute(
             update(Batch)
             .where(Batch.id == batch_id)

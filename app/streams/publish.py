@@ -66,6 +66,17 @@ class QueryStream:
             self._seen += len(token_ids)
         self._put("token", (list(token_ids), time.time()))
 
+    def chain(self, other: Callable[[list[int]], None] | None) -> Callable[[list[int]], None]:
+        """A delta callback that feeds this stream, then ``other`` (the caller's own, if any)."""
+        if other is None:
+            return self.on_delta
+
+        def both(token_ids: list[int]) -> None:
+            self.on_delta(token_ids)
+            other(token_ids)
+
+        return both
+
     def finish(self, text: str, token_ids: list[int]) -> None:
         """The generation's whole output and the answer text that will be stored.
 
