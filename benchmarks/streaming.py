@@ -95,12 +95,13 @@ def api_process(settings: Any) -> Iterator[str]:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     specrag = str(Path(sys.executable).parent / "specrag")
-    proc = subprocess.Popen(
-        [specrag, "api", "--host", "127.0.0.1", "--port", str(port)],
-        env=settings_env(settings),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    with open(settings.data_dir / "api.log", "ab") as log:
+        proc = subprocess.Popen(
+            [specrag, "api", "--host", "127.0.0.1", "--port", str(port)],
+            env=settings_env(settings),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 120

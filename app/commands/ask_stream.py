@@ -36,13 +36,13 @@ async def _follow(
     timeout: float,
     as_json: bool,
 ) -> dict[str, Any]:
-    from app.streams import StreamSource
+    from app.streams import OPENED, StreamSource
 
     source = StreamSource(settings, session_factory)
     try:
         async with asyncio.timeout(timeout):
             async for event in source.events(query_id, None):
-                if event is None:
+                if event is None or event is OPENED:
                     continue
                 if event.event in ("done", "error"):
                     if not as_json:

@@ -6,13 +6,14 @@ incremental detokeniser both rely on for text that adds up to the stored answer.
 """
 
 from app.streams.detok import IncrementalDetokenizer
-from app.streams.events import END_ID, Event, StreamSource, check_last_event_id
+from app.streams.events import END_ID, OPENED, Event, StreamSource, check_last_event_id
 from app.streams.publish import QueryStream, open_stream, publisher, stream_key
 
 __all__ = [
     "END_ID",
     "Event",
     "IncrementalDetokenizer",
+    "OPENED",
     "QueryStream",
     "StreamSource",
     "check_last_event_id",

@@ -55,6 +55,11 @@ class Event:
         return f"id: {self.id}\nevent: {self.event}\ndata: {data}\n\n".encode()
 
 
+OPENED = Event("open", "", {})
+"""Yielded once the stream will miss nothing that follows (subscribed, or the first poll done);
+the API answers it with the ``retry:`` line, so a client that has read bytes can rely on that."""
+
+
 def check_last_event_id(value: str | None) -> str | None:
     """``value`` when it is an id this service sends; ValueError otherwise."""
     if value is None or value in (END_ID, ANSWER_ID):
@@ -104,13 +109,14 @@ class StreamSource:
     async def events(
         self, query_id: uuid.UUID, tenant_id: int | None, last_event_id: str | None = None
     ) -> AsyncIterator[Event | None]:
-        """The query's events after ``last_event_id``; None is a keep-alive tick."""
+        """The query's events after ``last_event_id``: ``OPENED`` first, None as keep-alive tick."""
         if last_event_id == END_ID:
             return
         view = await self.view(query_id, tenant_id)
         if view is None:
             raise LookupError(f"no query {query_id}")
         if view["status"] in FINAL and last_event_id in (None, ANSWER_ID):
+            yield OPENED
             yield final_event(view)
             return
         if self.hub is None or last_event_id == ANSWER_ID:
@@ -129,6 +135,7 @@ class StreamSource:
     ) -> AsyncIterator[Event | None]:
         s = self.settings
         quiet = 0.0
+        yield OPENED
         while view["status"] not in FINAL:
             await asyncio.sleep(s.stream_poll_seconds)
             quiet += s.stream_poll_seconds
@@ -164,6 +171,7 @@ class StreamSource:
                 async for event in self._from_database(query_id, tenant_id, view, last_event_id):
                     yield event
                 return
+            yield OPENED
             finishing = view["status"] in FINAL
             while True:
                 for entry_id, fields in batch:

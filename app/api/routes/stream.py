@@ -20,12 +20,13 @@ from sqlalchemy.orm import Session, sessionmaker
 from app.api.deps import Caller, bearer, get_caller
 from app.api.errors import ApiError
 from app.api.schemas import ErrorOut
-from app.streams import END_ID, StreamSource, check_last_event_id
+from app.streams import END_ID, OPENED, StreamSource, check_last_event_id
 
 router = APIRouter(prefix="/v1/queries", tags=["queries"])
 KEEPALIVE = b": keep-alive\n\n"
 RETRY = b"retry: 1000\n\n"
-"""Sent first: a browser's EventSource reconnects after 1 s (with Last-Event-ID) if cut off."""
+"""Sent first, once the stream is subscribed (nothing after it can be missed): a browser's
+EventSource reconnects after 1 s (with Last-Event-ID) if cut off."""
 
 
 def stream_source(request: Request) -> StreamSource:
@@ -101,9 +102,11 @@ async def stream_query(
     source = stream_source(request)
 
     async def body() -> AsyncIterator[bytes]:
-        yield RETRY
         async for event in source.events(qid, caller.tenant_id, resume):
-            yield KEEPALIVE if event is None else event.sse()
+            if event is None:
+                yield KEEPALIVE
+            else:
+                yield RETRY if event is OPENED else event.sse()
 
     return StreamingResponse(
         body(),
