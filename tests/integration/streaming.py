@@ -26,11 +26,11 @@ def chars(ids: list[int]) -> str:
 
 def running_query(settings: Settings, tenant: str, status: str = "running") -> uuid.UUID:
     """A stored query of ``tenant`` in ``status``, as if a worker had claimed it."""
-    from app.queries import QueryRequest, create_query, get_or_create_tenant
+    from app.queries import create_query, get_or_create_tenant, validate_request
 
     engine = make_engine(settings)
     with make_session_factory(engine)() as session:
-        request = QueryRequest("Why?", "docs", "draft_model", 4, 8, 0.0, None)
+        request = validate_request(settings, {"question": "Why?", "collection": "docs"})
         query, _ = create_query(session, get_or_create_tenant(session, tenant), request)
         # A heartbeat in the future: the API's reaper leaves this worker-less query alone.
         beat = utcnow() + timedelta(hours=1) if status == "running" else None
