@@ -34,6 +34,7 @@ from app.requests import QueryStatus
 from app.resources import Resources
 from app.settings import Settings
 from app.streams import QueryStream, open_stream
+from retrieval import build_prompt
 
 if TYPE_CHECKING:  # generation imports torch: loaded with the engine, not with this module
     from generation import GenerationResult, SamplingParams
@@ -166,7 +167,6 @@ def retrieve(resources: Resources, claimed: Claimed) -> Retrieved:
 def build_request(resources: Resources, claimed: Claimed, hits: list[Any]) -> BuiltRequest:
     """The numbered prompt within the target's context budget, as token ids, and its sampling."""
     from generation import SamplingParams  # heavy: torch
-    from retrieval import build_prompt  # heavy: faiss, sentence-transformers
 
     engine, tokenizer, params = resources.engine, resources.tokenizer, claimed.params
     max_tokens = int(params["max_tokens"])

@@ -266,6 +266,21 @@ class Settings(BaseSettings):
         description="Cosine similarity at which a cited passage supports an answer sentence.",
     )
 
+    # Metrics (app/metrics, docs/metrics.md).
+    metrics_port: int | None = Field(
+        default=None,
+        ge=1,
+        le=65535,
+        description="A worker serves Prometheus text on this port (unset: no metrics server).",
+    )
+    metrics_host: str = Field(
+        default="0.0.0.0", description="Address the worker's metrics server binds."
+    )
+    metrics_tenant_label: bool = Field(
+        default=False,
+        description="Add a tenant label to the worker's metrics (off: tenants stay out of them).",
+    )
+
     @property
     def resolved_database_url(self) -> str:
         """The database URL in use: the setting, or an SQLite file in the data dir."""

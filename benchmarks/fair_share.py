@@ -150,7 +150,7 @@ def main() -> None:
         rows = run(args, Path(tmp))
     idle = percentile(rows[0]["latencies"], 95)
     print(f"flood={args.flood}, small tenant 5 queries, one worker, max_tokens={args.max_tokens}")
-    print("| variant | small p50 ms | small p95 ms | p95 / idle p95 | flood answered meanwhile |")
+    print("| variant | small p50 ms | small p95 ms | p95 / idle p95 | flood answered by then |")
     print("|---|---|---|---|---|")
     for r in rows:
         p95 = percentile(r["latencies"], 95)

@@ -148,7 +148,9 @@ def child(url: str, index_dir: Path) -> dict:
     code = CHILD.format(root=str(ROOT), url=url, index_dir=str(index_dir))
     started = time.perf_counter()
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})  # fmt: skip
+                         check=False, env={**os.environ, "HF_HUB_OFFLINE": "1"})  # fmt: skip
+    if out.returncode:
+        raise SystemExit(f"host process failed:\n{out.stderr}")
     result = json.loads(out.stdout.strip().splitlines()[-1])
     result["wall"] = time.perf_counter() - started  # process start to exit, interpreter included
     return result

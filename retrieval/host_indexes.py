@@ -27,6 +27,7 @@ from retrieval.changelog import (
     MissingVectorsError,
     read_contents,
     read_delta,
+    read_state,
     snapshot,
 )
 from retrieval.index_store import IndexStore
@@ -89,8 +90,17 @@ class HostIndexes:
         raises MissingVectorsError rather than storing legacy vectors (a writer holding the
         collection's lock must not wait for a second write)."""
         key = (tenant, collection)
+        held = self._get(key)
+        if held is not None:  # the common case, without waiting for a catch-up lock
+            with self.session_factory() as session:
+                state = read_state(session, tenant, collection)
+            if state is None:
+                return None
+            if state.version == held.version:
+                self.sources["memory"] += 1
+                return held.version, held.index
         with self._key_lock(key):
-            held = self._get(key)
+            held = self._get(key)  # another thread may have caught up meanwhile
             try:
                 got = self._snapshot(tenant, collection, held)
             except MissingVectorsError:
@@ -101,7 +111,7 @@ class HostIndexes:
             if got is None:
                 return None
             state, plan = got
-            return state.version, self._apply(tenant, collection, state, held, plan)
+            return self._apply(tenant, collection, state, held, plan)
 
     def committed(self, tenant: str, collection: str, version: int) -> faiss.Index:
         """The (shared) index of ``version``, for a writer that holds the collection's lock, so
@@ -168,11 +178,12 @@ class HostIndexes:
         state: IndexState,
         held: _Held | None,
         plan: _Plan | None,
-    ) -> faiss.Index:
+    ) -> tuple[int, faiss.Index]:
+        """``(version, index)``: normally ``state``'s, or a later one if it moved meanwhile."""
         if plan is None:
             assert held is not None
             self.sources["memory"] += 1
-            return held.index
+            return held.version, held.index
         index: Any = None
         if plan.delta is not None:
             index, unsaved = self._replay(tenant, collection, held, plan.base, plan.delta)
@@ -188,8 +199,11 @@ class HostIndexes:
                 got = snapshot(self.session_factory, tenant, collection,
                                lambda s, st: read_contents(s, tenant, collection, st))  # fmt: skip
                 if got is None or got[0].version != state.version:
-                    # Moved on meanwhile: serve what is committed now.
-                    return self.current(tenant, collection)[1]  # type: ignore[index]
+                    # Moved on meanwhile: serve what is committed now (re-entrant lock).
+                    now = self.current(tenant, collection)
+                    if now is None:
+                        raise LookupError(f"collection {collection!r} of {tenant!r} is gone")
+                    return now
                 contents = got[1]
             index = build(state.kind, contents.centroids, contents.ids, contents.vectors, state.dim)
             self.sources["build"] += 1
@@ -202,7 +216,7 @@ class HostIndexes:
             self._persist_later(tenant, collection, state.version, index)
         else:
             self._hold((tenant, collection), state.version, index, unsaved)
-        return index
+        return state.version, index
 
     def _replay(
         self, tenant: str, collection: str, held: _Held | None, base: int | None, delta: Delta

@@ -62,4 +62,7 @@ def create_app(
     app.include_router(admin.router)
     app.include_router(batches.router)
     app.include_router(documents.router)
+    from app.metrics import install as install_metrics
+
+    install_metrics(app, session_factory, queue)
     return app

@@ -7,6 +7,7 @@ from typing import Any
 
 import click
 
+from app.audit.hooks import install_hooks
 from app.commands.common import (
     CommandError,
     emit,
@@ -15,7 +16,12 @@ from app.commands.common import (
     json_option,
     one_line_errors,
 )
+from app.db import prepare
+from app.outbox import send_and_mark
+from app.pipeline import answer_query
+from app.queries import create_query, get_or_create_tenant, query_view, require_collection, wait_for
 from app.requests import DEFAULT_NUM_SPECULATIVE_TOKENS, validate_request
+from app.resources import Resources
 
 
 def _spec_tokens(value: str) -> int | str:
@@ -67,14 +73,6 @@ def ask(
     as_json: bool,
 ) -> None:
     """Ask QUESTION about a collection; prints the answer, its sources and decoding stats."""
-    from app.db import prepare
-    from app.queries import (
-        create_query,
-        get_or_create_tenant,
-        query_view,
-        require_collection,
-        wait_for,
-    )
 
     settings = get_settings()
     request = validate_request(
@@ -95,10 +93,6 @@ def ask(
         require_collection(session, tenant, request.collection)
         query, _ = create_query(session, get_or_create_tenant(session, tenant), request)
     if local:
-        from app.audit.hooks import install_hooks
-        from app.pipeline import answer_query
-        from app.resources import Resources
-
         install_hooks()
         resources = Resources(settings, session_factory)
         if stream:
@@ -109,8 +103,6 @@ def ask(
         else:
             answer_query(resources, query.id)
     else:
-        from app.outbox import send_and_mark
-
         assert dispatcher is not None
         send_and_mark(session_factory, query.id, query.queue, dispatcher.send_query)
     if stream:

@@ -6,6 +6,7 @@ import shutil
 import threading
 from pathlib import Path
 
+import faiss
 import pytest
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session, sessionmaker
@@ -201,3 +202,27 @@ def test_chunks_from_before_migration_0004_are_backfilled_once(
     other = make_host("d")
     assert same(answers(other, QUESTIONS, t, c)) and other.embedder.texts == len(QUESTIONS)
     assert row(a, t, c) == before
+
+
+def test_a_file_that_disagrees_with_the_database_is_rebuilt(
+    make_host: HostFactory, names: dict[str, str], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    import numpy as np
+
+    a = make_host("a")
+    c, t = names["collection"], names["a"]
+    a.ingest([write(tmp_path / "fruit.md", FRUIT), write(tmp_path / "engines.md", ENGINES)],
+             collection=c, tenant=t)  # fmt: skip
+    want = answers(a, QUESTIONS, t, c)
+    # A file named for version 1 that lacks two vectors (say, from before a database restore).
+    current = a.indexes.current(t, c)
+    assert current is not None
+    damaged = a.store.read(t, c, 1)
+    ids = np.sort(np.asarray([h[1] for hits in want for h in hits], dtype="int64"))[:2]
+    damaged.remove_ids(faiss.IDSelectorBatch(ids))
+    a.store.write(t, c, 1, damaged)
+    with caplog.at_level("WARNING", logger="retrieval.host_indexes"):
+        restarted = make_host("a")
+        assert answers(restarted, QUESTIONS, t, c) == want
+    assert "rebuilding" in caplog.text and restarted.indexes.sources["build"] == 1
+    assert restarted.embedder.texts == len(QUESTIONS)

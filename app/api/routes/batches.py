@@ -17,6 +17,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from app.api.deps import DispatcherDep, EnforcerDep, SessionDep, SettingsDep, TenantDep
 from app.api.errors import ApiError
 from app.api.schemas import ErrorOut
+from app.batch import submit as sub
+from app.batch.report import render
+from app.batch.runner import cancel
+from app.batch.views import batch_view, get_batch, item_views
 from app.db import Tenant
 
 router = APIRouter(prefix="/v1/batches", tags=["batches"])
@@ -66,7 +70,6 @@ def submit_batch(
     enforcer: EnforcerDep,
 ) -> dict[str, Any]:
     """Validate and store the batch (all or nothing), queue it; returns its id."""
-    from app.batch import submit as sub
 
     sources = [body.jsonl is not None, body.questions is not None, body.filter is not None]
     if sum(sources) != 1:
@@ -120,7 +123,6 @@ def submit_batch(
 
 
 def _owned(session: SessionDep, caller: TenantDep, batch_id: str) -> Any:
-    from app.batch.views import get_batch
 
     batch = get_batch(session, batch_id, None if caller.is_admin else caller.tenant_id)
     if batch is None:
@@ -137,7 +139,6 @@ def read_batch(
     items: bool = Query(default=False, description="Also list every item's status."),
 ) -> dict[str, Any]:
     """The batch's status and counters (total, done, failed, cancelled, per-item on request)."""
-    from app.batch.views import batch_view, item_views
 
     batch = _owned(session, caller, batch_id)
     view = batch_view(batch)
@@ -151,8 +152,6 @@ def cancel_batch(
     batch_id: str, caller: TenantDep, session: SessionDep, request: Request
 ) -> dict[str, Any]:
     """Cancel the batch: items not started are cancelled, in-flight ones finish."""
-    from app.batch.runner import cancel
-    from app.batch.views import batch_view
 
     batch = _owned(session, caller, batch_id)
     cancel(request.app.state.session_factory, batch.id)
@@ -168,7 +167,6 @@ def batch_report(
     format: Literal["json", "csv", "html"] = Query(default="json"),
 ) -> Response:
     """How the answers changed vs the originals, latency and acceptance before/after."""
-    from app.batch.report import render
 
     batch = _owned(session, caller, batch_id)
     media_type, body = render(session, batch.id, format)
