@@ -51,6 +51,9 @@ def _spec_tokens(value: str) -> int | str:
 @click.option("--seed", type=int, default=None, help="Seed for reproducible sampling.")
 @click.option("--local", is_flag=True, help="Answer in this process instead of through a worker.")
 @click.option(
+    "--stream", "stream", is_flag=True, help="Print the answer as it is generated (--json: events)."
+)
+@click.option(
     "--timeout", type=float, default=600.0, show_default=True, help="Seconds to wait for a worker."
 )
 @json_option
@@ -65,6 +68,7 @@ def ask(
     temperature: float | None,
     seed: int | None,
     local: bool,
+    stream: bool,
     timeout: float,
     as_json: bool,
 ) -> None:
@@ -90,25 +94,39 @@ def ask(
         query, _ = create_query(session, get_or_create_tenant(session, tenant), request)
     if local:
         install_hooks()
-        answer_query(Resources(settings, session_factory), query.id)
+        resources = Resources(settings, session_factory)
+        if stream:
+            import threading
+
+            # The answer is generated beside the stream reader, as a worker would.
+            threading.Thread(target=answer_query, args=(resources, query.id), daemon=True).start()
+        else:
+            answer_query(resources, query.id)
     else:
         assert dispatcher is not None
         # Through admission like the API: the tenant's fair share holds for the CLI too.
         admit(session_factory, settings, dispatcher.send_query, tenant_id=query.tenant_id)
-    try:
-        done = wait_for(session_factory, query.id, timeout=0 if local else timeout)
-    except TimeoutError as exc:
-        raise CommandError(str(exc)) from None
-    view = query_view(done)
-    emit(view, as_json, text=_human(view))
+    if stream:
+        from app.commands.ask_stream import follow
+
+        view = follow(settings, session_factory, query.id, timeout=timeout, as_json=as_json)
+        emit(view, as_json, text=_human(view, with_answer=False))
+    else:
+        try:
+            done = wait_for(session_factory, query.id, timeout=0 if local else timeout)
+        except TimeoutError as exc:
+            raise CommandError(str(exc)) from None
+        view = query_view(done)
+        emit(view, as_json, text=_human(view))
     if view["status"] != "succeeded":
         raise CommandError(f"query {view['id']} failed: {view.get('error')}")
 
 
-def _human(view: dict[str, Any]) -> str:
+def _human(view: dict[str, Any], with_answer: bool = True) -> str:
     if view["status"] != "succeeded":
         return f"query {view['id']}: {view['status']}"
-    lines = [view["answer"] or "(empty answer)", "", "Sources:"]
+    lines = [view["answer"] or "(empty answer)", ""] if with_answer else []
+    lines.append("Sources:")
     for rank, src in enumerate(view.get("sources", []), start=1):
         lines.append(
             f"  [{rank}] {src['document']} (chunk {src['chunk_id']}, score {src['score']:.3f})"
