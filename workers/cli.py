@@ -75,6 +75,10 @@ def worker(
         settings = settings.model_copy(update={"worker_pool": pool})
     # Fail fast, before joining the queue, when the database is not migrated.
     prepare(settings)[0].dispose()
+    # Bound before joining the queues: a taken port stops the worker here, with the reason.
+    from app.metrics import start_worker_metrics
+
+    start_worker_metrics(settings)
     app = create_celery(settings)
     app.warm = {"answer": "answer" in names or "batch" in names, "ingest": "ingest" in names}
     argv = ["worker", "-Q", ",".join(names), "--pool", settings.worker_pool, "--loglevel", loglevel]

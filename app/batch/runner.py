@@ -26,6 +26,7 @@ from app.batch.preempt import Preempted
 from app.batch.records import FINAL_BATCH, FINAL_ITEM, Batch, BatchItem
 from app.db.models import Query, utcnow
 from app.db.session import skip_fsync
+from app.pipeline import answer_query
 from app.resources import Resources
 from app.settings import Settings
 
@@ -246,7 +247,6 @@ def run_chunk(
     "more": items remain (re-queue the chunk); "yield": interactive work is waiting (re-queue);
     "done": nothing left to claim; "stopped": cancelled, finished, or superseded epoch.
     """
-    from app.pipeline import answer_query
 
     sf, settings = resources.session_factory, resources.settings
     if not start(sf, batch_id, epoch):
