@@ -17,7 +17,7 @@ from app.commands.common import (
     one_line_errors,
 )
 from app.db import prepare
-from app.outbox import send_and_mark
+from app.outbox import admit
 from app.pipeline import answer_query
 from app.queries import create_query, get_or_create_tenant, query_view, require_collection, wait_for
 from app.requests import DEFAULT_NUM_SPECULATIVE_TOKENS, validate_request
@@ -104,7 +104,8 @@ def ask(
             answer_query(resources, query.id)
     else:
         assert dispatcher is not None
-        send_and_mark(session_factory, query.id, query.queue, dispatcher.send_query)
+        # Through admission like the API: the tenant's fair share holds for the CLI too.
+        admit(session_factory, settings, dispatcher.send_query, tenant_id=query.tenant_id)
     if stream:
         from app.commands.ask_stream import follow
 

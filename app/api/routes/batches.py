@@ -22,6 +22,8 @@ from app.batch.report import render
 from app.batch.runner import cancel
 from app.batch.views import batch_view, get_batch, item_views
 from app.db import Tenant
+from app.requests import RequestError
+from app.settings import Settings
 
 router = APIRouter(prefix="/v1/batches", tags=["batches"])
 ERRORS: dict[int | str, dict[str, Any]] = {
@@ -68,6 +70,7 @@ def submit_batch(
     settings: SettingsDep,
     dispatcher: DispatcherDep,
     enforcer: EnforcerDep,
+    request: Request,
 ) -> dict[str, Any]:
     """Validate and store the batch (all or nothing), queue it; returns its id."""
 
@@ -95,6 +98,7 @@ def submit_batch(
             overrides=overrides,
             golden=body.golden,
         )
+        _check_tokens(request, settings, specs)
         source = "golden" if body.golden else "jsonl"
         detail: dict[str, Any] = {"items": len(specs)}
     else:
@@ -120,6 +124,18 @@ def submit_batch(
     )
     sub.dispatch_new(batch, dispatcher.dispatch_batch)
     return {"id": str(batch.id), "status": batch.status, "total": batch.total}
+
+
+def _check_tokens(request: Request, settings: Settings, specs: list[Any]) -> None:
+    """RequestError naming the first new question over the token limit (item numbers from 1)."""
+    from app.api.tokens import check_question_tokens, token_counter
+
+    counter = token_counter(request.app.state, settings)
+    for number, spec in enumerate(specs, start=1):
+        try:
+            check_question_tokens(counter, settings, spec.request.question)
+        except RequestError as exc:
+            raise RequestError("questions", f"item {number}: {exc}") from None
 
 
 def _owned(session: SessionDep, caller: TenantDep, batch_id: str) -> Any:
