@@ -15,11 +15,11 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
@@ -29,9 +29,15 @@ from app.db import Answer, AnswerSource, GenerationStatsRecord, Query, utcnow
 from app.db.session import skip_fsync
 from app.resources import Resources
 
+if TYPE_CHECKING:
+    from generation import GenerationResult, SamplingParams
+    from generation.base import DeltaCallback, RequestHandle
+
 log = logging.getLogger(__name__)
 
-Outcome = Literal["succeeded", "failed", "skipped", "duplicate", "missing"]
+Outcome = Literal["succeeded", "failed", "skipped", "duplicate", "missing", "released"]
+"""What happened to a query: "released" means its generation was cancelled (batch preemption,
+worker shutdown) and it is queued again, with nothing recorded."""
 
 
 def _ms(later: datetime, earlier: datetime) -> float:
@@ -138,9 +144,21 @@ def heartbeat(
 
 
 def answer_query(
-    resources: Resources, query_id: uuid.UUID | str, host: str | None = None
+    resources: Resources,
+    query_id: uuid.UUID | str,
+    host: str | None = None,
+    *,
+    on_delta: DeltaCallback | None = None,
+    on_submit: Callable[[RequestHandle], None] | None = None,
 ) -> Outcome:
-    """Answer one stored query and record the result; returns what happened to it."""
+    """Answer one stored query and record the result; returns what happened to it.
+
+    Generation goes to the process's engine loop (``resources.loop``): ``on_delta`` gets each
+    burst of verified token ids from the loop's thread, ``on_submit`` the request's handle (so
+    that a preemptor can cancel it at a step boundary; the query is then released, not failed).
+    """
+    from generation.base import Cancelled  # generation (torch) loads in workers only
+
     qid = query_id if isinstance(query_id, uuid.UUID) else uuid.UUID(str(query_id))
     host = host or socket.gethostname()
     sf = resources.session_factory
@@ -153,7 +171,12 @@ def answer_query(
     s = resources.settings
     with heartbeat(sf, qid, claimed.attempt, s.heartbeat_seconds, float(s.task_time_limit)):
         try:
-            return _run(resources, qid, claimed)
+            return _run(resources, qid, claimed, on_delta, on_submit)
+        except Cancelled:
+            # Preempted or shut down at a step boundary: nothing was recorded; it runs again.
+            _release(sf, qid)
+            log.info("query %s cancelled in the engine loop; queued again", qid)
+            return "released"
         except BaseException as exc:
             # Anything that escapes (bad collection, out of context, time limit) fails the query
             # with a message the client can read; a killed process never gets here (the reaper does).
@@ -170,7 +193,13 @@ def answer_query(
             raise
 
 
-def _run(resources: Resources, qid: uuid.UUID, claimed: Claimed) -> Outcome:
+def _run(
+    resources: Resources,
+    qid: uuid.UUID,
+    claimed: Claimed,
+    on_delta: DeltaCallback | None = None,
+    on_submit: Callable[[RequestHandle], None] | None = None,
+) -> Outcome:
     from generation import SamplingParams
     from retrieval import build_prompt
 
@@ -214,7 +243,7 @@ def _run(resources: Resources, qid: uuid.UUID, claimed: Claimed) -> Outcome:
         num_speculative_tokens=params.get("num_speculative_tokens", 4),
     )
     gen_started = utcnow()
-    result = engine.generate(prompt_ids, sampling)
+    result = generate(resources, prompt_ids, sampling, on_delta, on_submit)
     text = tokenizer.decode(result.token_ids, skip_special_tokens=True).strip()
 
     stats = result.stats
@@ -248,6 +277,33 @@ def _run(resources: Resources, qid: uuid.UUID, claimed: Claimed) -> Outcome:
         )  # fmt: skip
         privacy.scrub_question(sf, resources.settings, qid)
     return outcome
+
+
+def generate(
+    resources: Resources,
+    prompt_ids: list[int],
+    sampling: SamplingParams,
+    on_delta: DeltaCallback | None = None,
+    on_submit: Callable[[RequestHandle], None] | None = None,
+) -> GenerationResult:
+    """The request's result from the process's engine loop; raises ``Cancelled`` when cancelled.
+
+    The task thread waits here while the loop generates for it and for the other requests in
+    flight. A request still running at the soft time limit is cancelled (its slot freed) and the
+    query fails with TimeoutError.
+    """
+    handle = resources.loop.submit(prompt_ids, sampling, on_delta=on_delta)
+    if on_submit is not None:
+        on_submit(handle)
+    limit = float(resources.settings.task_soft_time_limit)
+    try:
+        return handle.result(timeout=limit)
+    except TimeoutError:
+        handle.cancel()
+        raise TimeoutError(f"generation passed the {limit:.0f} s time limit; cancelled") from None
+    except BaseException:
+        handle.cancel()  # an interrupted wait must not leave the request running in the loop
+        raise
 
 
 def _record(

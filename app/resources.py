@@ -28,6 +28,8 @@ class Resources:
         self._tokenizer: Any = None
         self._retrieval: Any = None
         self._tenants: dict[int, str] = {}
+        self._loop: Any = None
+        self._loop_lock = threading.Lock()
 
     @property
     def engine(self) -> Any:
@@ -51,6 +53,32 @@ class Resources:
                     s.vllm_options if s.engine == "vllm" else None,
                 )
             return self._engine
+
+    @property
+    def loop(self) -> Any:
+        """The process's one engine loop (``GenerationLoop``), started on first use.
+
+        Its batch holds ``worker_concurrency`` requests; an engine that cannot hold that many is
+        refused here, with the reason, before any query is taken.
+        """
+        engine = self.engine
+        with self._loop_lock:
+            if self._loop is None:
+                from app.serving import check_concurrency, worker_concurrency
+                from generation.serial_loop import loop_for
+
+                concurrency = worker_concurrency(self.settings)
+                check_concurrency(engine, concurrency)
+                self._loop = loop_for(engine, concurrency)
+                log.info("engine loop started: %s queries in flight", concurrency)
+            return self._loop
+
+    def close(self) -> None:
+        """Stop the engine loop, if one was started (what it holds is cancelled)."""
+        with self._loop_lock:
+            loop, self._loop = self._loop, None
+        if loop is not None:
+            loop.close()
 
     @property
     def tokenizer(self) -> Any:
@@ -111,6 +139,7 @@ class Resources:
             warmup = getattr(self.engine, "warmup", None)
             if callable(warmup):
                 warmup()
+            self.loop  # noqa: B018 - started (and its concurrency checked) before any query
 
 
 def _device(device: str, engine: str) -> str:

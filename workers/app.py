@@ -2,8 +2,9 @@
 
 Queues: ``answer`` (interactive questions, GPU workers), ``batch`` (the same task at lower
 priority), ``ingest`` (CPU work). Delivery is at-least-once: ``acks_late`` plus
-``reject_on_worker_lost`` put a task back when its worker dies, prefetch 1 keeps a slow answer
-from holding queued work hostage, and the pipeline's claim and unique keys make a second delivery
+``reject_on_worker_lost`` put a task back when its worker dies, prefetch 1 per task slot keeps a
+slow answer from holding queued work hostage (a threads-pool worker with N slots holds at most N
+unacknowledged messages, each a query in its engine loop), and the pipeline's claim and unique keys make a second delivery
 harmless.
 """
 
@@ -93,7 +94,9 @@ def _transport_options(broker: str, settings: Settings) -> dict[str, Any]:
         }
     if broker.startswith("sqla+sqlite"):
         # kombu hands these to create_engine: wait for SQLite's lock instead of failing at once.
-        return {"connect_args": {"timeout": 30}}
+        # kombu polls this transport (1 s by default: most of a lone query's queue wait in
+        # `make demo`); a poll is one indexed SELECT per queue on a local file.
+        return {"connect_args": {"timeout": 30}, "polling_interval": settings.broker_polling_interval}
     return {}
 
 

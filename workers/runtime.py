@@ -20,6 +20,7 @@ log = logging.getLogger(__name__)
 
 _resources: dict[tuple[int, int], Resources] = {}
 _sweepers: dict[int, Sweeper] = {}
+_warmed: set[tuple[int, int]] = set()
 
 
 def resources(app: Celery) -> Resources:
@@ -35,7 +36,12 @@ def resources(app: Celery) -> Resources:
     return found
 
 
-def _warm(app: Celery) -> None:
+def warm(app: Celery) -> None:
+    """Load what this worker's queues need, once per process (engine loop started and checked)."""
+    key = (os.getpid(), id(app))
+    if key in _warmed:
+        return
+    _warmed.add(key)
     threads = app.settings.torch_threads  # type: ignore[attr-defined]
     if threads:
         import torch
@@ -55,12 +61,12 @@ def connect_signals(app: Celery) -> None:
     @worker_init.connect(weak=False)
     def on_init(sender: Any = None, **_: Any) -> None:
         if mine(sender) and app.conf.worker_pool in (None, "solo", "threads"):
-            _warm(app)
+            warm(app)
 
     @worker_process_init.connect(weak=False)
     def on_process_init(**_: Any) -> None:
         if app.conf.worker_pool == "prefork":
-            _warm(app)
+            warm(app)
 
     @worker_ready.connect(weak=False)
     def on_ready(sender: Any = None, **_: Any) -> None:
@@ -78,3 +84,6 @@ def connect_signals(app: Celery) -> None:
         sweeper = _sweepers.pop(id(app), None)
         if sweeper is not None:
             sweeper.stop()
+        found = _resources.get((os.getpid(), id(app)))
+        if found is not None:
+            found.close()  # the loop cancels what it holds; their tasks release their queries

@@ -10,7 +10,16 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 FORMATS = ("json", "csv", "html")
-GROUPINGS = ("tenant", "collection", "method", "model_pair", "num_speculative_tokens")
+GROUPINGS = (
+    "tenant",
+    "collection",
+    "method",
+    "model_pair",
+    "num_speculative_tokens",
+    "batch_size",
+    "chosen_k",
+)
+"""``batch_size``: buckets of mean_batch_size (load); ``chosen_k``: mean_chosen_k rounded."""
 DEFAULT_GROUP_BY = ("tenant", "collection", "method", "model_pair")
 DEFAULT_SPAN = timedelta(days=1)
 

@@ -17,12 +17,11 @@ import time
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from typing import Literal
+from typing import Any, Literal
 
 from sqlalchemy import and_, delete, func, or_, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.batch.preempt import Preempted
 from app.batch.records import FINAL_BATCH, FINAL_ITEM, Batch, BatchItem
 from app.db.models import Query, utcnow
 from app.db.session import skip_fsync
@@ -240,11 +239,14 @@ def run_chunk(
     max_items: int,
     should_yield: Callable[[], bool] = lambda: False,
     host: str | None = None,
+    on_submit: Callable[[Any], None] | None = None,
 ) -> ChunkOutcome:
     """Answer up to ``max_items`` of the batch's items; says why it stopped.
 
     "more": items remain (re-queue the chunk); "yield": interactive work is waiting (re-queue);
     "done": nothing left to claim; "stopped": cancelled, finished, or superseded epoch.
+    ``on_submit`` gets each item's request handle in the engine loop (app/batch/preempt.py
+    cancels it there when interactive work needs the slot; the item is then re-queued).
     """
     from app.pipeline import answer_query
 
@@ -269,10 +271,9 @@ def run_chunk(
             maybe_finish(sf, batch_id)
             return "done"
         item_id, query_id = claimed
-        try:
-            answer_query(resources, query_id, host=host)
-        except Preempted:
-            # The pipeline already put the query back to queued; the item waits for its turn.
+        if answer_query(resources, query_id, host=host, on_submit=on_submit) == "released":
+            # Cancelled in the loop for interactive work: the pipeline put the query back to
+            # queued with nothing recorded; the item waits for its turn.
             requeue_item(sf, item_id, query_id)
             return "yield"
         if finish_item(sf, item_id) not in FINAL_ITEM:

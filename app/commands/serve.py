@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from app.commands.common import get_settings, one_line_errors
+from app.settings import Settings
 
 
 @click.command("worker")
@@ -22,7 +23,11 @@ from app.commands.common import get_settings, one_line_errors
     help="Celery pool (default from settings: solo).",
 )
 @click.option(
-    "--concurrency", type=int, default=1, show_default=True, help="Tasks at once (threads/prefork)."
+    "--concurrency",
+    type=int,
+    default=None,
+    help="Queries in flight (threads pool; default SPECRAG_WORKER_CONCURRENCY or per engine), "
+    "or processes (prefork).",
 )
 @click.option("--hostname", "-n", default=None, help="Worker node name (default: celery@host).")
 @click.option("--loglevel", default="INFO", show_default=True)
@@ -33,7 +38,7 @@ from app.commands.common import get_settings, one_line_errors
 def worker(
     queues: str,
     pool: str | None,
-    concurrency: int,
+    concurrency: int | None,
     hostname: str | None,
     loglevel: str,
     as_json: bool,
@@ -50,17 +55,41 @@ def worker(
         )
     if pool is not None:
         settings = settings.model_copy(update={"worker_pool": pool})
+    settings, processes = _concurrency(settings, concurrency)
     # Fail fast, before joining the queue, when the database is not migrated.
     from app.db import prepare
 
     prepare(settings)[0].dispose()
     app = create_celery(settings)
     app.warm = {"answer": "answer" in names or "batch" in names, "ingest": "ingest" in names}
+    if settings.worker_pool != "prefork":
+        from workers import runtime
+
+        # Models load (and the loop's concurrency is checked) before joining the queue: an
+        # engine that cannot hold the concurrency is refused here, with the reason.
+        runtime.warm(app)
     argv = ["worker", "-Q", ",".join(names), "--pool", settings.worker_pool, "--loglevel", loglevel]
-    argv += ["--concurrency", str(concurrency), "--without-gossip", "--without-mingle"]
+    argv += ["--concurrency", str(processes), "--without-gossip", "--without-mingle"]
     if hostname:
         argv += ["--hostname", hostname]
     app.worker_main(argv)
+
+
+def _concurrency(settings: Settings, option: int | None) -> tuple[Settings, int]:
+    """Settings whose worker_concurrency is what one process holds, and Celery's --concurrency.
+
+    threads: one loop holding N queries fed by N task threads; solo and prefork: one query per
+    process (prefork forks ``option`` processes, each with its own engine).
+    """
+    from app.serving import worker_concurrency
+
+    if option is not None and option < 1:
+        raise ValueError(f"--concurrency: must be >= 1, got {option}")
+    if settings.worker_pool == "threads":
+        held = option if option is not None else worker_concurrency(settings)
+        return settings.model_copy(update={"worker_concurrency": held}), held
+    processes = option if option is not None and settings.worker_pool == "prefork" else 1
+    return settings.model_copy(update={"worker_concurrency": 1}), processes
 
 
 @click.command("api")
