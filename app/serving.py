@@ -46,9 +46,10 @@ def worker_concurrency(settings: Settings) -> int:
 def kv_bytes_per_query(engine: Any) -> int:
     """Bytes of KV cache one query takes at the full context, target and draft together (0: unknown)."""
     total = 0
-    for model in (getattr(engine, "target", None), getattr(engine, "draft", None)):
+    models: list[Any] = [getattr(engine, "target", None), getattr(engine, "draft", None)]
+    for model in models:
         config = getattr(model, "config", None)
-        if config is None:
+        if model is None or config is None:
             continue
         layers = int(getattr(config, "num_hidden_layers", 0) or 0)
         heads = int(getattr(config, "num_attention_heads", 0) or 0)

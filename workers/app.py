@@ -96,7 +96,10 @@ def _transport_options(broker: str, settings: Settings) -> dict[str, Any]:
         # kombu hands these to create_engine: wait for SQLite's lock instead of failing at once.
         # kombu polls this transport (1 s by default: most of a lone query's queue wait in
         # `make demo`); a poll is one indexed SELECT per queue on a local file.
-        return {"connect_args": {"timeout": 30}, "polling_interval": settings.broker_polling_interval}
+        return {
+            "connect_args": {"timeout": 30},
+            "polling_interval": settings.broker_polling_interval,
+        }
     return {}
 
 
