@@ -65,11 +65,16 @@ class Resources:
         with self._loop_lock:
             if self._loop is None:
                 from app.serving import check_concurrency, worker_concurrency
-                from generation.serial_loop import loop_for
 
                 concurrency = worker_concurrency(self.settings)
                 check_concurrency(engine, concurrency)
-                self._loop = loop_for(engine, concurrency)
+                start = getattr(engine, "start_loop", None)
+                if not callable(start):
+                    raise RuntimeError(
+                        f"engine: {type(engine).__name__} has no online loop (start_loop); "
+                        "a worker needs one to hold queries in flight"
+                    )
+                self._loop = start(concurrency)
                 log.info("engine loop started: %s queries in flight", concurrency)
             return self._loop
 

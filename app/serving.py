@@ -87,14 +87,14 @@ def free_memory_bytes(engine: Any) -> int | None:
 def check_concurrency(engine: Any, concurrency: int) -> None:
     """Raise ValueError saying why, when ``engine`` cannot hold ``concurrency`` queries at once.
 
-    An engine that states its own limit (``max_concurrency``, e.g. vLLM's ``max_num_seqs``) is
+    An engine that states its own limit (``max_concurrency``, or vLLM's ``max_num_seqs``) is
     held to it; otherwise every query must fit its KV cache at the full context in
     ``KV_MEMORY_FRACTION`` of the device's free memory, so a full loop never runs out mid-step.
     """
     name = "SPECRAG_WORKER_CONCURRENCY"
     if concurrency < 1:
         raise ValueError(f"{name}: must be >= 1, got {concurrency}")
-    limit = getattr(engine, "max_concurrency", None)
+    limit = getattr(engine, "max_concurrency", None) or getattr(engine, "max_num_seqs", None)
     if isinstance(limit, int) and concurrency > limit:
         raise ValueError(
             f"{name}: {concurrency} queries in flight, but the {type(engine).__name__} engine "
@@ -109,3 +109,19 @@ def check_concurrency(engine: Any, concurrency: int) -> None:
             f"context ({engine.max_context} tokens) need {concurrency * per_query / mib:.0f} MiB, "
             f"more than {KV_MEMORY_FRACTION:.0%} of the {free / mib:.0f} MiB free on the device"
         )
+
+
+def pool_concurrency(settings: Settings, option: int | None) -> tuple[Settings, int]:
+    """Settings whose ``worker_concurrency`` is what one process holds, and Celery's --concurrency.
+
+    threads: one loop holding N queries, fed by N task threads (N: ``option``, else the setting,
+    else the engine's default); solo and prefork: one query per process (prefork forks
+    ``option`` processes, each with its own engine).
+    """
+    if option is not None and option < 1:
+        raise ValueError(f"--concurrency: must be >= 1, got {option}")
+    if settings.worker_pool == "threads":
+        held = option if option is not None else worker_concurrency(settings)
+        return settings.model_copy(update={"worker_concurrency": held}), held
+    processes = option if option is not None and settings.worker_pool == "prefork" else 1
+    return settings.model_copy(update={"worker_concurrency": 1}), processes

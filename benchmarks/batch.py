@@ -171,7 +171,7 @@ def submit(sf: Any, settings: Any, celery: Any, n: int, max_tokens: int) -> uuid
     """Store and dispatch a batch of ``n`` questions; returns its id."""
     from app.batch import submit as sub
     from app.queries import get_or_create_tenant
-    from workers.batch_tasks import dispatch
+    from workers import dispatch_batch as dispatch
 
     lines = [json.dumps({"question": f"{QUESTIONS[i % 4]} ({i})"}) for i in range(n)]
     with sf() as session:

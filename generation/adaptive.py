@@ -114,7 +114,8 @@ def best_k(alpha: float, cost: CostModel, k_max: int) -> int:
 class AdaptiveK:
     """Per-request controller: ``next_k()`` before a round, ``observe()`` after it."""
 
-    cost: CostModel
+    cost: CostModel | None
+    """Round costs (None when only the acceptance estimate is used, as the batch engine does)."""
     k_max: int = 8
     """Longest draft ever asked for."""
     prior_alpha: float = 0.6
@@ -136,6 +137,8 @@ class AdaptiveK:
 
     def next_k(self) -> int:
         """Return the speculation length for the next round."""
+        if self.cost is None:
+            raise ValueError("AdaptiveK.next_k: no cost model to choose k with")
         return best_k(min(self.alpha, 0.999), self.cost, self.k_max)
 
     def observe(self, num_draft_tokens: int, num_accepted: int) -> None:

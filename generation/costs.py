@@ -11,6 +11,7 @@ import torch
 
 from generation.adaptive import CostModel
 from generation.forward import Forward, HFForward
+from generation.model_runner import ModelRunner
 
 
 def _synchronize(device: torch.device) -> None:
@@ -56,3 +57,43 @@ def measure_costs(
     proposer = timer(draft, context_len, 1) if draft is not None else 0.0
     rounds = [timer(target, context_len, k + 1) + k * proposer for k in range(1, k_max + 1)]
     return CostModel([0.0, *rounds])
+
+
+def time_batch_step(
+    target: Forward,
+    draft: Forward | None,
+    batch_size: int,
+    k: int,
+    context_len: int = 64,
+    repeats: int = 3,
+) -> float:
+    """Return the median seconds of a batch step: ``batch_size`` rows, ``k`` drafts each.
+
+    A step is one target pass over ``[batch_size, k + 1]`` and, with a draft model, ``k``
+    draft passes over ``[batch_size, 1]``, on scratch slots that hold ``context_len`` tokens.
+    """
+    runners = [ModelRunner(m, "timing") for m in (target, draft) if m is not None]
+    device = target.device
+    vocab = int(target.config.vocab_size)
+    context = [i % vocab for i in range(context_len)]
+    slots = list(range(batch_size))
+    with torch.inference_mode():
+        for runner in runners:
+            for slot in slots:
+                runner.prefill(slot, context)
+        times = []
+        for _ in range(repeats + 1):  # the first step warms up allocators and kernels
+            _synchronize(device)
+            start = time.perf_counter()
+            if draft is not None and k:
+                ids = torch.ones((batch_size, 1), dtype=torch.long, device=device)
+                for _ in range(k):
+                    runners[1].run(slots, ids, [1] * batch_size, last_only=True)
+            ids = torch.ones((batch_size, k + 1), dtype=torch.long, device=device)
+            runners[0].run(slots, ids, [k + 1] * batch_size).argmax(dim=-1).tolist()
+            _synchronize(device)
+            times.append(time.perf_counter() - start)
+            for runner in runners:
+                for slot in slots:
+                    runner.set_length(slot, context_len)
+    return statistics.median(times[1:])

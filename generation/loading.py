@@ -130,3 +130,22 @@ def check_vocab_compatible(
         f"draft {str(draft_dir)!r} and target {str(target_dir)!r} map {len(differing)} tokens "
         f"to different ids (e.g. {examples})"
     )
+
+
+def max_context(config: Any) -> int:
+    """Return the longest sequence a model of ``config`` (an object or a dict) accepts."""
+    for name in ("max_position_embeddings", "n_positions", "max_sequence_length"):
+        value = config.get(name) if isinstance(config, dict) else getattr(config, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return 1 << 30
+
+
+def eos_token_ids(model: Any) -> list[int]:
+    """Return the model's end-of-sequence ids (generation config first, then model config)."""
+    value = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if value is None:
+        value = getattr(model.config, "eos_token_id", None)
+    if value is None:
+        return []
+    return [int(v) for v in value] if isinstance(value, (list, tuple)) else [int(value)]

@@ -18,11 +18,15 @@ import torch
 
 from generation.adaptive import AdaptiveK, CostModel, RecentAcceptance
 from generation.base import GenerationResult, check_prompt
-from generation.costs import measure_costs
+from generation.costs import measure_costs, time_batch_step
+from generation.engine_loop import EngineLoop, run_many
 from generation.forward import Forward, forward_for
+from generation.goodput import StepCosts
 from generation.loading import (
     check_vocab_compatible,
+    eos_token_ids,
     load_causal_lm,
+    max_context,
     output_vocab_size,
     resolve_device,
 )
@@ -81,27 +85,13 @@ def cut_at_eos(emitted: list[int], eos: set[int]) -> tuple[list[int], bool]:
     return emitted, False
 
 
-def _max_context(model: Any) -> int:
-    config = model.config
-    for name in ("max_position_embeddings", "n_positions", "max_sequence_length"):
-        value = getattr(config, name, None)
-        if isinstance(value, int) and value > 0:
-            return value
-    return 1 << 30
-
-
-def _eos_ids(model: Any) -> list[int]:
-    value = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    if value is None:
-        value = getattr(model.config, "eos_token_id", None)
-    if value is None:
-        return []
-    return [int(v) for v in value] if isinstance(value, (list, tuple)) else [int(value)]
-
-
 def _label(model: Any) -> str:
     name = str(getattr(model.config, "_name_or_path", "") or "")
     return Path(name).name if name else type(model).__name__
+
+
+DEFAULT_MAX_BATCH_SIZE = 16
+"""Requests one engine runs in a step by default (KV memory: docs/benchmarks.md, batching)."""
 
 
 class SpeculativeEngine:
@@ -117,6 +107,7 @@ class SpeculativeEngine:
         ngram_max_n: int = 4,
         costs: dict[str, CostModel] | None = None,
         fast_forward: bool = True,
+        max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
     ) -> None:
         if max_speculative_tokens < 1:
             raise ValueError(f"max_speculative_tokens: must be >= 1, got {max_speculative_tokens}")
@@ -137,12 +128,15 @@ class SpeculativeEngine:
         self.ngram_max_n = ngram_max_n
         """Longest n-gram that prompt lookup matches (down to 1)."""
         self._vocab_size = output_vocab_size(target)
-        self._max_context = min(_max_context(m) for m in (target, draft) if m is not None)
-        self._eos = _eos_ids(target)
+        self._max_context = min(max_context(m.config) for m in (target, draft) if m is not None)
+        self._eos = eos_token_ids(target)
         self._model_pair = model_pair or _label(target) + (f"+{_label(draft)}" if draft else "")
         self._costs: dict[str, CostModel] = dict(costs or {})
         """Per-method costs for adaptive k; measured on first use when not given."""
         self._recent = {"draft_model": RecentAcceptance(), "ngram": RecentAcceptance()}
+        self.max_batch_size = max_batch_size
+        """Default batch size of ``generate_many`` and ``start_loop``."""
+        self._step_costs: StepCosts | None = None
 
     @classmethod
     def from_pretrained(
@@ -207,13 +201,63 @@ class SpeculativeEngine:
             return NgramProposer(self.device, max_n=self.ngram_max_n)
         return None
 
-    def warmup(self) -> None:
+    def warmup(self, batch_sizes: tuple[int, ...] = ()) -> None:
         """Measure the adaptive-k costs now (else the first ``"auto"`` request of a method does).
 
         A few dozen forward passes; also warms the kernels a first request would wait on.
+        ``batch_sizes``: also measure the batch engine's step costs T(B, k) for these sizes.
         """
         for method in ("draft_model", "ngram") if self.draft is not None else ("ngram",):
             self._adaptive(method)
+        for size in batch_sizes:
+            self.step_costs().table(size, False)
+            if self.draft is not None:
+                self.step_costs().table(size, True)
+
+    @property
+    def eos_token_ids(self) -> list[int]:
+        """Every end-of-sequence id of the target."""
+        return list(self._eos)
+
+    def recent_alpha(self, method: str) -> float:
+        """Acceptance that recent requests of ``method`` saw (the prior of a new request)."""
+        return self._recent[method].alpha
+
+    def record_acceptance(self, method: str, alpha: float | None) -> None:
+        """Fold a finished ``"auto"`` request's acceptance into the method's recent average."""
+        self._recent[method].update(alpha)
+
+    def step_costs(self) -> StepCosts:
+        """The batch engine's T(B, k) tables, shared by every loop of this engine."""
+        if self._step_costs is None:
+            target, draft = self._target_fwd, self._draft_fwd
+
+            def timer(batch_size: int, k: int, with_draft: bool) -> float:
+                return time_batch_step(target, draft if with_draft else None, batch_size, k)
+
+            self._step_costs = StepCosts(timer, self.max_speculative_tokens)
+        return self._step_costs
+
+    def start_loop(self, max_batch_size: int | None = None) -> EngineLoop:
+        """Return a running ``EngineLoop`` (continuous batching) over this engine."""
+        return EngineLoop(self, max_batch_size or self.max_batch_size)
+
+    def generate_many(
+        self,
+        prompts: list[list[int]],
+        params: list[SamplingParams] | SamplingParams,
+        *,
+        max_batch_size: int | None = None,
+    ) -> list[GenerationResult]:
+        """Return one result per prompt, in input order, generated as one continuous batch.
+
+        ``params``: one ``SamplingParams`` per prompt (or one for all). Each result is what the
+        request would get alone. Bad requests raise ``BatchRequestError`` naming their index,
+        after every other request was answered (its ``results`` hold the others).
+        """
+        if isinstance(params, SamplingParams):
+            params = [params] * len(prompts)
+        return run_many(self, prompts, params, max_batch_size or self.max_batch_size)
 
     def _adaptive(self, method: str) -> AdaptiveK:
         if method not in self._costs:
@@ -288,6 +332,7 @@ class SpeculativeEngine:
                 )
             if num_draft and adaptive is not None:
                 adaptive.observe(num_draft, accepted)
+                assert adaptive.cost is not None
                 adaptive.cost.observe(num_draft, time.perf_counter() - round_started)
             emitted, finished = cut_at_eos(emitted, eos)
             stats.record_round(num_draft, min(accepted, len(emitted)), len(emitted))

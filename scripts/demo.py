@@ -121,10 +121,10 @@ def main() -> None:
     try:
         import uvicorn
 
-        from app.api import create_app
         from app.client import SpecragClient
+        from workers.cli import create_api
 
-        server = uvicorn.Server(uvicorn.Config(create_app(settings), port=0, log_level="warning"))
+        server = uvicorn.Server(uvicorn.Config(create_api(settings), port=0, log_level="warning"))
         thread = threading.Thread(target=server.run, daemon=True)
         thread.start()
         while not server.started:

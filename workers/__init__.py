@@ -1,23 +1,19 @@
-"""Celery only: the app and its settings, queue routing, thin tasks, per-process resources."""
+"""Celery only: implements app/dispatch.py, routing, thin tasks, per-process resources.
 
-from workers.app import (
-    ANSWER_TASK,
-    DELETE_DOCUMENT_TASK,
-    INGEST_TASK,
-    INGEST_UPLOADS_TASK,
-    QUEUES,
-    SpecragCelery,
-    create_celery,
-    send_query,
-)
+``workers.cli`` is the composition root: the ``specrag`` console script, with this queue wired into
+app/'s CLI and API.
+"""
+
+from workers.app import QUEUES, ROUTES, SpecragCelery, create_celery
+from workers.dispatcher import CeleryDispatcher, chunk_signature, dispatch_batch, send_query
 
 __all__ = [
-    "ANSWER_TASK",
-    "DELETE_DOCUMENT_TASK",
-    "INGEST_TASK",
-    "INGEST_UPLOADS_TASK",
     "QUEUES",
+    "ROUTES",
+    "CeleryDispatcher",
     "SpecragCelery",
+    "chunk_signature",
     "create_celery",
+    "dispatch_batch",
     "send_query",
 ]

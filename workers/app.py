@@ -15,15 +15,24 @@ from typing import Any
 from celery import Celery
 from kombu import Exchange, Queue
 
+from app.dispatch import TaskName
+from app.requests import QueueName
 from app.settings import Settings
+from workers import audit_tasks, batch_tasks, runtime, tasks
 
-ANSWER_TASK = "specrag.answer_query"
-INGEST_TASK = "specrag.ingest"
-INGEST_UPLOADS_TASK = "specrag.ingest_uploads"
-DELETE_DOCUMENT_TASK = "specrag.delete_document"
-BATCH_TASK = "specrag.batch_chunk"  # workers/batch_tasks.py
-SHADOW_TASK = "specrag.audit.shadow"  # workers/audit_tasks.py
-QUEUES = ("answer", "batch", "ingest")
+QUEUES: tuple[str, ...] = tuple(QueueName)
+"""Every queue a worker may consume, in the order it serves them (answer before batch)."""
+
+
+ROUTES: dict[str, str] = {
+    TaskName.ANSWER: QueueName.ANSWER,
+    TaskName.INGEST: QueueName.INGEST,
+    TaskName.INGEST_UPLOADS: QueueName.INGEST,
+    TaskName.DELETE_DOCUMENT: QueueName.INGEST,
+    TaskName.BATCH_CHUNK: QueueName.BATCH,
+    TaskName.SHADOW: QueueName.BATCH,
+}
+"""Each task's default queue (an answer task sent to ``batch`` names its queue explicitly)."""
 
 
 class SpecragCelery(Celery):
@@ -35,11 +44,9 @@ class SpecragCelery(Celery):
 
 def create_celery(settings: Settings) -> SpecragCelery:
     """A configured Celery app for ``settings`` with the specrag tasks registered."""
-    from workers import audit_tasks, batch_tasks, runtime, tasks
-
     app = SpecragCelery("specrag", set_as_current=False)
     app.settings = settings
-    app.warm = {"answer": True, "ingest": True}
+    app.warm = {QueueName.ANSWER: True, QueueName.INGEST: True}
     broker = settings.resolved_broker_url
     if broker.startswith("sqla+sqlite"):
         settings.data_dir.mkdir(parents=True, exist_ok=True)
@@ -54,15 +61,8 @@ def create_celery(settings: Settings) -> SpecragCelery:
         task_queues=[
             Queue(name, Exchange(name, type="direct"), routing_key=name) for name in QUEUES
         ],
-        task_default_queue="answer",
-        task_routes={
-            ANSWER_TASK: {"queue": "answer"},
-            INGEST_TASK: {"queue": "ingest"},
-            INGEST_UPLOADS_TASK: {"queue": "ingest"},
-            DELETE_DOCUMENT_TASK: {"queue": "ingest"},
-            BATCH_TASK: {"queue": "batch"},
-            SHADOW_TASK: {"queue": "batch"},
-        },
+        task_default_queue=QueueName.ANSWER,
+        task_routes={task: {"queue": queue} for task, queue in ROUTES.items()},
         task_acks_late=True,
         task_reject_on_worker_lost=True,
         worker_prefetch_multiplier=1,
@@ -101,13 +101,3 @@ def _transport_options(broker: str, settings: Settings) -> dict[str, Any]:
             "polling_interval": settings.broker_polling_interval,
         }
     return {}
-
-
-def send_query(app: Celery, query_id: Any, queue: str = "answer") -> None:
-    """Put one query id on ``queue``; raises at once (no retry loop) when the broker is down."""
-    priority = 0 if queue == "answer" else 5
-    app.send_task(ANSWER_TASK, args=[str(query_id)], queue=queue, priority=priority, retry=False)
-    if queue == "answer":
-        from workers.wakeup import announce
-
-        announce(str(app.conf.broker_url or ""))  # batch workers preempt now, not at their poll

@@ -7,8 +7,10 @@ import uuid
 
 from celery import Celery, Task
 
+from app.audit.shadow import is_pending, run_shadow
+from app.dispatch import TaskName
+from app.requests import QueueName
 from workers import runtime
-from workers.app import SHADOW_TASK
 
 log = logging.getLogger(__name__)
 
@@ -16,11 +18,9 @@ log = logging.getLogger(__name__)
 def register(app: Celery) -> None:
     """Register the audit tasks on ``app`` under their stable names."""
 
-    @app.task(name=SHADOW_TASK, bind=True, shared=False)
+    @app.task(name=TaskName.SHADOW, bind=True, shared=False)
     def shadow_baseline(self: Task, query_id: str) -> dict[str, str]:
         """Decode a sampled query's prompt without speculation; returns its id and the outcome."""
-        from app.audit.shadow import run_shadow
-
         resources = runtime.resources(self.app)
         outcome = run_shadow(
             resources.session_factory, resources.engine, resources.tokenizer, query_id
@@ -38,11 +38,11 @@ def send_shadow_if_sampled(app: Celery, query_id: str | uuid.UUID) -> bool:
     if settings.shadow_sample_rate <= 0:
         return False
     try:
-        from app.audit.shadow import is_pending
-
         if not is_pending(runtime.resources(app).session_factory, query_id):
             return False
-        app.send_task(SHADOW_TASK, args=[str(query_id)], queue="batch", priority=9, retry=False)
+        app.send_task(
+            TaskName.SHADOW, args=[str(query_id)], queue=QueueName.BATCH, priority=9, retry=False
+        )
         return True
     except Exception:
         log.exception("could not queue the shadow baseline of query %s", query_id)

@@ -22,39 +22,22 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from celery import Celery, Task, group
-from celery.canvas import Signature
+from celery import Celery, Task
 from celery.signals import task_postrun, task_prerun, worker_ready, worker_shutdown
 
-from workers import runtime
-from workers.app import BATCH_TASK
-from workers.wakeup import is_redis, redis_client
+from app.batch.preempt import Preemptor
+from app.batch.runner import run_chunk
+from app.batch.watchdog import Watchdog
+from app.dispatch import TaskName
+from app.requests import QueueName
+from workers import priority, runtime
+from workers.dispatcher import chunk_signature, dispatch_batch
+from workers.wakeup import listener
 
 log = logging.getLogger(__name__)
 
-# Lowest of the Redis transport's priority steps (0 is served first).
-BATCH_PRIORITY = 9
-
 _watchdogs: dict[int, Any] = {}
-_preemptors: dict[int, Any] = {}  # app id -> app.batch.preempt.Preemptor of this process
-# kombu's Redis transport keeps one list per priority step: "answer", then "answer\x06\x16<n>".
-_ANSWER_KEYS = ("answer", *(f"answer\x06\x16{step}" for step in (3, 6, 9)))
-
-
-def chunk_signature(app: Celery, batch_id: uuid.UUID | str, epoch: int) -> Signature:
-    """The signature of one chunk task of the batch, routed to the batch queue."""
-    return app.signature(
-        BATCH_TASK,
-        args=[str(batch_id), int(epoch)],
-        queue="batch",
-        priority=BATCH_PRIORITY,
-        immutable=True,
-    )
-
-
-def dispatch(app: Celery, batch_id: uuid.UUID | str, epoch: int, lanes: int) -> None:
-    """Send the batch's ``lanes`` chunk tasks as one group; raises when the broker is down."""
-    group(chunk_signature(app, batch_id, epoch) for _ in range(max(1, lanes))).apply_async()
+_preemptors: dict[int, Preemptor] = {}  # by app id: this process's preemptor
 
 
 def consumes(app: Celery, queue: str) -> bool:
@@ -64,37 +47,19 @@ def consumes(app: Celery, queue: str) -> bool:
 
 
 def answer_waiting(app: Celery) -> bool:
-    """Whether interactive ``answer`` messages wait in the broker (False when it cannot tell).
-
-    Called every few milliseconds while a batch item generates, so on Redis it is one pipelined
-    LLEN per priority list (~0.5 ms) instead of kombu's passive queue_declare (~15 ms of Python
-    under load, which measurably slowed the generation it was guarding).
-    """
-    try:
-        url = str(app.conf.broker_url or "")
-        if is_redis(url):
-            pipe = redis_client(url).pipeline(transaction=False)
-            for key in _ANSWER_KEYS:
-                pipe.llen(key)
-            return any(pipe.execute())
-        with app.pool.acquire(block=True, timeout=2) as conn:
-            _, count, _ = conn.default_channel.queue_declare(queue="answer", passive=True)
-            return bool(count)
-    except Exception:  # no such queue yet, or the broker hiccuped: keep going
-        return False
+    """Whether interactive ``answer`` messages wait in the broker (False when it cannot tell)."""
+    return priority.waiting(app, QueueName.ANSWER)
 
 
 def register(app: Celery) -> None:
     """Register the chunk task on ``app`` and run the batch watchdog beside its workers."""
 
-    @app.task(name=BATCH_TASK, bind=True, acks_late=True, shared=False)
+    @app.task(name=TaskName.BATCH_CHUNK, bind=True, acks_late=True, shared=False)
     def batch_chunk(self: Task, batch_id: str, epoch: int) -> dict[str, Any]:
         """Answer up to one chunk of the batch's items; re-queue itself while items remain."""
-        from app.batch.runner import run_chunk
-
         resources = runtime.resources(self.app)
         settings = resources.settings
-        polite = settings.batch_yield_to_interactive and consumes(self.app, "answer")
+        polite = settings.batch_yield_to_interactive and consumes(self.app, QueueName.ANSWER)
         preemptor = _preemptors.get(id(self.app))
         if not polite:
             should_yield: Callable[[], bool] = lambda: False  # noqa: E731
@@ -122,27 +87,25 @@ def register(app: Celery) -> None:
 
     @worker_ready.connect(weak=False)
     def start_watchdog(sender: Any = None, **_: Any) -> None:
-        if not mine(sender) or not consumes(app, "batch"):
+        if not mine(sender) or not consumes(app, QueueName.BATCH):
             return
-        from app.batch.watchdog import Watchdog
-
         res = runtime.resources(app)
         _watchdogs[id(app)] = Watchdog(
             res.session_factory,
             res.settings,
-            lambda batch_id, epoch, lanes: dispatch(app, batch_id, epoch, lanes),
+            lambda batch_id, epoch, lanes: dispatch_batch(app, batch_id, epoch, lanes),
         ).start()
 
     @worker_ready.connect(weak=False)
     def start_preemptor(sender: Any = None, **_: Any) -> None:
         settings = app.settings  # type: ignore[attr-defined]
-        if not mine(sender) or not (consumes(app, "batch") and consumes(app, "answer")):
+        if not mine(sender) or not (
+            consumes(app, QueueName.BATCH) and consumes(app, QueueName.ANSWER)
+        ):
             return
         if not (settings.batch_yield_to_interactive and settings.batch_preempt):
             return
-        from app.batch.preempt import Preemptor
         from app.serving import worker_concurrency
-        from workers.wakeup import listener
 
         capacity = 1 if app.conf.worker_pool != "threads" else worker_concurrency(settings)
         _preemptors[id(app)] = Preemptor(
@@ -155,7 +118,7 @@ def register(app: Celery) -> None:
     def slot_taken(sender: Any = None, **_: Any) -> None:
         preemptor = _preemptors.get(id(app))
         if preemptor is not None and getattr(sender, "app", None) is app:
-            preemptor.enter(preemptible=getattr(sender, "name", None) == BATCH_TASK)
+            preemptor.enter(preemptible=getattr(sender, "name", None) == TaskName.BATCH_CHUNK)
 
     @task_postrun.connect(weak=False)
     def slot_freed(sender: Any = None, **_: Any) -> None:

@@ -13,8 +13,11 @@ from typing import Any
 from celery import Celery
 from celery.signals import worker_init, worker_process_init, worker_ready, worker_shutdown
 
+from app.db import prepare
 from app.outbox import Sweeper
+from app.requests import QueueName
 from app.resources import Resources
+from workers.dispatcher import send_query
 
 log = logging.getLogger(__name__)
 
@@ -28,8 +31,6 @@ def resources(app: Celery) -> Resources:
     key = (os.getpid(), id(app))
     found = _resources.get(key)
     if found is None:
-        from app.db import prepare
-
         settings = app.settings  # type: ignore[attr-defined]
         _, session_factory = prepare(settings)
         found = _resources[key] = Resources(settings, session_factory)
@@ -44,12 +45,14 @@ def warm(app: Celery) -> None:
     _warmed.add(key)
     threads = app.settings.torch_threads  # type: ignore[attr-defined]
     if threads:
-        import torch
+        import torch  # heavy
 
         torch.set_num_threads(threads)
-    warm = getattr(app, "warm", {"answer": True, "ingest": True})
+    warm = getattr(app, "warm", {QueueName.ANSWER: True, QueueName.INGEST: True})
     log.info("loading worker resources (%s)", ", ".join(k for k, v in warm.items() if v))
-    resources(app).warm(answer=warm.get("answer", True), ingest=warm.get("ingest", True))
+    resources(app).warm(
+        answer=warm.get(QueueName.ANSWER, True), ingest=warm.get(QueueName.INGEST, True)
+    )
 
 
 def connect_signals(app: Celery) -> None:
@@ -72,8 +75,6 @@ def connect_signals(app: Celery) -> None:
     def on_ready(sender: Any = None, **_: Any) -> None:
         if not mine(sender):
             return
-        from workers.app import send_query
-
         res = resources(app)
         _sweepers[id(app)] = Sweeper(
             res.session_factory, res.settings, lambda qid, queue: send_query(app, qid, queue)

@@ -11,6 +11,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
 from app.api.errors import ApiError
+from app.dispatch import Dispatcher
 from app.keys import find_key
 from app.settings import Settings
 
@@ -29,8 +30,15 @@ def get_session(request: Request) -> Iterator[Session]:
         yield session
 
 
+def get_dispatcher(request: Request) -> Dispatcher:
+    """The queue the app was built with (``create_app``'s ``dispatcher``)."""
+    dispatcher: Dispatcher = request.app.state.dispatcher
+    return dispatcher
+
+
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 SessionDep = Annotated[Session, Depends(get_session)]
+DispatcherDep = Annotated[Dispatcher, Depends(get_dispatcher)]
 
 
 @dataclass(frozen=True)

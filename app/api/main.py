@@ -4,48 +4,33 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
 
 from fastapi import FastAPI
 
 from app.api import errors
 from app.api.routes import admin, batches, documents, health, queries
-from app.outbox import Send, Sweeper
+from app.db import prepare
+from app.dispatch import Dispatcher, NoQueue
+from app.outbox import Sweeper
 from app.settings import Settings
 
 
-def create_app(settings: Settings, *, send: Send | None = None, sweeper: bool = True) -> FastAPI:
-    """The HTTP API for ``settings``.
+def create_app(
+    settings: Settings, dispatcher: Dispatcher | None = None, *, sweeper: bool = True
+) -> FastAPI:
+    """The HTTP API for ``settings``, sending its work through ``dispatcher``.
 
-    ``send`` puts a query id on a queue (default: the Celery app's ``send_query``; the API never
-    loads an engine). With ``sweeper`` the app re-sends queries stored while the broker was down
-    and re-queues those whose worker died, for as long as it runs.
+    The composition root (``workers.cli.create_api``) passes the Celery dispatcher; without one
+    the API stores queries but sends nothing (they wait in the outbox) and refuses uploads. With
+    ``sweeper`` the app re-sends queries stored while the broker was down and re-queues those
+    whose worker died, for as long as it runs. The API never loads an engine.
     """
-    from app.db import prepare
-
     engine, session_factory = prepare(settings)
-    celery_app: list[Any] = []
-
-    def celery() -> Any:
-        # Built on first use: an API given its own ``send`` (tests) may never need Celery.
-        if not celery_app:
-            from workers import create_celery
-
-            celery_app.append(create_celery(settings))
-        return celery_app[0]
-
-    if send is None:
-        from workers import send_query
-
-        def send(query_id, queue):  # type: ignore[no-untyped-def]
-            send_query(celery(), query_id, queue)
-
-    def send_task(name: str, args: list[Any]) -> None:
-        celery().send_task(name, args=args, retry=False)
+    queue: Dispatcher = dispatcher if dispatcher is not None else NoQueue()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        running = Sweeper(session_factory, settings, app.state.send).start() if sweeper else None
+        running = Sweeper(session_factory, settings, queue.send_query).start() if sweeper else None
         try:
             yield
         finally:
@@ -61,8 +46,7 @@ def create_app(settings: Settings, *, send: Send | None = None, sweeper: bool = 
     )
     app.state.settings = settings
     app.state.session_factory = session_factory
-    app.state.send = send
-    app.state.send_task = send_task
+    app.state.dispatcher = queue
     errors.install(app)
     app.include_router(health.router)
     app.include_router(queries.router)

@@ -7,7 +7,14 @@ from typing import Any
 
 import click
 
-from app.commands.common import CommandError, emit, get_settings, json_option, one_line_errors
+from app.commands.common import (
+    CommandError,
+    emit,
+    get_dispatcher,
+    get_settings,
+    json_option,
+    one_line_errors,
+)
 
 
 def _spec_tokens(value: str) -> int | str:
@@ -75,6 +82,7 @@ def ask(
             "seed": seed,
         },
     )
+    dispatcher = None if local else get_dispatcher(settings)  # refused before anything is stored
     _, session_factory = prepare(settings)
     with session_factory() as session:
         require_collection(session, tenant, request.collection)
@@ -86,12 +94,9 @@ def ask(
         answer_query(Resources(settings, session_factory), query.id)
     else:
         from app.outbox import send_and_mark
-        from workers import create_celery, send_query
 
-        celery = create_celery(settings)
-        send_and_mark(
-            session_factory, query.id, "answer", lambda q, queue: send_query(celery, q, queue)
-        )
+        assert dispatcher is not None
+        send_and_mark(session_factory, query.id, query.queue, dispatcher.send_query)
     try:
         done = wait_for(session_factory, query.id, timeout=0 if local else timeout)
     except TimeoutError as exc:

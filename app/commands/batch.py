@@ -9,7 +9,14 @@ from typing import Any
 import click
 
 from app.commands.ask import _spec_tokens
-from app.commands.common import CommandError, emit, get_settings, json_option, one_line_errors
+from app.commands.common import (
+    CommandError,
+    emit,
+    get_dispatcher,
+    get_settings,
+    json_option,
+    one_line_errors,
+)
 
 
 @click.group("batch")
@@ -53,12 +60,11 @@ def submit(
     from app.batch import submit as sub
     from app.db import prepare
     from app.queries import get_or_create_tenant
-    from workers import create_celery
-    from workers.batch_tasks import dispatch
 
     if stored == (file is not None):
         raise CommandError("give either a JSONL FILE or --stored (with filter options), not both")
     settings = get_settings()
+    dispatcher = get_dispatcher(settings)  # refused before anything is stored
     overrides = {
         "method": method,
         "num_speculative_tokens": _spec_tokens(k) if k is not None else None,
@@ -101,8 +107,7 @@ def submit(
             source_detail=detail,
             overrides=overrides,
         )
-    celery = create_celery(settings)
-    sent = sub.dispatch_new(batch, lambda b, e, n: dispatch(celery, b, e, n))
+    sent = sub.dispatch_new(batch, dispatcher.dispatch_batch)
     data = {"id": str(batch.id), "status": batch.status, "total": batch.total, "dispatched": sent}
     emit(data, as_json, text=f"batch {batch.id}: {batch.total} items queued")
 

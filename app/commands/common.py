@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import wraps
 from typing import Any, TypeVar
 
 import click
 
+from app.dispatch import Dispatcher, DispatcherFactory
 from app.settings import Settings
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -25,14 +27,35 @@ class CommandError(click.ClickException):
 json_option = click.option("--json", "as_json", is_flag=True, help="Machine-readable JSON output.")
 
 
+@dataclass(frozen=True)
+class Wiring:
+    """What the composition root plugs into the CLI: the queue, and commands of outer rooms."""
+
+    dispatcher: DispatcherFactory
+    commands: tuple[click.Command, ...] = ()
+
+
+_SETTINGS = "specrag.settings"
+
+
 def get_settings() -> Settings:
     """The process's Settings, built once per CLI invocation and kept on the click context."""
-    ctx = click.get_current_context()
-    root = ctx.find_root()
-    if root.obj is None:
-        root.obj = Settings()
-    assert isinstance(root.obj, Settings)
-    return root.obj
+    meta = click.get_current_context().meta  # one dict shared by the whole invocation
+    if _SETTINGS not in meta:
+        meta[_SETTINGS] = Settings()
+    settings: Settings = meta[_SETTINGS]
+    return settings
+
+
+def get_dispatcher(settings: Settings) -> Dispatcher:
+    """The queue wired into this CLI (``workers/cli.py``); CommandError when there is none."""
+    wiring = click.get_current_context().find_object(Wiring)
+    if wiring is None:
+        raise CommandError(
+            "this command needs a queue, and none is wired into this CLI: "
+            "run the `specrag` console script (workers.cli:main)"
+        )
+    return wiring.dispatcher(settings)
 
 
 def emit(data: Any, as_json: bool, text: str | None = None) -> None:

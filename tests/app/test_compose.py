@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from app.cli import main as cli
+from workers.cli import main as cli
 
 ROOT = Path(__file__).resolve().parents[2]
 

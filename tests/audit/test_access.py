@@ -16,6 +16,7 @@ from app.cli import main
 from app.keys import create_key
 from app.settings import Settings
 from tests.audit.conftest import DAY, MAIN, AuditDB
+from tests.fakes import RecordingDispatcher
 
 
 @pytest.fixture
@@ -32,7 +33,7 @@ def test_admin_route_needs_admin_key_and_logs_access(
     with Session(audit_db.engine) as session:
         admin = create_key(session, "ops", admin=True)
         tenant = create_key(session, "acme")
-    app = create_app(settings, send=lambda qid, queue: None, sweeper=False)
+    app = create_app(settings, RecordingDispatcher(), sweeper=False)
     window = {"since": MAIN.isoformat(), "until": (MAIN + DAY).isoformat()}
     with TestClient(app) as client, caplog.at_level(logging.INFO, "app.api.routes.admin"):
         assert client.get("/v1/admin/audit", params=window).status_code == 401

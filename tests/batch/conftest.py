@@ -203,7 +203,7 @@ def submit_questions(
 
     from app.batch import submit as sub
     from app.queries import get_or_create_tenant
-    from workers.batch_tasks import dispatch as send
+    from workers import dispatch_batch as send
 
     lines = [json.dumps({"question": f"{QUESTIONS[i % len(QUESTIONS)]} (#{i})"}) for i in range(n)]
     with session_factory() as session:

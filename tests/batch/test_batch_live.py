@@ -180,7 +180,7 @@ def test_rerun_of_stored_queries_through_the_cli_reports_identical_answers(
 
     from click.testing import CliRunner
 
-    from app.cli import main
+    from workers.cli import main
 
     def cli(*args: str) -> str:
         result = CliRunner().invoke(main, ["batch", *args], env=batch_env)
@@ -224,7 +224,7 @@ def test_golden_set_batch_reports_whether_answers_cite_the_expected_source(
 
     from click.testing import CliRunner
 
-    from app.cli import main
+    from workers.cli import main
 
     def cli(*args: str) -> Any:
         result = CliRunner().invoke(main, ["batch", *args, "--json"], env=batch_env)

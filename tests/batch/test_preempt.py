@@ -178,8 +178,8 @@ def test_answer_waiting_sees_interactive_messages_on_real_redis(redis_url: str) 
     import redis
 
     from app.settings import Settings
-    from workers import create_celery, send_query
-    from workers.batch_tasks import answer_waiting, chunk_signature
+    from workers import chunk_signature, create_celery, send_query
+    from workers.batch_tasks import answer_waiting
 
     app = create_celery(Settings(broker_url=redis_url))
     client = redis.Redis.from_url(redis_url)

@@ -26,7 +26,7 @@ def counts(session_factory: Any) -> tuple[int, int, int]:
 
 
 def run_cli(batch_env: dict[str, str], *args: str) -> Any:
-    from app.cli import main
+    from workers.cli import main
 
     return CliRunner().invoke(main, ["batch", *args], env=batch_env, catch_exceptions=False)
 
@@ -111,13 +111,13 @@ def test_api_refuses_bad_batches_and_scopes_tenants(
 
     from app.api import create_app
     from app.keys import create_key
+    from tests.fakes import RecordingDispatcher
 
     with session_factory() as session:
         key = create_key(session, "default")
         other = create_key(session, "someone-else")
-    app = create_app(settings, send=lambda q, queue: None, sweeper=False)
-    sent: list[Any] = []
-    app.state.dispatch_batch = lambda b, e, n: sent.append(b)
+    queue = RecordingDispatcher()
+    app = create_app(settings, queue, sweeper=False)
     before = counts(session_factory)
     with TestClient(app) as client:
         auth = {"Authorization": f"Bearer {key}"}
@@ -136,7 +136,7 @@ def test_api_refuses_bad_batches_and_scopes_tenants(
             "/v1/batches", headers=auth, json={"filter": {"tenant": "someone-else"}}
         )
         assert cross.status_code == 403 and cross.json()["error"]["field"] == "filter.tenant"
-        assert counts(session_factory) == before and sent == []
+        assert counts(session_factory) == before and queue.of("batch") == []
         ok = client.post(
             "/v1/batches",
             headers=auth,
@@ -144,7 +144,8 @@ def test_api_refuses_bad_batches_and_scopes_tenants(
         )
         assert ok.status_code == 202, ok.text
         batch_id = ok.json()["id"]
-        assert sent and str(sent[0]) == batch_id
+        sent = queue.of("batch")
+        assert sent and str(sent[0][0]) == batch_id
         seen = client.get(f"/v1/batches/{batch_id}", headers=auth, params={"items": True})
         assert seen.json()["total"] == 1 and len(seen.json()["items"]) == 1
         hidden = client.get(f"/v1/batches/{batch_id}", headers={"Authorization": f"Bearer {other}"})

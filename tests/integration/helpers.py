@@ -43,12 +43,12 @@ class ApiServer:
     def __init__(self, settings: Settings) -> None:
         import uvicorn
 
-        from app.api import create_app
+        from workers.cli import create_api
 
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         config = uvicorn.Config(
-            create_app(settings), host="127.0.0.1", port=self.port, log_level="warning"
+            create_api(settings), host="127.0.0.1", port=self.port, log_level="warning"
         )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)

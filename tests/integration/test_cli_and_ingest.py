@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from app.cli import main
 from app.settings import Settings
 from tests.integration.helpers import WorkerProcess, settings_env
+from workers.cli import main
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
@@ -51,13 +51,11 @@ def test_ingest_task_runs_on_an_ingest_worker(
 ) -> None:
     from app.db import prepare
     from app.resources import Resources
-    from workers import INGEST_TASK, create_celery
+    from workers.cli import celery_dispatcher
 
     source = str(ROOT / "demo" / "corpus" / "while.md")
     worker_process(service_settings, "ingester", queues="ingest").wait_ready()
-    create_celery(service_settings).send_task(
-        INGEST_TASK, args=[[source], "ingested-by-task", "acme"]
-    )
+    celery_dispatcher(service_settings).send_ingest([source], "ingested-by-task", "acme")
     engine, factory = prepare(service_settings)
     retrieval = Resources(service_settings, factory).retrieval
     deadline = time.monotonic() + 120

@@ -11,7 +11,7 @@ import uuid
 import pytest
 
 from app.settings import Settings
-from workers.app import QUEUES, create_celery, send_query
+from workers import QUEUES, create_celery, send_query
 
 pytestmark = pytest.mark.integration
 

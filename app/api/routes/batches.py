@@ -8,15 +8,13 @@ admin key.
 from __future__ import annotations
 
 import json
-import uuid
-from collections.abc import Callable
 from typing import Any, Literal
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, Field
 
-from app.api.deps import SessionDep, SettingsDep, TenantDep
+from app.api.deps import DispatcherDep, SessionDep, SettingsDep, TenantDep
 from app.api.errors import ApiError
 from app.api.schemas import ErrorOut
 from app.db import Tenant
@@ -54,29 +52,13 @@ class BatchCreate(BaseModel):
     max_tokens: int | None = None
 
 
-def _dispatcher(request: Request) -> Callable[[uuid.UUID, int, int], None]:
-    found = getattr(request.app.state, "dispatch_batch", None)
-    if found is None:
-        # Built on first use: an API that never sees a batch never builds a second Celery app.
-        from workers import create_celery
-        from workers.batch_tasks import dispatch
-
-        celery = create_celery(request.app.state.settings)
-
-        def found(batch_id: uuid.UUID, epoch: int, lanes: int) -> None:
-            dispatch(celery, batch_id, epoch, lanes)
-
-        request.app.state.dispatch_batch = found
-    return found  # type: ignore[no-any-return]
-
-
 @router.post("", status_code=202, responses=ERRORS)
 def submit_batch(
     body: BatchCreate,
     caller: TenantDep,
     session: SessionDep,
     settings: SettingsDep,
-    request: Request,
+    dispatcher: DispatcherDep,
 ) -> dict[str, Any]:
     """Validate and store the batch (all or nothing), queue it; returns its id."""
     from app.batch import submit as sub
@@ -127,7 +109,7 @@ def submit_batch(
     batch = sub.create_batch(
         session, settings, owner, specs, source=source, source_detail=detail, overrides=overrides
     )
-    sub.dispatch_new(batch, _dispatcher(request))
+    sub.dispatch_new(batch, dispatcher.dispatch_batch)
     return {"id": str(batch.id), "status": batch.status, "total": batch.total}
 
 

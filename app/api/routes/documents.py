@@ -6,12 +6,13 @@ both answer 202; ``GET`` shows when a document has landed. A refused request que
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Literal
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Query
 from pydantic import BaseModel, Field
 
-from app.api.deps import SessionDep, SettingsDep, TenantDep
+from app.api.deps import DispatcherDep, SessionDep, SettingsDep, TenantDep
 from app.api.errors import ApiError
 from app.api.schemas import ErrorOut
 from app.documents import list_documents, validate_uploads
@@ -40,23 +41,23 @@ class UploadIn(BaseModel):
     documents: list[DocumentIn]
 
 
-def _send(request: Request, task: str, args: list[Any]) -> None:
+def _send(send: Callable[[], None]) -> None:
     try:
-        request.app.state.send_task(task, args)
+        send()
     except Exception as exc:  # broker down: nothing was stored, so refuse with the reason
         raise ApiError(503, "broker", f"the ingest queue is unreachable, try again: {exc}") from exc
 
 
 @router.post("", status_code=202, responses=ERRORS)
-def upload(body: UploadIn, caller: TenantDep, settings: SettingsDep, request: Request) -> dict:
+def upload(
+    body: UploadIn, caller: TenantDep, settings: SettingsDep, dispatcher: DispatcherDep
+) -> dict:
     """Queue the files for ingest; re-uploading an unchanged file is a no-op."""
-    from workers.app import INGEST_UPLOADS_TASK
-
     uploads = validate_uploads(
         body.collection, [d.model_dump() for d in body.documents], settings.max_file_bytes
     )
     files = [u.to_message() for u in uploads]
-    _send(request, INGEST_UPLOADS_TASK, [files, body.collection, caller.tenant])
+    _send(lambda: dispatcher.send_uploads(files, body.collection, caller.tenant))
     return {
         "status": "queued",
         "collection": body.collection,
@@ -77,15 +78,13 @@ def list_(caller: TenantDep, session: SessionDep, collection: str = Query(...)) 
 def delete(
     caller: TenantDep,
     session: SessionDep,
-    request: Request,
+    dispatcher: DispatcherDep,
     collection: str = Query(...),
     document: str = Query(..., description="The document's source, as GET lists it."),
 ) -> dict:
     """Queue the removal of one document from the index and the database."""
-    from workers.app import DELETE_DOCUMENT_TASK
-
     known = {d["document"] for d in list_documents(session, caller.tenant, collection)}
     if document not in known:
         raise ApiError(404, "document", f"no document {document!r} in collection {collection!r}")
-    _send(request, DELETE_DOCUMENT_TASK, [document, collection, caller.tenant])
+    _send(lambda: dispatcher.send_delete(document, collection, caller.tenant))
     return {"status": "queued", "collection": collection, "document": document}

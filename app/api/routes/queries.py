@@ -6,7 +6,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Request
 
-from app.api.deps import SessionDep, SettingsDep, TenantDep
+from app.api.deps import DispatcherDep, SessionDep, SettingsDep, TenantDep
 from app.api.errors import ApiError
 from app.api.schemas import ErrorOut, QueryAccepted, QueryCreate, QueryOut
 from app.db import Tenant
@@ -28,6 +28,7 @@ def submit_query(
     caller: TenantDep,
     session: SessionDep,
     settings: SettingsDep,
+    dispatcher: DispatcherDep,
     request: Request,
     idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key")] = None,
 ) -> QueryAccepted:
@@ -47,7 +48,7 @@ def submit_query(
             raise ApiError(409, "Idempotency-Key", "already used for a different request")
         return QueryAccepted(id=str(query.id), status=query.status)
     # A failed send leaves the query in the outbox (enqueued_at NULL): the sweeper sends it later.
-    send_and_mark(request.app.state.session_factory, query.id, query.queue, request.app.state.send)
+    send_and_mark(request.app.state.session_factory, query.id, query.queue, dispatcher.send_query)
     return QueryAccepted(id=str(query.id), status="queued")
 
 

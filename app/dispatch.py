@@ -1,0 +1,91 @@
+"""What app/ needs from a queue, as a protocol it owns; workers/ implements it with Celery.
+
+The API and the CLI are handed a ``Dispatcher`` where they are built (``workers/cli.py`` is the
+composition root), so nothing in app/ imports the queue. Task names are part of the seam: they are
+the wire names a worker registers its tasks under and a producer sends to.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from enum import StrEnum
+from typing import Protocol
+
+from app.requests import QueueName
+from app.settings import Settings
+
+
+class TaskName(StrEnum):
+    """The stable names of the worker's tasks (messages in flight carry them: never rename)."""
+
+    ANSWER = "specrag.answer_query"
+    INGEST = "specrag.ingest"
+    INGEST_UPLOADS = "specrag.ingest_uploads"
+    DELETE_DOCUMENT = "specrag.delete_document"
+    BATCH_CHUNK = "specrag.batch_chunk"
+    SHADOW = "specrag.audit.shadow"
+
+
+class DispatchError(RuntimeError):
+    """No queue can take the work (none is wired in, or the broker cannot be reached)."""
+
+
+class Dispatcher(Protocol):
+    """Sends work to the workers. Every send raises at once (no retry loop) when it fails."""
+
+    def send_query(self, query_id: uuid.UUID, queue: str = QueueName.ANSWER) -> None:
+        """Put one stored query's id on ``queue`` (``answer`` or ``batch``)."""
+
+    def send_ingest(self, paths: list[str], collection: str, tenant: str) -> None:
+        """Queue the ingest of files or folders the workers can read."""
+
+    def send_uploads(self, files: list[dict[str, str]], collection: str, tenant: str) -> None:
+        """Queue files uploaded over the API (``Upload.to_message()`` dicts) for ingest."""
+
+    def send_delete(self, source: str, collection: str, tenant: str) -> None:
+        """Queue the removal of one document from the index and the database."""
+
+    def dispatch_batch(self, batch_id: uuid.UUID, epoch: int, lanes: int) -> None:
+        """Start ``lanes`` chunk tasks of the batch for ``epoch``."""
+
+    def answer_waiting(self) -> bool:
+        """Whether interactive answer work waits in the broker (False when it cannot tell)."""
+
+
+DispatcherFactory = Callable[[Settings], Dispatcher]
+"""Builds the process's dispatcher for its Settings (the composition root supplies one)."""
+
+
+class NoQueue:
+    """The dispatcher of a process that was given none: every send raises ``DispatchError``.
+
+    A query submitted then stays in the outbox (``enqueued_at`` NULL) for a process with a queue.
+    """
+
+    def _refuse(self) -> None:
+        raise DispatchError("no queue is wired into this process (see workers/cli.py)")
+
+    def send_query(self, query_id: uuid.UUID, queue: str = QueueName.ANSWER) -> None:
+        """Refuse: there is no queue."""
+        self._refuse()
+
+    def send_ingest(self, paths: list[str], collection: str, tenant: str) -> None:
+        """Refuse: there is no queue."""
+        self._refuse()
+
+    def send_uploads(self, files: list[dict[str, str]], collection: str, tenant: str) -> None:
+        """Refuse: there is no queue."""
+        self._refuse()
+
+    def send_delete(self, source: str, collection: str, tenant: str) -> None:
+        """Refuse: there is no queue."""
+        self._refuse()
+
+    def dispatch_batch(self, batch_id: uuid.UUID, epoch: int, lanes: int) -> None:
+        """Refuse: there is no queue."""
+        self._refuse()
+
+    def answer_waiting(self) -> bool:
+        """Nothing waits where there is no queue."""
+        return False

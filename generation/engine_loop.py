@@ -1,0 +1,164 @@
+"""The engine's online loop: a thread that steps the running batch while requests come and go.
+
+``EngineLoop(engine, max_batch_size)`` owns a ``BatchEngine`` (generation/batching.py) and one
+thread. ``submit`` returns a handle at once; the request joins the batch at the next step,
+its verified tokens reach ``handle.deltas()`` (and ``on_delta``) after every round, and it
+leaves when it finishes, freeing its slot for the next waiting request. ``handle.cancel()``
+takes effect at the next step boundary: the slot is freed, the other rows go on undisturbed,
+and ``result()`` raises ``Cancelled``. A request the engine cannot serve (empty prompt, too
+long, bad parameters) fails its own handle with the error naming the problem. An unexpected
+error inside a step fails the requests of that step (each handle raises it) and the loop goes
+on with the next ones. The thread sleeps while there is nothing to do.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import TYPE_CHECKING
+
+import torch
+
+from generation.base import Cancelled, DeltaCallback, GenerationResult
+from generation.batching import DEFAULT_PREFILL_CHUNK, BatchEngine
+from generation.params import SamplingParams
+from generation.sequence import LoopHandle
+
+if TYPE_CHECKING:
+    from generation.torch_engine import SpeculativeEngine
+
+log = logging.getLogger(__name__)
+
+
+class EngineLoop:
+    """A ``GenerationLoop`` over one ``SpeculativeEngine`` (see the module docstring)."""
+
+    def __init__(
+        self,
+        engine: SpeculativeEngine,
+        max_batch_size: int,
+        prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+    ) -> None:
+        self._batch = BatchEngine(engine, max_batch_size, prefill_chunk)
+        self._wake = threading.Condition()
+        self._inbox: list[tuple[list[int], SamplingParams, LoopHandle]] = []
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
+        self._thread.start()
+
+    @property
+    def max_batch_size(self) -> int:
+        """Most requests in one step; the rest wait for a free slot."""
+        return self._batch.scheduler.max_batch_size
+
+    @property
+    def closed(self) -> bool:
+        """Whether ``close`` was called (new requests are refused)."""
+        return self._closed
+
+    def submit(
+        self,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        on_delta: DeltaCallback | None = None,
+    ) -> LoopHandle:
+        """Queue one request; it joins the batch at the next step (thread-safe, returns at once)."""
+        handle = LoopHandle(on_delta)
+        try:
+            self._batch.engine.check_request(prompt_token_ids, params)
+        except (TypeError, ValueError) as exc:
+            handle.fail(exc)
+            return handle
+        with self._wake:
+            if self._closed:
+                handle.fail(Cancelled("the engine loop is closed"))
+                return handle
+            self._inbox.append((list(prompt_token_ids), params, handle))
+            self._wake.notify()
+        return handle
+
+    def close(self) -> None:
+        """Cancel what is in flight and stop the loop's thread."""
+        with self._wake:
+            self._closed = True
+            self._wake.notify()
+        if threading.current_thread() is not self._thread:
+            self._thread.join()
+
+    def _run(self) -> None:
+        # Slot moves and releases touch inference tensors, in steps and outside them.
+        with torch.inference_mode():
+            self._serve()
+
+    def _serve(self) -> None:
+        batch = self._batch
+        while True:
+            with self._wake:
+                while not self._inbox and not batch.has_work and not self._closed:
+                    self._wake.wait()
+                if self._closed:
+                    break
+                arrived, self._inbox = self._inbox, []
+            for prompt, params, handle in arrived:
+                batch.add(prompt, params, handle)
+            try:
+                batch.step()
+            except Exception as exc:  # a failing step must not end the loop for later requests
+                log.exception("engine loop: a step failed; its requests fail with the error")
+                batch.fail_all(exc)
+        with self._wake:
+            arrived, self._inbox = self._inbox, []
+        for _, _, handle in arrived:
+            handle.fail(Cancelled("the engine loop was closed"))
+        batch.fail_all(Cancelled("the engine loop was closed"))
+
+
+class BatchRequestError(ValueError):
+    """Some requests of a ``generate_many`` call failed; the others' results are kept.
+
+    ``errors`` maps each failed request's index to its error; ``results`` holds every result in
+    input order, None where the request failed.
+    """
+
+    def __init__(
+        self, errors: dict[int, BaseException], results: list[GenerationResult | None]
+    ) -> None:
+        self.errors = errors
+        self.results = results
+        detail = "; ".join(f"request {i}: {e}" for i, e in sorted(errors.items()))
+        super().__init__(f"{len(errors)} of {len(results)} requests failed: {detail}")
+
+
+def run_many(
+    engine: SpeculativeEngine,
+    prompts: list[list[int]],
+    params: list[SamplingParams],
+    max_batch_size: int,
+) -> list[GenerationResult]:
+    """Return each request's result in input order, stepping one batch in this thread.
+
+    Raises ``BatchRequestError`` (naming each bad request's index) after every other request
+    was answered, so a bad request never costs the others their results.
+    """
+    if len(params) != len(prompts):
+        raise ValueError(
+            f"params: expected one SamplingParams per prompt ({len(prompts)}), got {len(params)}"
+        )
+    batch = BatchEngine(engine, max_batch_size)
+    handles = [LoopHandle() for _ in prompts]
+    for prompt, sampling, handle in zip(prompts, params, handles, strict=True):
+        batch.add(prompt, sampling, handle)
+    with torch.inference_mode():
+        while batch.has_work:
+            batch.step()
+    results: list[GenerationResult | None] = []
+    errors: dict[int, BaseException] = {}
+    for i, handle in enumerate(handles):
+        try:
+            results.append(handle.result(timeout=0))
+        except Exception as exc:
+            errors[i] = exc
+            results.append(None)
+    if errors:
+        raise BatchRequestError(errors, results)
+    return [r for r in results if r is not None]

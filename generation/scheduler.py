@@ -1,0 +1,85 @@
+"""Who runs this step: requests wait in arrival order, join free slots, leave when done.
+
+Running requests occupy slots 0 .. len(running) - 1, in that order, so the batched forward
+pass reads the batch's keys and values as one view. When a request leaves, the last running
+request moves into its slot (its KV positions are copied once, a few MB at most) instead of
+leaving a hole every later step would have to gather around.
+
+A request whose prompt is long is prefilled in chunks of at most ``prefill_chunk`` tokens per
+step, so the rows already decoding are never stalled by more than one chunk's pass.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+
+from generation.sequence import Sequence
+
+SlotMove = Callable[[int, int], None]
+"""(src, dst): move the sequence in slot src to slot dst, in every model's cache."""
+
+
+class Scheduler:
+    """The waiting queue and the running batch of one batch engine."""
+
+    def __init__(self, max_batch_size: int, prefill_chunk: int, move: SlotMove) -> None:
+        if max_batch_size < 1:
+            raise ValueError(f"max_batch_size: must be >= 1, got {max_batch_size}")
+        if prefill_chunk < 1:
+            raise ValueError(f"prefill_chunk: must be >= 1, got {prefill_chunk}")
+        self.max_batch_size = max_batch_size
+        self.prefill_chunk = prefill_chunk
+        """Most prompt tokens prefilled in one step (all prefilling requests together)."""
+        self._move = move
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        """running[i] holds slot i."""
+
+    @property
+    def has_work(self) -> bool:
+        """Whether any request is waiting or running."""
+        return bool(self.waiting or self.running)
+
+    def add(self, seq: Sequence) -> None:
+        """Queue ``seq``; it takes a slot at the next step with one free."""
+        self.waiting.append(seq)
+
+    def admit(self) -> list[Sequence]:
+        """Give free slots to waiting requests (arrival order); return those admitted."""
+        admitted = []
+        while self.waiting and len(self.running) < self.max_batch_size:
+            seq = self.waiting.popleft()
+            seq.slot = len(self.running)
+            self.running.append(seq)
+            admitted.append(seq)
+        return admitted
+
+    def prefill_plan(self) -> list[tuple[Sequence, int]]:
+        """Return (request, chunk length) pairs to prefill this step, oldest first."""
+        plan = []
+        budget = self.prefill_chunk
+        for seq in self.running:
+            left = len(seq.prompt) - seq.prefilled
+            if left > 0 and budget > 0:
+                take = min(left, budget)
+                plan.append((seq, take))
+                budget -= take
+        return plan
+
+    def decoding(self) -> list[Sequence]:
+        """Return the running requests whose prompt is in and that are not finished."""
+        return [s for s in self.running if s.prefilled == len(s.prompt) and not s.finished]
+
+    def release(self, seq: Sequence) -> None:
+        """Free ``seq``'s slot (the last running request moves into it)."""
+        if seq in self.waiting:
+            self.waiting.remove(seq)
+            return
+        slot = seq.slot
+        last = self.running.pop()
+        if last is not seq:
+            self._move(last.slot, slot)
+            last.slot = slot
+            self.running[slot] = last
+        seq.slot = -1

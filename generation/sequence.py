@@ -1,0 +1,167 @@
+"""One request's state in the batching engine, and the handle its caller holds.
+
+A ``Sequence`` is what the step loop knows of a request: its tokens so far (prompt plus
+output), its sampling parameters and private random generator, its proposer state, its slot,
+its stats. The caller holds a ``LoopHandle``: newly verified tokens arrive on it as they land
+(``deltas()``, or the ``on_delta`` callback), and ``result()`` waits for the end.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import torch
+
+from generation.adaptive import AdaptiveK
+from generation.base import Cancelled, DeltaCallback, GenerationResult
+from generation.params import SamplingParams
+from generation.proposers import NgramProposer
+from generation.stats import GenerationStats
+
+_END = object()
+log = logging.getLogger(__name__)
+
+
+class LoopHandle:
+    """A request in flight in an ``EngineLoop`` (satisfies ``generation.base.RequestHandle``)."""
+
+    def __init__(self, on_delta: DeltaCallback | None = None) -> None:
+        self._on_delta = on_delta
+        self._deltas: queue.SimpleQueue[object] = queue.SimpleQueue()
+        self._done = threading.Event()
+        self._result: GenerationResult | None = None
+        self._error: BaseException | None = None
+        self.cancel_requested = False
+        """Set by ``cancel``; the loop drops the request at its next step boundary."""
+
+    def deltas(self) -> Iterator[list[int]]:
+        """Newly verified token ids as they land; ends when the request finished or stopped."""
+        while True:
+            item = self._deltas.get()
+            if item is _END:
+                self._deltas.put(_END)  # a second iterator ends at once too
+                return
+            assert isinstance(item, list)
+            yield item
+
+    def result(self, timeout: float | None = None) -> GenerationResult:
+        """The whole result; raises ``Cancelled``, the request's own error, or TimeoutError."""
+        if not self._done.wait(timeout):
+            raise TimeoutError(f"request not finished after {timeout} s")
+        if self._error is not None:
+            raise self._error
+        assert self._result is not None
+        return self._result
+
+    def cancel(self) -> None:
+        """Stop the request at the next step boundary; its slot is freed."""
+        self.cancel_requested = True
+
+    @property
+    def done(self) -> bool:
+        """Whether the request finished, failed or was cancelled."""
+        return self._done.is_set()
+
+    # The loop's side.
+    def emit(self, token_ids: list[int]) -> None:
+        """Hand a burst of verified tokens to the caller (loop thread)."""
+        if not token_ids:
+            return
+        self._deltas.put(list(token_ids))
+        if self._on_delta is not None:
+            try:
+                self._on_delta(list(token_ids))
+            except Exception:  # the caller's bug stops its own request, not the batch
+                log.exception("on_delta raised; the request is cancelled")
+                self.cancel_requested = True
+
+    def finish(self, result: GenerationResult) -> None:
+        """Complete the request with ``result``."""
+        self._result = result
+        self._close()
+
+    def fail(self, error: BaseException) -> None:
+        """Complete the request with ``error`` (``result`` raises it)."""
+        self._error = error
+        self._close()
+
+    def _close(self) -> None:
+        self._deltas.put(_END)
+        self._done.set()
+
+
+def new_generator(params: SamplingParams, device: torch.device) -> torch.Generator | None:
+    """Return the request's private generator (seeded when asked), or None when greedy."""
+    if params.temperature <= 0:
+        return None
+    generator = torch.Generator(device=device)
+    if params.seed is None:
+        generator.seed()
+    else:
+        generator.manual_seed(params.seed)
+    return generator
+
+
+@dataclass
+class Sequence:
+    """One request as the step loop sees it."""
+
+    request_id: int
+    prompt: list[int]
+    params: SamplingParams
+    handle: LoopHandle
+    budget: int
+    """Tokens this request may still be given in all (max_new_tokens capped by the context)."""
+    generator: torch.Generator | None
+    stats: GenerationStats
+    arrived: float = field(default_factory=time.perf_counter)
+    tokens: list[int] = field(default_factory=list)
+    """Prompt plus output so far."""
+    output: list[int] = field(default_factory=list)
+    slot: int = -1
+    prefilled: int = 0
+    """Prompt tokens already in the target's slot (a long prompt is prefilled in chunks)."""
+    last_token: int = -1
+    """The newest emitted token: not yet in the target's slot (the next pass feeds it)."""
+    ngram: NgramProposer | None = None
+    adaptive: AdaptiveK | None = None
+    finished: bool = False
+    batch_size_sum: int = 0
+    chosen_k_sum: int = 0
+
+    @property
+    def temperature(self) -> float:
+        """The request's sampling temperature (0: greedy)."""
+        return float(self.params.temperature)
+
+    @property
+    def fixed_k(self) -> int | None:
+        """The k the request asked for, or None for ``"auto"`` (and for method ``none``)."""
+        k = self.params.num_speculative_tokens
+        if self.params.method == "none":
+            return 0
+        return k if isinstance(k, int) else None
+
+    @property
+    def remaining(self) -> int:
+        """Tokens the request may still emit."""
+        return self.budget - len(self.output)
+
+    def result(self) -> GenerationResult:
+        """The request's result with its stats completed."""
+        stats = self.stats
+        passes = stats.num_target_forwards
+        if passes:
+            stats.mean_batch_size = self.batch_size_sum / passes
+            stats.mean_chosen_k = self.chosen_k_sum / passes
+        stats.generation_ms = (time.perf_counter() - self.arrived) * 1000.0
+        return GenerationResult(token_ids=list(self.output), stats=stats)
+
+    def cancelled(self) -> Cancelled:
+        """The error a cancelled request's ``result`` raises."""
+        return Cancelled(f"request {self.request_id} cancelled after {len(self.output)} tokens")

@@ -1,0 +1,151 @@
+"""EngineLoop: requests join a running batch, stream their tokens, leave, and can be cancelled."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from generation import SamplingParams, SpeculativeEngine
+from generation.base import Cancelled, GenerationLoop
+from generation.engine_loop import EngineLoop
+from tests.generation.batch_support import References, check_greedy, mixed_requests
+from tests.generation.tiny_models import build_model, perturbed_copy
+
+VOCAB = 96
+WAIT = 120.0  # seconds; every wait in these tests is bounded
+
+
+@pytest.fixture(scope="module")
+def engine() -> SpeculativeEngine:
+    target = build_model("llama", vocab_size=VOCAB, seed=12, logit_scale=3.0)
+    return SpeculativeEngine(target, perturbed_copy(target, noise=0.4), max_speculative_tokens=4)
+
+
+@pytest.fixture
+def loop(engine: SpeculativeEngine) -> Iterator[EngineLoop]:
+    loop = engine.start_loop(max_batch_size=3)
+    yield loop
+    loop.close()
+
+
+def test_is_a_generation_loop(loop: EngineLoop) -> None:
+    assert isinstance(loop, EngineLoop)
+    checked: GenerationLoop = loop  # the protocol the worker codes against
+    assert checked is loop and loop.max_batch_size == 3
+
+
+def test_requests_joining_mid_run_are_greedy_exact(
+    engine: SpeculativeEngine, loop: EngineLoop
+) -> None:
+    prompts, params = mixed_requests(VOCAB, 9, 21, max_new=(8, 24))
+    refs = References(engine.target)
+    first_tokens = threading.Event()
+    handles = [loop.submit(prompts[0], params[0], on_delta=lambda ids: first_tokens.set())]
+    assert first_tokens.wait(WAIT)
+    # The rest arrive while the first is decoding; with 3 slots most of them wait for one.
+    handles += [loop.submit(p, sp) for p, sp in zip(prompts[1:], params[1:], strict=True)]
+    for prompt, p, handle in zip(prompts, params, handles, strict=True):
+        result = handle.result(timeout=WAIT)
+        check_greedy(engine.target, prompt, result.token_ids, refs(prompt, p.max_new_tokens))
+        assert handle.done
+
+
+def test_deltas_add_up_to_the_result(loop: EngineLoop) -> None:
+    bursts: list[list[int]] = []
+    handle = loop.submit(
+        [1, 2, 3, 1, 2, 3, 1, 2],
+        SamplingParams(max_new_tokens=30, num_speculative_tokens=3),
+        on_delta=bursts.append,
+    )
+    streamed = [t for burst in handle.deltas() for t in burst]
+    result = handle.result(timeout=WAIT)
+    assert streamed == result.token_ids == [t for burst in bursts for t in burst]
+    # Verified bursts: a round can land several tokens at once.
+    assert len(bursts) == result.stats.num_target_forwards + 1
+
+
+def test_cancel_frees_the_slot(engine: SpeculativeEngine) -> None:
+    loop = engine.start_loop(max_batch_size=1)
+    try:
+        started, gate = threading.Event(), threading.Event()
+
+        def hold(ids: list[int]) -> None:  # the loop waits here until the test has cancelled
+            started.set()
+            gate.wait(WAIT)
+
+        long = loop.submit([4, 5, 6], SamplingParams(max_new_tokens=200), on_delta=hold)
+        assert started.wait(WAIT)
+        waiting = loop.submit([7, 8, 9], SamplingParams(max_new_tokens=5))
+        long.cancel()
+        gate.set()
+        with pytest.raises(Cancelled):
+            long.result(timeout=WAIT)
+        assert len([t for burst in long.deltas() for t in burst]) < 200
+        # The only slot was freed: the waiting request runs and finishes.
+        assert waiting.result(timeout=WAIT).token_ids == References(engine.target)([7, 8, 9], 5)
+    finally:
+        loop.close()
+
+
+def test_bad_request_fails_its_own_handle(loop: EngineLoop) -> None:
+    bad = loop.submit([], SamplingParams())
+    good = loop.submit([1, 2, 3], SamplingParams(max_new_tokens=4))
+    with pytest.raises(ValueError, match="prompt_token_ids: empty prompt"):
+        bad.result(timeout=WAIT)
+    assert bad.done and list(bad.deltas()) == []
+    assert len(good.result(timeout=WAIT).token_ids) == 4
+
+
+def test_a_failing_callback_stops_only_its_request(loop: EngineLoop) -> None:
+    def broken(ids: list[int]) -> None:
+        raise RuntimeError("client went away")
+
+    failing = loop.submit([1, 2, 3], SamplingParams(max_new_tokens=50), on_delta=broken)
+    fine = loop.submit([3, 2, 1], SamplingParams(max_new_tokens=6))
+    with pytest.raises(Cancelled):
+        failing.result(timeout=WAIT)
+    assert len(fine.result(timeout=WAIT).token_ids) == 6
+
+
+def test_close_cancels_what_is_in_flight(engine: SpeculativeEngine) -> None:
+    loop = engine.start_loop(max_batch_size=2)
+    started, gate = threading.Event(), threading.Event()
+
+    def hold(ids: list[int]) -> None:  # the loop waits here until close() has begun
+        started.set()
+        gate.wait(WAIT)
+
+    handles = [loop.submit([1, 2, 3], SamplingParams(max_new_tokens=200), on_delta=hold)]
+    handles += [loop.submit([1, 2, 3], SamplingParams(max_new_tokens=200)) for _ in range(2)]
+    assert started.wait(WAIT)
+    closer = threading.Thread(target=loop.close)
+    closer.start()
+    deadline = time.monotonic() + WAIT
+    while not loop.closed and time.monotonic() < deadline:
+        time.sleep(0.001)
+    gate.set()
+    closer.join(WAIT)
+    assert not closer.is_alive()
+    for handle in handles:
+        assert handle.done
+        with pytest.raises(Cancelled):
+            handle.result(timeout=0)
+    late = loop.submit([1, 2], SamplingParams(max_new_tokens=2))
+    with pytest.raises(Cancelled, match="closed"):
+        late.result(timeout=0)
+
+
+def test_result_times_out(loop: EngineLoop) -> None:
+    gate = threading.Event()
+    handle = loop.submit(
+        [1, 2, 3], SamplingParams(max_new_tokens=300), on_delta=lambda ids: gate.wait(WAIT)
+    )
+    with pytest.raises(TimeoutError):
+        handle.result(timeout=0.05)
+    handle.cancel()
+    gate.set()
+    with pytest.raises(Cancelled):
+        handle.result(timeout=WAIT)

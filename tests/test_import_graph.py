@@ -1,0 +1,186 @@
+"""The import graph points one way: no cycles, and no import from a lower room into an upper one.
+
+Walks ``app/``, ``workers/``, ``retrieval/`` and ``generation/`` with :mod:`ast` (nothing is
+imported), counting module-level AND function-local imports: a cycle hidden inside a function is
+still a cycle a reader has to untangle. An edge goes to the module named (``from app.db import
+models`` names ``app.db.models``; ``from app.db import Query`` names ``app.db``), not to the parent
+packages Python also initialises, so a package's ``__init__`` re-exports do not count as cycles.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("app", "workers", "retrieval", "generation")
+
+# (importer's top package, imported top package) pairs that must never occur.
+FORBIDDEN = {
+    ("app", "workers"),
+    ("retrieval", "workers"),
+    ("generation", "workers"),
+    ("generation", "app"),
+    ("generation", "retrieval"),
+    ("retrieval", "generation"),
+    ("retrieval", "app"),
+}
+
+
+def module_name(path: Path) -> str:
+    """The dotted module name of a file under ROOT (``pkg/__init__.py`` is ``pkg``)."""
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def all_modules() -> dict[str, Path]:
+    """Every module of the walked packages, by dotted name."""
+    found: dict[str, Path] = {}
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            found[module_name(path)] = path
+    return found
+
+
+def _resolve(name: str, known: dict[str, Path]) -> str | None:
+    # The longest known module that ``name`` names (``a.b.Thing`` -> ``a.b``).
+    while name:
+        if name in known:
+            return name
+        name = name.rpartition(".")[0]
+    return None
+
+
+def imports_of(module: str, path: Path, known: dict[str, Path]) -> set[tuple[str, int]]:
+    """The walked modules that ``module`` imports anywhere in its file, with a line number each."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    is_package = path.name == "__init__.py"
+    edges: set[tuple[str, int]] = set()
+    for node in ast.walk(tree):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = module.split(".")
+                anchor = parts if is_package else parts[:-1]
+                anchor = anchor[: len(anchor) - (node.level - 1)]
+                base = ".".join([*anchor, base] if base else anchor)
+            names = [f"{base}.{alias.name}" for alias in node.names]
+        for name in names:
+            target = _resolve(name, known)
+            if target is not None and target != module:
+                edges.add((target, node.lineno))
+    return edges
+
+
+def build_graph() -> dict[str, dict[str, int]]:
+    """module -> {imported module: first line that imports it}."""
+    known = all_modules()
+    graph: dict[str, dict[str, int]] = {}
+    for module, path in known.items():
+        targets: dict[str, int] = {}
+        for target, line in sorted(imports_of(module, path, known), key=lambda e: e[1]):
+            targets.setdefault(target, line)
+        graph[module] = targets
+    return graph
+
+
+def find_cycles(graph: dict[str, dict[str, int]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components: list[list[str]] = []
+    counter = 0
+
+    def visit(root: str) -> None:
+        nonlocal counter
+        # Iterative: the graph is deep enough that recursion would be fragile.
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = counter
+        counter += 1
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            advanced = False
+            for child in children:
+                if child not in index:
+                    index[child] = low[child] = counter
+                    counter += 1
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                    advanced = True
+                    break
+                if child in on_stack:
+                    low[node] = min(low[node], index[child])
+            if advanced:
+                continue
+            work.pop()
+            if work:
+                parent = work[-1][0]
+                low[parent] = min(low[parent], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    components.append(sorted(component))
+
+    for module in sorted(graph):
+        if module not in index:
+            visit(module)
+    return components
+
+
+def test_the_walk_sees_function_local_and_relative_imports(tmp_path: Path) -> None:
+    known = {"pkg": tmp_path / "pkg/__init__.py", "pkg.a": tmp_path / "pkg/a.py"}
+    known["pkg.b"] = tmp_path / "pkg/b.py"
+    (tmp_path / "pkg").mkdir()
+    known["pkg.a"].write_text("def f():\n    from pkg import b\n", encoding="utf-8")
+    known["pkg.b"].write_text("from .a import f\n", encoding="utf-8")
+    assert imports_of("pkg.a", known["pkg.a"], known) == {("pkg.b", 2)}
+    assert imports_of("pkg.b", known["pkg.b"], known) == {("pkg.a", 1)}
+    graph = {"pkg.a": {"pkg.b": 2}, "pkg.b": {"pkg.a": 1}, "pkg": {}}
+    assert find_cycles(graph) == [["pkg.a", "pkg.b"]]
+
+
+def test_no_import_cycles() -> None:
+    graph = build_graph()
+    cycles = find_cycles(graph)
+    lines = []
+    for members in cycles:
+        inside = set(members)
+        edges = [
+            f"    {m} -> {t} (line {line})"
+            for m in members
+            for t, line in sorted(graph[m].items())
+            if t in inside
+        ]
+        lines.append(" <-> ".join(members) + "\n" + "\n".join(edges))
+    assert not cycles, "import cycles:\n" + "\n".join(lines)
+
+
+@pytest.mark.parametrize("importer", PACKAGES)
+def test_imports_point_one_way(importer: str) -> None:
+    graph = build_graph()
+    wrong = [
+        f"{module} -> {target} (line {line})"
+        for module, targets in graph.items()
+        if module.split(".")[0] == importer
+        for target, line in targets.items()
+        if (importer, target.split(".")[0]) in FORBIDDEN
+    ]
+    assert not wrong, "imports against the arrows:\n" + "\n".join(wrong)
