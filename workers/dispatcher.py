@@ -26,7 +26,9 @@ BATCH_PRIORITY = 9
 def chunk_signature(app: Celery, batch_id: uuid.UUID | str, epoch: int) -> Signature:
     """The signature of one chunk task of the batch, routed to the batch queue."""
     return app.signature(
-        TaskName.BATCH_CHUNK,
+        # The plain string: Celery takes an object's ``.name`` as the task name, and an enum
+        # member's ``.name`` is "BATCH_CHUNK", a task nobody registered.
+        TaskName.BATCH_CHUNK.value,
         args=[str(batch_id), int(epoch)],
         queue=QueueName.BATCH,
         priority=BATCH_PRIORITY,
