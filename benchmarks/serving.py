@@ -18,6 +18,7 @@ Phases:
 
     SPECRAG_TORCH_THREADS=1 .venv/bin/python benchmarks/serving.py [--burst 24] [--max-tokens 64]
         [--concurrency 4,8] [--rounds 2] [--poisson-seconds 120] [--load 1.5]
+        [--poisson-concurrency N]
 """
 
 from __future__ import annotations
@@ -154,6 +155,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--poisson-seconds", type=float, default=0.0)
     parser.add_argument("--load", type=float, default=1.5, help="x single-query capacity")
+    parser.add_argument(
+        "--poisson-concurrency",
+        type=int,
+        default=None,
+        help="loop size under Poisson (default: the largest)",
+    )
     args = parser.parse_args()
     os.environ.setdefault("SPECRAG_TARGET_MODEL", str(REPO / "models" / "demo" / "target"))
     os.environ.setdefault("SPECRAG_DRAFT_MODEL", str(REPO / "models" / "demo" / "draft"))
@@ -202,7 +209,17 @@ def run(args: argparse.Namespace, env: dict[str, str], tmp: Path) -> None:
     capacity = sum(len(b) for b in alone) / sum(wall_seconds(b) for b in alone)
     rate = args.load * capacity
     loaded: dict[str, list[dict[str, Any]]] = {}
-    for label, extra in variants:
+    sizes = [int(c) for c in args.concurrency.split(",")]
+    size = args.poisson_concurrency or max(sizes)
+    chosen = [v for v in variants if v[0] in ("one at a time", f"loop x{size}")]
+    if len(chosen) < 2:
+        chosen.append(
+            (
+                f"loop x{size}",
+                {"SPECRAG_WORKER_POOL": "threads", "SPECRAG_WORKER_CONCURRENCY": str(size)},
+            )
+        )
+    for label, extra in chosen:
         worker = start_worker(env, tmp / "worker.log", **extra)
         try:
             wait_query(sf, send(sf, settings, celery, "warm up", 4), timeout=600)

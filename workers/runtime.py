@@ -48,10 +48,10 @@ def warm(app: Celery) -> None:
         import torch  # heavy
 
         torch.set_num_threads(threads)
-    warm = getattr(app, "warm", {QueueName.ANSWER: True, QueueName.INGEST: True})
-    log.info("loading worker resources (%s)", ", ".join(k for k, v in warm.items() if v))
+    kinds = getattr(app, "warm", {QueueName.ANSWER: True, QueueName.INGEST: True})
+    log.info("loading worker resources (%s)", ", ".join(k for k, v in kinds.items() if v))
     resources(app).warm(
-        answer=warm.get(QueueName.ANSWER, True), ingest=warm.get(QueueName.INGEST, True)
+        answer=kinds.get(QueueName.ANSWER, True), ingest=kinds.get(QueueName.INGEST, True)
     )
 
 
