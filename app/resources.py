@@ -143,8 +143,26 @@ class Resources:
             # first "auto" request; other engines have nothing to measure.
             warmup = getattr(self.engine, "warmup", None)
             if callable(warmup):
-                warmup()
+                warmup(**_batch_warmup(warmup, self.settings))
             self.loop  # noqa: B018 - started (and its concurrency checked) before any query
+
+
+def _batch_warmup(warmup: Any, settings: Settings) -> dict[str, Any]:
+    """``batch_sizes`` for an engine warm-up that takes them: every batch size the loop can reach.
+
+    The batched engine measures its step costs per batch-size bucket (powers of two) the first
+    time a batch of that size runs; measured at start, no burst of queries waits on them.
+    """
+    import inspect
+
+    if "batch_sizes" not in inspect.signature(warmup).parameters:
+        return {}
+    from app.serving import worker_concurrency
+
+    top, sizes = worker_concurrency(settings), [1]
+    while sizes[-1] < top:
+        sizes.append(sizes[-1] * 2)
+    return {"batch_sizes": tuple(sizes)}
 
 
 def _device(device: str, engine: str) -> str:
