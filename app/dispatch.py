@@ -40,8 +40,11 @@ class Dispatcher(Protocol):
     def send_ingest(self, paths: list[str], collection: str, tenant: str) -> None:
         """Queue the ingest of files or folders the workers can read."""
 
-    def send_uploads(self, files: list[dict[str, str]], collection: str, tenant: str) -> None:
-        """Queue files uploaded over the API (``Upload.to_message()`` dicts) for ingest."""
+    def send_uploads(
+        self, files: list[dict[str, str]], collection: str, tenant: str, max_chars: int = 0
+    ) -> None:
+        """Queue files uploaded over the API (``Upload.to_message()`` dicts) for ingest;
+        ``max_chars`` is the tenant's extracted-characters limit per document (0: none)."""
 
     def send_delete(self, source: str, collection: str, tenant: str) -> None:
         """Queue the removal of one document from the index and the database."""
@@ -74,7 +77,9 @@ class NoQueue:
         """Refuse: there is no queue."""
         self._refuse()
 
-    def send_uploads(self, files: list[dict[str, str]], collection: str, tenant: str) -> None:
+    def send_uploads(
+        self, files: list[dict[str, str]], collection: str, tenant: str, max_chars: int = 0
+    ) -> None:
         """Refuse: there is no queue."""
         self._refuse()
 

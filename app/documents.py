@@ -19,7 +19,8 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from app.queries import RequestError
+from app.requests import RequestError, check_text
+from app.validation import text_problem
 from retrieval.errors import InvalidNameError, check_name
 from retrieval.loaders import SUPPORTED_SUFFIXES
 from retrieval.records import Document
@@ -49,6 +50,7 @@ def validate_uploads(
     collection: str, documents: list[dict[str, Any]], max_file_bytes: int
 ) -> list[Upload]:
     """The uploads as files to ingest, or UploadError naming the first bad field."""
+    check_text("collection", collection)
     try:
         check_name("collection", collection)
     except InvalidNameError as exc:
@@ -60,6 +62,7 @@ def validate_uploads(
     uploads, seen = [], set()
     for i, doc in enumerate(documents):
         name = str(doc.get("name", ""))
+        check_text(f"documents[{i}].name", name)
         if not name or name != Path(name).name or name.startswith("."):
             raise UploadError(f"documents[{i}].name", f"{name!r} is not a plain file name")
         suffix = Path(name).suffix.lower()
@@ -81,6 +84,7 @@ def _content(doc: dict[str, Any], i: int, suffix: str, max_file_bytes: int) -> b
     raw = doc.get("content", "")
     if not isinstance(raw, str):
         raise UploadError(f"documents[{i}].content", "must be a string")
+    check_text(f"documents[{i}].content", raw)
     if encoding == "base64":
         try:
             content = base64.b64decode(raw, validate=True)
@@ -99,7 +103,45 @@ def _content(doc: dict[str, Any], i: int, suffix: str, max_file_bytes: int) -> b
             f"documents[{i}].content",
             f"{len(content)} bytes is over the size limit of {max_file_bytes} bytes",
         )
+    problem = content_problem(suffix, content)
+    if problem is not None:
+        raise UploadError(f"documents[{i}].content", problem)
     return content
+
+
+def content_problem(suffix: str, content: bytes) -> str | None:
+    """Why an ingest worker could not read these bytes as a ``suffix`` file, or None.
+
+    Checked at submit so that a bad file is a 422 now, not a silent failure in the worker:
+    text must be UTF-8 without NUL bytes, a PDF must open (its text is extracted later).
+    """
+    if suffix == ".pdf":
+        return _pdf_problem(content)
+    if b"\x00" in content:
+        return "looks like a binary file (NUL bytes), not text"
+    try:
+        text = content.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        return f"is not valid UTF-8 (byte 0x{content[exc.start]:02x} at offset {exc.start})"
+    return text_problem(text)
+
+
+def _pdf_problem(content: bytes) -> str | None:
+    import io
+
+    from pypdf import PdfReader
+
+    if not content.lstrip()[:5] == b"%PDF-":
+        return "is not a PDF (no %PDF- header)"
+    try:
+        reader = PdfReader(io.BytesIO(content))
+        if reader.is_encrypted and not reader.decrypt(""):
+            return "is an encrypted PDF"
+        if len(reader.pages) == 0:
+            return "is a PDF without pages"
+    except Exception as exc:  # pypdf raises many types for broken files; all mean "unreadable"
+        return f"is not a readable PDF ({type(exc).__name__})"
+    return None
 
 
 def write_uploads(upload_dir: Path, files: list[dict[str, str]]) -> list[Path]:
@@ -128,20 +170,44 @@ def _dir_name(name: str) -> str:
 
 
 def list_documents(session: Session, tenant: str, collection: str) -> list[dict[str, Any]]:
-    """The tenant's documents in ``collection`` (another tenant's are never listed)."""
+    """The tenant's documents in ``collection`` with their state (another tenant's never listed).
+
+    ``status`` is ``indexed`` for a document in the index, ``pending`` for an upload the ingest
+    worker has not finished, ``failed`` (with ``reason``) for an upload it could not index.
+    """
+    from app.tenancy.uploads import upload_states
+
+    uploads = upload_states(session, tenant, collection)
     rows = session.scalars(
         select(Document)
         .where(Document.tenant == tenant, Document.collection == collection)
         .order_by(Document.source)
     )
-    return [
-        {
+    listed: dict[str, dict[str, Any]] = {}
+    for d in rows:
+        upload = uploads.get(d.source)
+        # A pending re-upload or a failed one leaves the indexed version in place: say both.
+        status = upload.status if upload is not None and upload.status != "indexed" else "indexed"
+        listed[d.source] = {
             "document": d.source,
+            "status": status,
+            "reason": upload.reason if upload is not None and status == "failed" else None,
             "title": d.title,
             "chunks": d.num_chunks,
             "size_bytes": d.size_bytes,
             "content_hash": d.content_hash,
             "updated_at": d.updated_at,
         }
-        for d in rows
-    ]
+    for name, upload in uploads.items():
+        if name not in listed and upload.status != "indexed":
+            listed[name] = {
+                "document": name,
+                "status": upload.status,
+                "reason": upload.reason,
+                "title": None,
+                "chunks": 0,
+                "size_bytes": upload.size_bytes,
+                "content_hash": None,
+                "updated_at": upload.updated_at,
+            }
+    return [listed[k] for k in sorted(listed)]

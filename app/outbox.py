@@ -15,16 +15,23 @@ import logging
 import uuid
 from collections.abc import Callable
 from datetime import timedelta
+from typing import Any
 
-from sqlalchemy import and_, or_, select, update
+from sqlalchemy import ColumnElement, and_, func, or_, select, text, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.db import Query, utcnow
 from app.db.session import skip_fsync
+from app.failures import WORKER_LOST
+from app.finish import finish_query
 from app.periodic import Periodic
+from app.requests import QueryStatus
 from app.settings import Settings
 
 log = logging.getLogger(__name__)
+
+# An arbitrary constant that names the admission lock among PostgreSQL advisory locks.
+ADMISSION_LOCK = 0x5EC_4A6_01
 
 Send = Callable[[uuid.UUID, str], None]
 """Puts one query id on the named queue; raises when the broker cannot be reached."""
@@ -44,7 +51,7 @@ def send_and_mark(
         session.execute(
             update(Query)
             .where(Query.id == query_id, Query.enqueued_at.is_(None))
-            .values(enqueued_at=utcnow())
+            .values(enqueued_at=utcnow(), sends=Query.sends + 1)
         )
         session.commit()
     return True
@@ -55,6 +62,16 @@ def _rowcount(result: object) -> int:
     return int(getattr(result, "rowcount", 0))
 
 
+def _requeue(session: Session, query_id: uuid.UUID, stopped: ColumnElement[bool]) -> bool:
+    # Back to queued and unsent: the sweep sends it again.
+    result = session.execute(
+        update(Query)
+        .where(Query.id == query_id, Query.status == QueryStatus.RUNNING, stopped)
+        .values(status=QueryStatus.QUEUED, enqueued_at=None, heartbeat_at=None, worker_host=None)
+    )
+    return bool(_rowcount(result))
+
+
 def reap_stale(session_factory: sessionmaker[Session], settings: Settings) -> list[uuid.UUID]:
     """Re-queue running queries whose heartbeat stopped; fail those out of attempts. Returns ids."""
     cutoff = utcnow() - timedelta(seconds=settings.stale_after_seconds)
@@ -62,31 +79,25 @@ def reap_stale(session_factory: sessionmaker[Session], settings: Settings) -> li
     with session_factory() as session:
         stale = session.execute(
             select(Query.id, Query.attempts).where(
-                Query.status == "running",
+                Query.status == QueryStatus.RUNNING,
                 or_(Query.heartbeat_at.is_(None), Query.heartbeat_at < cutoff),
             )
         ).all()
         for query_id, attempts in stale:
             # The same condition again, so that two reapers (or a late heartbeat) cannot both win.
-            guard = (
-                Query.id == query_id,
-                Query.status == "running",
-                or_(Query.heartbeat_at.is_(None), Query.heartbeat_at < cutoff),
-            )
+            stopped = or_(Query.heartbeat_at.is_(None), Query.heartbeat_at < cutoff)
             if attempts >= settings.max_attempts:
-                values = {
-                    "status": "failed",
-                    "error": f"worker lost: no heartbeat after {attempts} attempts",
-                    "done_at": utcnow(),
-                }
+                moved = finish_query(
+                    session,
+                    settings,
+                    query_id,
+                    QueryStatus.FAILED,
+                    error=WORKER_LOST,
+                    where=(stopped,),
+                )
             else:
-                values = {
-                    "status": "queued",
-                    "enqueued_at": None,
-                    "heartbeat_at": None,
-                    "worker_host": None,
-                }
-            if _rowcount(session.execute(update(Query).where(*guard).values(**values))):
+                moved = _requeue(session, query_id, stopped)
+            if moved:
                 reaped.append(query_id)
         session.commit()
     if reaped:
@@ -97,53 +108,169 @@ def reap_stale(session_factory: sessionmaker[Session], settings: Settings) -> li
 def sweep(
     session_factory: sessionmaker[Session], settings: Settings, send: Send, *, limit: int = 500
 ) -> int:
-    """Send queued queries that have no live message (oldest first); returns how many were sent.
+    """Send queued queries that have no live message; returns how many were sent.
 
-    Unsent queries older than ``outbox_grace_seconds`` (a submitter's own send is not raced), and
-    queries sent more than ``resend_after_seconds`` ago and still queued (their message may have
-    died with a broker that lost its data). Each is claimed by moving ``enqueued_at`` first, so
-    that the API's and every worker's sweepers never send the same query together.
+    Three kinds, each claimed (``enqueued_at`` set, ``sends`` counted) before its send, so that
+    the API's and every worker's sweepers never send the same query together:
+
+    - interactive queries held back by admission, in tenant round-robin (``admit``);
+    - unsent batch items older than ``outbox_grace_seconds`` (a released item; their batch's
+      chunk tasks carry the others);
+    - interactive queries sent more than ``resend_after_seconds`` ago and still queued (their
+      message may have died with a broker that lost its data), at most ``max_resends`` times each,
+      so that an outage with no worker never multiplies the queue.
     """
+    sent = admit(session_factory, settings, send, limit=limit)
     now = utcnow()
     grace = now - timedelta(seconds=settings.outbox_grace_seconds)
     resend = now - timedelta(seconds=settings.resend_after_seconds)
     due = or_(
-        and_(Query.enqueued_at.is_(None), Query.queued_at < grace),
+        and_(Query.enqueued_at.is_(None), Query.queued_at < grace, Query.queue == "batch"),
         # Batch items wait their turn for long, queued: their batch's chunk tasks and watchdog
         # (app/batch) carry them, and a re-send would turn every item into a message of its own.
-        and_(Query.enqueued_at < resend, Query.queue != "batch"),
+        and_(
+            Query.enqueued_at < resend,
+            # Only interactive ones: golden-evaluation queries (queue "eval") run in the process
+            # that made them and have no queue to be sent to.
+            Query.queue == "answer",
+            Query.sends <= settings.max_resends,
+        ),
     )
     with session_factory() as session:
-        pending = session.execute(
-            select(Query.id, Query.queue)
-            .where(Query.status == "queued", due)
-            .order_by(Query.queued_at)
+        ids = session.scalars(
+            select(Query.id).where(Query.status == "queued", due).order_by(Query.queued_at)
             .limit(limit)
+        ).all()  # fmt: skip
+    return sent + _claim_and_send(session_factory, list(ids), due, send)
+
+
+def in_flight(session: Session, tenant_ids: list[int] | None = None) -> dict[int, int]:
+    """Per tenant: interactive queries on the broker or running (what admission counts)."""
+    stmt = (
+        select(Query.tenant_id, func.count())
+        .where(
+            Query.queue == "answer",
+            or_(
+                Query.status == "running",
+                and_(Query.status == "queued", Query.enqueued_at.is_not(None)),
+            ),
+        )
+        .group_by(Query.tenant_id)
+    )
+    if tenant_ids is not None:
+        stmt = stmt.where(Query.tenant_id.in_(tenant_ids))
+    return {tenant: int(n) for tenant, n in session.execute(stmt).tuples().all()}
+
+
+def admit(
+    session_factory: sessionmaker[Session],
+    settings: Settings,
+    send: Send,
+    *,
+    tenant_id: int | None = None,
+    limit: int = 500,
+) -> int:
+    """Send held interactive queries while their tenant has free slots; returns how many.
+
+    Fair share at dispatch: a tenant has at most ``tenant_max_in_flight`` interactive queries on
+    the broker or running; the rest stay stored with ``enqueued_at`` NULL. Free slots are filled
+    oldest first within a tenant and in round-robin across tenants (every tenant's first waiting
+    query, then every tenant's second, ...), so a new tenant's query goes on the broker behind at
+    most a few of a flooding tenant's, never behind all of them. Called by the submitter (for its
+    tenant), after each answer and by the sweeper. Returns the number sent.
+    """
+    cap = settings.tenant_max_in_flight
+    unsent = and_(Query.enqueued_at.is_(None), Query.queue == "answer")
+    with session_factory() as session:
+        skip_fsync(session)
+        if session.get_bind().dialect.name == "postgresql":
+            # One admitter at a time (API submits, after-answer, sweepers): the count it reads
+            # stays true until its claim commits, so a tenant never passes its cap. Held for
+            # milliseconds: the sends happen after the commit.
+            session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": ADMISSION_LOCK})
+        held = select(
+            Query.id,
+            Query.tenant_id,
+            func.row_number()
+            .over(partition_by=Query.tenant_id, order_by=(Query.queued_at, Query.id))
+            .label("turn"),
+        ).where(Query.status == "queued", unsent)
+        if tenant_id is not None:
+            held = held.where(Query.tenant_id == tenant_id)
+        sub = held.subquery()
+        rows = session.execute(
+            select(sub.c.id, sub.c.tenant_id, sub.c.turn)
+            .where(sub.c.turn <= cap)
+            .order_by(sub.c.turn, sub.c.tenant_id)
         ).all()
-    sent = 0
-    for query_id, queue in pending:
-        with session_factory() as session:
-            skip_fsync(session)
-            mine = _rowcount(
-                session.execute(
-                    update(Query)
-                    .where(Query.id == query_id, Query.status == "queued", due)
-                    .values(enqueued_at=utcnow())
-                )
-            )
-            session.commit()
-        if not mine:
-            continue  # another sweeper took it
+        busy = in_flight(session, sorted({t for _, t, _ in rows})) if rows else {}
+        chosen = [qid for qid, tenant, turn in rows if turn <= cap - busy.get(tenant, 0)][:limit]
+        claimed = _claim(session, chosen, unsent)
+        session.commit()
+    return _send_claimed(session_factory, chosen, claimed, send)
+
+
+def _claim_and_send(
+    session_factory: sessionmaker[Session], ids: list[uuid.UUID], due: Any, send: Send
+) -> int:
+    """Claim the still-due queries among ``ids``, then send them in order; how many were sent."""
+    if not ids:
+        return 0
+    with session_factory() as session:
+        skip_fsync(session)
+        claimed = _claim(session, ids, due)
+        session.commit()
+    return _send_claimed(session_factory, ids, claimed, send)
+
+
+def _claim(session: Session, ids: list[uuid.UUID], due: Any) -> dict[uuid.UUID, str]:
+    """Mark the still-due queries among ``ids`` as sent (uncommitted); ``{id: queue}`` of those.
+
+    One ``UPDATE ... WHERE id IN (SELECT ... FOR UPDATE SKIP LOCKED) RETURNING`` on PostgreSQL:
+    concurrent sweepers skip each other's rows instead of waiting or sending twice.
+    """
+    if not ids:
+        return {}
+    lockable = (
+        select(Query.id)
+        .where(Query.id.in_(ids), Query.status == "queued", due)
+        .with_for_update(skip_locked=True)
+    )
+    return dict(
+        session.execute(
+            update(Query)
+            .where(Query.id.in_(lockable.scalar_subquery()))
+            .values(enqueued_at=utcnow(), sends=Query.sends + 1)
+            .returning(Query.id, Query.queue)
+            .execution_options(synchronize_session=False)
+        )
+        .tuples()
+        .all()
+    )
+
+
+def _send_claimed(
+    session_factory: sessionmaker[Session],
+    ids: list[uuid.UUID],
+    claimed: dict[uuid.UUID, str],
+    send: Send,
+) -> int:
+    """Send the claimed queries in ``ids`` order; a failed send gives back it and the rest."""
+    order = [qid for qid in ids if qid in claimed]
+    for n, query_id in enumerate(order):
         try:
-            send(query_id, queue)
-        except Exception as exc:  # the broker is down: give it back and try next round
+            send(query_id, claimed[query_id])
+        except Exception as exc:  # the broker is down: give these back, try next round
             log.warning("sweep: enqueue of query %s failed: %s", query_id, exc)
             with session_factory() as session:
-                session.execute(update(Query).where(Query.id == query_id).values(enqueued_at=None))
+                session.execute(
+                    update(Query)
+                    .where(Query.id.in_(order[n:]))
+                    .values(enqueued_at=None, sends=Query.sends - 1)
+                )
                 session.commit()
-            break
-        sent += 1
-    return sent
+            return n
+    return len(order)
 
 
 class Sweeper(Periodic):

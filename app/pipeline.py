@@ -1,146 +1,74 @@
-"""Answering one stored query: claim → retrieve → prompt → generate → record. Knows no Celery.
+"""Answering one stored query, step by step. Knows no Celery and nothing of audit.
 
-The query id is the idempotency key. ``claim`` moves a query from queued to running atomically, so
-a duplicate message finds nothing to do; the unique ``answers.query_id`` and
-``generation_stats.query_id`` make sure that even two runs racing to the end (a worker presumed
-dead that was not) record one answer. While a query runs, a heartbeat thread refreshes
-``queries.heartbeat_at``; when the worker dies the heartbeat stops and the reaper (app/outbox.py)
-re-queues the query.
+    claim (app/lease.py) → retrieve → build the request (prompt ids, SamplingParams, cited
+    passages) → generate → record (answer, sources, stats and the final status in one
+    transaction) → after-answer hooks (app/hooks.py: shadow sampling, metrics, ...)
+
+The query id is the idempotency key: the claim lets one run in, and the unique
+``answers.query_id`` and ``generation_stats.query_id`` make sure that even two runs racing to the
+end (a worker presumed dead that was not) record one answer. A query becomes final only through
+``app.finish.finish_query``, which also stores the question in its kept form.
 """
 
 from __future__ import annotations
 
 import logging
 import socket
-import threading
+import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal
 
-from sqlalchemy import select, update
+from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.db import Answer, AnswerSource, GenerationStatsRecord, Query, utcnow
-from app.db.session import skip_fsync
+from app.failures import public_error
+from app.finish import finish_query
+from app.hooks import Answered, run_after_answer
+from app.lease import Claimed, claim, heartbeat, release
+from app.requests import QueryStatus
 from app.resources import Resources
+from app.settings import Settings
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # generation imports torch: loaded with the engine, not with this module
     from generation import GenerationResult, SamplingParams
     from generation.base import DeltaCallback, RequestHandle
 
 log = logging.getLogger(__name__)
 
 Outcome = Literal["succeeded", "failed", "skipped", "duplicate", "missing", "released"]
-"""What happened to a query: "released" means its generation was cancelled (batch preemption,
-worker shutdown) and it is queued again, with nothing recorded."""
-
-
-def _ms(later: datetime, earlier: datetime) -> float:
-    return (_aware(later) - _aware(earlier)).total_seconds() * 1000.0
-
-
-def _aware(dt: datetime) -> datetime:
-    # SQLite hands timestamps back without a zone; every stored timestamp is UTC.
-    from datetime import UTC
-
-    return dt if dt.tzinfo is not None else dt.replace(tzinfo=UTC)
+"""What happened to a query; "released": its request was cancelled in the engine loop (batch
+preemption, worker shutdown) and the query is queued again with nothing recorded."""
+MIN_PROMPT_BUDGET = 16
+"""Fewest context tokens that must remain for the prompt after the answer's ``max_tokens``."""
 
 
 @dataclass(frozen=True)
-class Claimed:
-    """What a worker needs of a query it has just claimed."""
+class Retrieved:
+    """The retrieve step's result: passages, the index version they came from, its timing."""
 
-    attempt: int
-    tenant_id: int
-    question: str
-    collection: str
-    params: dict[str, Any]
-    queued_at: datetime
-    started_at: datetime
+    hits: list[Any]
+    index_version: int | None
+    retrieval_ms: float
+    retrieved_at: datetime
 
 
-def claim(sf: sessionmaker[Session], query_id: uuid.UUID, host: str) -> Claimed | None:
-    """Mark a queued query running on ``host`` and return it; None if it is not queued.
+@dataclass(frozen=True)
+class BuiltRequest:
+    """What the engine is asked: prompt token ids and sampling, and the passages the prompt cites."""
 
-    One UPDATE ... RETURNING: the status check and the read are a single round trip.
-    """
-    now = utcnow()
-    with sf() as session:
-        skip_fsync(session)
-        row = session.execute(
-            update(Query)
-            .where(Query.id == query_id, Query.status == "queued")
-            .values(
-                status="running",
-                started_at=now,
-                heartbeat_at=now,
-                worker_host=host,
-                attempts=Query.attempts + 1,
-            )
-            .returning(
-                Query.attempts,
-                Query.tenant_id,
-                Query.question,
-                Query.collection,
-                Query.params,
-                Query.queued_at,
-            )
-        ).one_or_none()
-        session.commit()
-    if row is None:
-        return None
-    return Claimed(row[0], row[1], row[2], row[3], dict(row[4]), row[5], now)
+    prompt_ids: list[int]
+    sampling: SamplingParams
+    cited: list[Any]
 
 
-@contextmanager
-def heartbeat(
-    session_factory: sessionmaker[Session],
-    query_id: uuid.UUID,
-    attempt: int,
-    interval: float,
-    deadline: float,
-) -> Iterator[None]:
-    """Refresh the query's heartbeat every ``interval`` seconds until the block ends.
-
-    After ``deadline`` seconds the heartbeat stops on purpose: a hung generation then looks like a
-    dead worker to the reaper, which enforces the hard time limit even on pools that cannot.
-    """
-    stop = threading.Event()
-    started = time.monotonic()
-
-    def beat() -> None:
-        while not stop.wait(interval):
-            if time.monotonic() - started > deadline:
-                log.error("query %s passed its time limit; heartbeat stopped", query_id)
-                return
-            try:
-                with session_factory() as session:
-                    skip_fsync(session)
-                    session.execute(
-                        update(Query)
-                        .where(
-                            Query.id == query_id,
-                            Query.status == "running",
-                            Query.attempts == attempt,
-                        )
-                        .values(heartbeat_at=utcnow())
-                    )
-                    session.commit()
-            except Exception:  # a missed beat is not fatal; the next one may succeed
-                log.exception("heartbeat of query %s failed", query_id)
-
-    thread = threading.Thread(target=beat, name=f"heartbeat-{query_id}", daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        thread.join(timeout=5)
+GenerateStep = Callable[[BuiltRequest, "DeltaCallback | None"], "GenerationResult"]
+"""The generate step: a request (and an optional callback for verified token bursts) to a result."""
 
 
 def answer_query(
@@ -149,83 +77,99 @@ def answer_query(
     host: str | None = None,
     *,
     on_delta: DeltaCallback | None = None,
-    on_submit: Callable[[RequestHandle], None] | None = None,
+    generate_step: GenerateStep | None = None,
 ) -> Outcome:
     """Answer one stored query and record the result; returns what happened to it.
 
-    Generation goes to the process's engine loop (``resources.loop``): ``on_delta`` gets each
-    burst of verified token ids from the loop's thread, ``on_submit`` the request's handle (so
-    that a preemptor can cancel it at a step boundary; the query is then released, not failed).
+    ``generate_step`` replaces the engine's blocking ``generate`` (an engine loop shared by many
+    queries); ``on_delta`` gets each burst of verified token ids as it lands.
     """
-    from generation.base import Cancelled  # generation (torch) loads in workers only
-
     qid = query_id if isinstance(query_id, uuid.UUID) else uuid.UUID(str(query_id))
-    host = host or socket.gethostname()
     sf = resources.session_factory
-    claimed = claim(sf, qid, host)
+    claimed = claim(sf, qid, host or socket.gethostname())
     if claimed is None:
         with sf() as session:
             status = session.scalar(select(Query.status).where(Query.id == qid))
         log.info("query %s not claimed (status %s)", qid, status)
         return "missing" if status is None else "skipped"
     s = resources.settings
+    step = generate_step or (lambda built, deltas: generate(resources.engine, built, deltas))
     with heartbeat(sf, qid, claimed.attempt, s.heartbeat_seconds, float(s.task_time_limit)):
         try:
-            return _run(resources, qid, claimed, on_delta, on_submit)
-        except Cancelled:
-            # Preempted or shut down at a step boundary: nothing was recorded; it runs again.
-            _release(sf, qid)
-            log.info("query %s cancelled in the engine loop; queued again", qid)
-            return "released"
+            return _answer(resources, qid, claimed, step, on_delta)
         except BaseException as exc:
-            # Anything that escapes (bad collection, out of context, time limit) fails the query
-            # with a message the client can read; a killed process never gets here (the reaper does).
+            if _cancelled(exc):
+                # Cancelled at a step boundary (preempted, shut down): nothing was recorded.
+                release(sf, qid)
+                log.info("query %s cancelled in the engine loop; queued again", qid)
+                return "released"
+            if not isinstance(exc, Exception):
+                # Shutdown or interrupt: not the query's fault, so it goes back on the outbox.
+                release(sf, qid)
+                raise
+            # Anything else (bad collection, out of context, time limit) fails the query with a
+            # message the client can read; a killed process never gets here (the reaper does).
             message = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-            if isinstance(exc, Exception):
-                _fail(sf, qid, message)
-                log.warning("query %s failed: %s", qid, message)
-                from app.audit.privacy import scrub_question
+            # The client gets a stable message (app/failures.py); the exception's text is logged.
+            log.warning("query %s failed: %s", qid, message, exc_info=exc)
+            with sf() as session:
+                finish_query(
+                    session, s, qid, QueryStatus.FAILED, question=claimed.question,
+                    error=public_error(exc),
+                )  # fmt: skip
+                session.commit()
+            run_after_answer(resources, _answered(resources, qid, claimed, QueryStatus.FAILED))
+            return "failed"
 
-                scrub_question(sf, s, qid)  # a failed query is final: keep only its stored form
-                return "failed"
-            # Shutdown or interrupt: not the query's fault, so it goes back on the outbox.
-            _release(sf, qid)
-            raise
 
-
-def _run(
+def _answer(
     resources: Resources,
     qid: uuid.UUID,
     claimed: Claimed,
-    on_delta: DeltaCallback | None = None,
-    on_submit: Callable[[RequestHandle], None] | None = None,
+    generate_step: GenerateStep,
+    on_delta: DeltaCallback | None,
 ) -> Outcome:
-    from generation import SamplingParams
-    from retrieval import build_prompt
+    retrieved = retrieve(resources, claimed)
+    built = build_request(resources, claimed, retrieved.hits)
+    generation_started = utcnow()
+    result = generate_step(built, on_delta)
+    outcome = record(resources, qid, claimed, retrieved, built, result, generation_started)
+    if outcome == QueryStatus.SUCCEEDED:
+        answered = _answered(resources, qid, claimed, QueryStatus.SUCCEEDED, built, result)
+        run_after_answer(resources, answered)
+    return outcome
 
-    sf = resources.session_factory
+
+def retrieve(resources: Resources, claimed: Claimed) -> Retrieved:
+    """The passages for the claimed question from its tenant's collection, timed."""
     tenant = resources.tenant_name(claimed.tenant_id)
-    question, collection, params = claimed.question, claimed.collection, claimed.params
-    queued_at, started_at = claimed.queued_at, claimed.started_at
-
-    t0 = time.perf_counter()
+    started = time.perf_counter()
     retrieval = resources.retrieval
     hits = retrieval.search(
-        question, collection=collection, tenant=tenant, top_k=resources.settings.default_top_k
+        claimed.question,
+        collection=claimed.collection,
+        tenant=tenant,
+        top_k=resources.settings.default_top_k,
     )
     # The version the hits came from; read separately it could already be a newer re-index.
     index_version = (
         hits[0].index_version
         if hits
-        else retrieval.index_version(collection=collection, tenant=tenant)
+        else retrieval.index_version(collection=claimed.collection, tenant=tenant)
     )
-    retrieval_ms = (time.perf_counter() - t0) * 1000.0
-    retrieved_at = utcnow()
+    elapsed_ms = (time.perf_counter() - started) * 1000.0
+    return Retrieved(list(hits), index_version, elapsed_ms, utcnow())
 
-    engine, tokenizer = resources.engine, resources.tokenizer
+
+def build_request(resources: Resources, claimed: Claimed, hits: list[Any]) -> BuiltRequest:
+    """The numbered prompt within the target's context budget, as token ids, and its sampling."""
+    from generation import SamplingParams  # heavy: torch
+    from retrieval import build_prompt  # heavy: faiss, sentence-transformers
+
+    engine, tokenizer, params = resources.engine, resources.tokenizer, claimed.params
     max_tokens = int(params["max_tokens"])
     budget = engine.max_context - max_tokens
-    if budget <= 16:
+    if budget <= MIN_PROMPT_BUDGET:
         raise ValueError(
             f"max_tokens: {max_tokens} leaves no room for a prompt in a {engine.max_context}-token context"
         )
@@ -233,83 +177,109 @@ def _run(
     def count_tokens(text: str) -> int:
         return len(tokenizer.encode(text, add_special_tokens=False))
 
-    prompt, cited = build_prompt(question, hits, count_tokens, budget)
-    prompt_ids = tokenizer.encode(prompt, add_special_tokens=False)
+    prompt, cited = build_prompt(claimed.question, hits, count_tokens, budget)
     sampling = SamplingParams(
         max_new_tokens=max_tokens,
-        temperature=float(params.get("temperature", 0.0)),
+        temperature=float(params["temperature"]),
         seed=params.get("seed"),
-        method=params.get("method", "draft_model"),
-        num_speculative_tokens=params.get("num_speculative_tokens", 4),
+        method=params["method"],
+        num_speculative_tokens=params["num_speculative_tokens"],
     )
-    gen_started = utcnow()
-    result = generate(resources, prompt_ids, sampling, on_delta, on_submit)
-    text = tokenizer.decode(result.token_ids, skip_special_tokens=True).strip()
-
-    stats = result.stats
-    done_at = utcnow()
-    stats.retrieval_ms = retrieval_ms
-    stats.queue_ms = _ms(started_at, queued_at)
-    stats.total_ms = _ms(done_at, queued_at)
-    first_token_at = (
-        gen_started + timedelta(milliseconds=stats.ttft_ms) if stats.ttft_ms is not None else None
-    )
-    outcome = _record(
-        sf,
-        qid,
-        text=text,
-        cited=cited,
-        stats=stats.to_dict(),
-        model_pair=engine.model_pair,
-        engine_kind=resources.settings.engine,
-        index_version=index_version,
-        prompt_tokens=len(prompt_ids),
-        times={"retrieved_at": retrieved_at, "first_token_at": first_token_at, "done_at": done_at},
-    )
-    if outcome == "succeeded":
-        from app.audit import privacy, shadow
-
-        # Audit, once the answer is recorded: maybe a shadow sample (its baseline is decoded
-        # later on the batch queue), and the question kept as store_questions says.
-        shadow.sample(
-            sf, resources.settings, qid, params=params, prompt_ids=prompt_ids,
-            output_ids=list(result.token_ids),
-        )  # fmt: skip
-        privacy.scrub_question(sf, resources.settings, qid)
-    return outcome
+    return BuiltRequest(tokenizer.encode(prompt, add_special_tokens=False), sampling, cited)
 
 
 def generate(
-    resources: Resources,
-    prompt_ids: list[int],
-    sampling: SamplingParams,
-    on_delta: DeltaCallback | None = None,
-    on_submit: Callable[[RequestHandle], None] | None = None,
+    engine: Any, built: BuiltRequest, on_delta: DeltaCallback | None = None
 ) -> GenerationResult:
-    """The request's result from the process's engine loop; raises ``Cancelled`` when cancelled.
+    """The generate step on the engine's blocking ``generate``: its deltas arrive as one burst."""
+    result: GenerationResult = engine.generate(built.prompt_ids, built.sampling)
+    if on_delta is not None and result.token_ids:
+        on_delta(list(result.token_ids))
+    return result
 
-    The task thread waits here while the loop generates for it and for the other requests in
-    flight. A request still running at the soft time limit is cancelled (its slot freed) and the
-    query fails with TimeoutError.
+
+def loop_step(
+    resources: Resources, on_submit: Callable[[RequestHandle], None] | None = None
+) -> GenerateStep:
+    """The generate step on the process's engine loop (``resources.loop``), shared by many queries.
+
+    The calling (task) thread waits while the loop generates for it and for the other requests
+    in flight; retrieval and recording happen in the task threads, beside the loop. ``on_submit``
+    gets the request's handle (a preemptor may cancel it: the query is then released). A request
+    still running at the soft time limit is cancelled, freeing its slot, and the query fails.
     """
-    handle = resources.loop.submit(prompt_ids, sampling, on_delta=on_delta)
-    if on_submit is not None:
-        on_submit(handle)
-    limit = float(resources.settings.task_soft_time_limit)
-    try:
-        return handle.result(timeout=limit)
-    except TimeoutError:
-        handle.cancel()
-        raise TimeoutError(f"generation passed the {limit:.0f} s time limit; cancelled") from None
-    except BaseException:
-        handle.cancel()  # an interrupted wait must not leave the request running in the loop
-        raise
+
+    def step(built: BuiltRequest, on_delta: DeltaCallback | None) -> GenerationResult:
+        handle = resources.loop.submit(built.prompt_ids, built.sampling, on_delta=on_delta)
+        if on_submit is not None:
+            on_submit(handle)
+        limit = float(resources.settings.task_soft_time_limit)
+        try:
+            result: GenerationResult = handle.result(timeout=limit)
+        except TimeoutError:
+            handle.cancel()
+            raise TimeoutError(f"generation passed the {limit:.0f} s time limit") from None
+        except BaseException:
+            handle.cancel()  # an interrupted wait must not leave the request in the loop
+            raise
+        return result
+
+    return step
+
+
+def _cancelled(exc: BaseException) -> bool:
+    # generation (torch) is imported by whoever runs a loop; without it nothing was cancelled.
+    base = sys.modules.get("generation.base")
+    return base is not None and isinstance(exc, base.Cancelled)
+
+
+def record(
+    resources: Resources,
+    qid: uuid.UUID,
+    claimed: Claimed,
+    retrieved: Retrieved,
+    built: BuiltRequest,
+    result: GenerationResult,
+    generation_started: datetime,
+) -> Outcome:
+    """Store the answer text, its sources and stats, and the query's final status, at once."""
+    text = resources.tokenizer.decode(result.token_ids, skip_special_tokens=True).strip()
+    stats = result.stats
+    done_at = utcnow()
+    stats.retrieval_ms = retrieved.retrieval_ms
+    stats.queue_ms = _ms(claimed.started_at, claimed.queued_at)
+    stats.total_ms = _ms(done_at, claimed.queued_at)
+    first_token_at = (
+        generation_started + timedelta(milliseconds=stats.ttft_ms)
+        if stats.ttft_ms is not None
+        else None
+    )
+    return _record(
+        resources.session_factory,
+        resources.settings,
+        qid,
+        question=claimed.question,
+        text=text,
+        cited=built.cited,
+        stats=stats.to_dict(),
+        model_pair=resources.engine.model_pair,
+        engine_kind=resources.settings.engine,
+        index_version=retrieved.index_version,
+        prompt_tokens=len(built.prompt_ids),
+        times={
+            "retrieved_at": retrieved.retrieved_at,
+            "first_token_at": first_token_at,
+            "done_at": done_at,
+        },
+    )
 
 
 def _record(
     sf: sessionmaker[Session],
+    settings: Settings,
     qid: uuid.UUID,
     *,
+    question: str | None,
     text: str,
     cited: list[Any],
     stats: dict[str, Any],
@@ -348,10 +318,14 @@ def _record(
             session.add(answer)
             session.add(GenerationStatsRecord(query_id=qid, **fields))
             # The flush (here, before the UPDATE) is where a second answer hits the unique key.
-            session.execute(
-                update(Query)
-                .where(Query.id == qid, Query.status.in_(("queued", "running")))
-                .values(status="succeeded", error=None, **times)
+            finish_query(
+                session,
+                settings,
+                qid,
+                QueryStatus.SUCCEEDED,
+                question=question,
+                from_statuses=(QueryStatus.QUEUED, QueryStatus.RUNNING),
+                times=times,
             )
             session.commit()
         except IntegrityError:
@@ -362,24 +336,36 @@ def _record(
     return "succeeded"
 
 
-def _fail(sf: sessionmaker[Session], qid: uuid.UUID, message: str) -> None:
-    with sf() as session:
-        session.execute(
-            update(Query)
-            .where(Query.id == qid, Query.status == "running")
-            .values(status="failed", error=message[:2000], done_at=utcnow())
-        )
-        session.commit()
+def _answered(
+    resources: Resources,
+    qid: uuid.UUID,
+    claimed: Claimed,
+    status: QueryStatus,
+    built: BuiltRequest | None = None,
+    result: GenerationResult | None = None,
+) -> Answered:
+    try:
+        tenant: str | None = resources.tenant_name(claimed.tenant_id)
+    except LookupError:  # a failure's report must not fail in turn
+        tenant = None
+    return Answered(
+        query_id=qid,
+        status=status,
+        queue=claimed.queue,
+        tenant=tenant,
+        stats=result.stats.to_dict() if result is not None else None,
+        model_pair=resources.engine.model_pair if result is not None else None,
+        method=claimed.params.get("method"),
+        prompt_token_ids=list(built.prompt_ids) if built is not None else [],
+        output_token_ids=list(result.token_ids) if result is not None else [],
+        params=claimed.params,
+    )
 
 
-def _release(sf: sessionmaker[Session], qid: uuid.UUID) -> None:
-    with sf() as session:
-        # Lost in a database crash, the query stays running with a stale heartbeat and the reaper
-        # queues it again: no fsync, so that a preempted batch item hands its worker over sooner.
-        skip_fsync(session)
-        session.execute(
-            update(Query)
-            .where(Query.id == qid, Query.status == "running")
-            .values(status="queued", enqueued_at=None, heartbeat_at=None, worker_host=None)
-        )
-        session.commit()
+def _ms(later: datetime, earlier: datetime) -> float:
+    return (_aware(later) - _aware(earlier)).total_seconds() * 1000.0
+
+
+def _aware(dt: datetime) -> datetime:
+    # SQLite hands timestamps back without a zone; every stored timestamp is UTC.
+    return dt if dt.tzinfo is not None else dt.replace(tzinfo=UTC)

@@ -1,14 +1,14 @@
-"""Asking and reading queries: request validation, the stored query, and its JSON view.
+"""Storing and reading queries: the stored query, its JSON view, waiting for it to finish.
 
 The HTTP API, the CLI, the Python client's local mode and batch jobs all go through these
-functions, so one request is validated, stored and shown the same way everywhere.
+functions (and validate with app/requests.py), so one request is stored and shown the same way
+everywhere.
 """
 
 from __future__ import annotations
 
 import time
 import uuid
-from dataclasses import asdict, dataclass
 from typing import Any
 
 from sqlalchemy import select
@@ -16,109 +16,29 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, selectinload, sessionmaker
 
 from app.db import Answer, Query, Tenant
-from app.settings import Settings
+from app.requests import (
+    ANSWER_QUEUES,
+    FINAL_STATUSES,
+    QueryRequest,
+    QueryStatus,
+    QueueName,
+    RequestError,
+    check_text,
+    validate_request,
+)
 
-QUEUES = ("answer", "batch")
-
-
-class RequestError(ValueError):
-    """A refused request; ``field`` names the offending field (for the 4xx JSON body)."""
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(f"{field}: {message}")
-        self.field = field
-        self.message = message
-
-
-@dataclass(frozen=True)
-class QueryRequest:
-    """A validated question and its decoding parameters (all defaults filled in)."""
-
-    question: str
-    collection: str
-    method: str
-    num_speculative_tokens: int | str
-    max_tokens: int
-    temperature: float
-    seed: int | None
-
-    def params(self) -> dict[str, Any]:
-        """The decoding parameters as stored in ``queries.params``."""
-        data = asdict(self)
-        del data["question"], data["collection"]
-        return data
-
-
-def _int(name: str, value: Any, low: int, high: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise RequestError(name, f"must be an integer, got {value!r}")
-    if value < low or (high is not None and value > high):
-        bound = f"between {low} and {high}" if high is not None else f">= {low}"
-        raise RequestError(name, f"must be {bound}, got {value}")
-    return value
-
-
-def validate_request(settings: Settings, data: dict[str, Any]) -> QueryRequest:
-    """The request with defaults filled in, or RequestError naming the first bad field."""
-    known = {
-        "question",
-        "collection",
-        "method",
-        "num_speculative_tokens",
-        "max_tokens",
-        "temperature",
-        "seed",
-    }
-    for key in data:
-        if key not in known:
-            raise RequestError(key, "unknown field")
-    question = data.get("question")
-    if not isinstance(question, str) or not question.strip():
-        raise RequestError("question", "must be a non-empty string")
-    if len(question) > settings.max_question_chars:
-        raise RequestError(
-            "question", f"longer than {settings.max_question_chars} characters ({len(question)})"
-        )
-    collection = data.get("collection")
-    if not isinstance(collection, str) or not collection.strip() or len(collection) > 128:
-        raise RequestError("collection", "must be a non-empty string of at most 128 characters")
-    method = data.get("method") or settings.default_method
-    if method not in settings.allowed_methods:
-        raise RequestError(
-            "method", f"must be one of {', '.join(settings.allowed_methods)}, got {method!r}"
-        )
-    k = data.get("num_speculative_tokens")
-    if k is None:
-        k = 4
-    if k != "auto":
-        if isinstance(k, str) and k.isdigit():
-            k = int(k)
-        k = _int("num_speculative_tokens", k, 1, settings.max_speculative_tokens)
-    max_tokens = data.get("max_tokens")
-    if max_tokens is None:
-        max_tokens = settings.default_max_tokens
-    max_tokens = _int("max_tokens", max_tokens, 1, settings.max_tokens_limit)
-    temperature = data.get("temperature")
-    if temperature is None:
-        temperature = 0.0
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
-        raise RequestError("temperature", f"must be a number, got {temperature!r}")
-    if not 0.0 <= float(temperature) <= settings.max_temperature:
-        raise RequestError(
-            "temperature", f"must be between 0 and {settings.max_temperature}, got {temperature}"
-        )
-    seed = data.get("seed")
-    if seed is not None:
-        seed = _int("seed", seed, 0, 2**63 - 1)
-    return QueryRequest(
-        question=question,
-        collection=collection.strip(),
-        method=method,
-        num_speculative_tokens=k,
-        max_tokens=max_tokens,
-        temperature=float(temperature),
-        seed=seed,
-    )
+# Re-exported: the request model and its validation used to live here.
+__all__ = [
+    "QueryRequest",
+    "RequestError",
+    "create_query",
+    "get_or_create_tenant",
+    "get_query",
+    "query_view",
+    "require_collection",
+    "validate_request",
+    "wait_for",
+]
 
 
 def get_or_create_tenant(session: Session, name: str) -> Tenant:
@@ -143,18 +63,19 @@ def create_query(
     request: QueryRequest,
     *,
     idempotency_key: str | None = None,
-    queue: str = "answer",
+    queue: str = QueueName.ANSWER,
 ) -> tuple[Query, bool]:
     """The stored query (committed, not yet enqueued) and whether this call created it.
 
     With an ``idempotency_key`` the tenant's earlier query under that key is returned instead;
     the unique constraint (tenant, key) settles concurrent submissions.
     """
-    if queue not in QUEUES:
-        raise RequestError("queue", f"must be one of {', '.join(QUEUES)}")
+    if queue not in ANSWER_QUEUES:
+        raise RequestError("queue", f"must be one of {', '.join(ANSWER_QUEUES)}")
     if idempotency_key is not None:
         if not idempotency_key or len(idempotency_key) > 200:
             raise RequestError("Idempotency-Key", "must be 1 to 200 characters")
+        check_text("Idempotency-Key", idempotency_key)
         existing = _by_key(session, tenant.id, idempotency_key)
         if existing is not None:
             return existing, False
@@ -164,9 +85,9 @@ def create_query(
         collection=request.collection,
         question=request.question,
         params=request.params(),
-        status="queued",
+        status=QueryStatus.QUEUED,
         idempotency_key=idempotency_key,
-        queue=queue,
+        queue=str(queue),
         attempts=0,
     )
     session.add(query)
@@ -235,8 +156,8 @@ def wait_for(
             query = get_query(session, query_id, None)
             if query is None:
                 raise LookupError(f"query {query_id} does not exist")
-            if query.status in ("succeeded", "failed") or time.monotonic() >= deadline:
-                if query.status not in ("succeeded", "failed"):
+            if query.status in FINAL_STATUSES or time.monotonic() >= deadline:
+                if query.status not in FINAL_STATUSES:
                     raise TimeoutError(
                         f"query {query_id} still {query.status} after {timeout:.0f} s"
                         " (is a worker running on this broker?)"

@@ -12,6 +12,8 @@ from typing import Any, Literal
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from app.requests import Method
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEMO_MODELS = REPO_ROOT / "models" / "demo"
 
@@ -82,16 +84,44 @@ class Settings(BaseSettings):
     )
     max_temperature: float = Field(default=2.0, description="Largest temperature accepted.")
     allowed_methods: tuple[str, ...] = Field(
-        default=("draft_model", "ngram", "none"),
+        default=tuple(Method),
         description="Speculation methods clients may ask for.",
     )
     default_method: str = Field(
-        default="draft_model", description="Method when the request names none."
+        default=Method.DRAFT_MODEL, description="Method when the request names none."
     )
     max_speculative_tokens: int = Field(
         default=8, description="Largest fixed k a request may ask for; also k_max of 'auto'."
     )
     default_top_k: int = Field(default=3, description="Passages retrieved per question.")
+    max_question_tokens: int = Field(
+        default=512,
+        description="Longest question accepted, in tokens of the target's tokenizer (0 = off).",
+    )
+    max_request_bytes: int = Field(
+        default=36 * 1024 * 1024,
+        description="Largest HTTP request body; larger ones get 413 before they are parsed.",
+    )
+
+    # Per-tenant limits (defaults; an admin sets a tenant's own with `specrag tenants limits`).
+    tenant_submissions_per_second: float = Field(
+        default=20.0, description="Queries, batches and uploads a tenant may submit per second."
+    )
+    tenant_max_active_queries: int = Field(
+        default=500, description="Interactive queries a tenant may have queued or running."
+    )
+    tenant_max_batch_items: int = Field(
+        default=10_000, description="Batch items a tenant may have queued or running."
+    )
+    tenant_max_upload_bytes: int = Field(
+        default=25 * 1024 * 1024, description="File bytes in one upload request."
+    )
+    tenant_max_upload_bytes_per_day: int = Field(
+        default=500 * 1024 * 1024, description="File bytes a tenant may upload per UTC day."
+    )
+    tenant_max_extracted_chars: int = Field(
+        default=5_000_000, description="Characters of text one document may extract to."
+    )
 
     # Ingest.
     max_file_bytes: int = Field(
@@ -113,6 +143,10 @@ class Settings(BaseSettings):
     task_time_limit: int = Field(
         default=360, description="Seconds before a task's process is killed."
     )
+    ingest_time_limit: float = Field(
+        default=300.0,
+        description="Seconds one ingest task may run (enforced on the solo pool too).",
+    )
     heartbeat_seconds: float = Field(
         default=5.0, description="How often a running query's worker refreshes its heartbeat."
     )
@@ -133,6 +167,17 @@ class Settings(BaseSettings):
     resend_after_seconds: float = Field(
         default=900.0,
         description="A query still queued this long after its send is sent again (lost message).",
+    )
+    max_resends: int = Field(
+        default=1,
+        description="Times a still-queued query's lost message is re-sent (bounds outage growth).",
+    )
+    tenant_max_in_flight: int = Field(
+        default=8,
+        description=(
+            "Interactive queries one tenant may have on the broker or running; the rest wait "
+            "stored and are sent in tenant round-robin as slots free (fair share)."
+        ),
     )
     broker_timeout_seconds: float = Field(
         default=2.0,

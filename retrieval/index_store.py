@@ -1,10 +1,11 @@
-"""Index files on disk: one file per (tenant, collection, version), replaced atomically.
+"""Index files on disk: this host's cache of committed versions, each replaced atomically.
 
-It exists so that a reader never sees half an index and the database's version always names a
-complete file. A writer builds the new version beside the old one (``*.tmp``), fsyncs it and
-``os.replace``s it into place *before* committing the new version number; a crash in between
-leaves an orphan file that the next writer overwrites, while the committed version still names
-its own intact file. Old versions are removed only after a newer one is committed.
+It exists so that a reader never sees half an index and a host restarts from its newest file
+plus the database's change log rather than from nothing. The database is the truth
+(retrieval.changelog); a file is written only for a version that is already committed, so a
+file named ``v…N`` holds exactly version N on every host. A file is written beside its final
+name (``*.tmp``), fsynced and ``os.replace``d into place. Hosts keep their own files (separate
+data directories); a lost file costs a rebuild from the stored vectors, never an embedding.
 """
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ import faiss
 
 from retrieval.indexes import set_search_params
 
-# Keep the previous version too: another process may have just read its number from the database.
+# Keep the previous file too: another process on this host may be loading it right now.
 KEEP_VERSIONS = 2
+_FILE = re.compile(r"v(\d+)\.faiss")
 
 
 def _slug(name: str) -> str:
@@ -52,6 +54,14 @@ class IndexStore:
         set_search_params(index)
         return index
 
+    def versions(self, tenant: str, collection: str) -> list[int]:
+        """The versions this host holds files of, newest first."""
+        folder = self.folder(tenant, collection)
+        if not folder.is_dir():
+            return []
+        found = (_FILE.fullmatch(entry.name) for entry in folder.iterdir())
+        return sorted((int(m.group(1)) for m in found if m is not None), reverse=True)
+
     def write(self, tenant: str, collection: str, version: int, index: faiss.Index) -> Path:
         """Write ``index`` as that version: beside, fsync, then ``os.replace`` into place."""
         path = self.path(tenant, collection, version)
@@ -72,14 +82,9 @@ class IndexStore:
         return path
 
     def prune(self, tenant: str, collection: str, current: int) -> None:
-        """Remove versions older than the last ``KEEP_VERSIONS``.
+        """Remove the files older than the newest ``KEEP_VERSIONS`` up to ``current``.
 
-        Never newer ones: a concurrent writer may be about to commit one (orphans of failed
-        commits are simply overwritten by the next write of that version)."""
-        folder = self.folder(tenant, collection)
-        if not folder.is_dir():
-            return
-        for entry in folder.iterdir():
-            match = re.fullmatch(r"v(\d+)\.faiss", entry.name)
-            if match is not None and int(match.group(1)) <= current - KEEP_VERSIONS:
-                entry.unlink(missing_ok=True)
+        Never newer ones: another process on this host may have just written a newer version."""
+        older = [v for v in self.versions(tenant, collection) if v <= current]
+        for version in older[KEEP_VERSIONS:]:
+            self.path(tenant, collection, version).unlink(missing_ok=True)

@@ -114,3 +114,35 @@ def apply_changes(
         ids, vectors = all_vectors(index)
         return rebuilt(ids, vectors, index.d, approx_threshold)
     return index
+
+
+def centroids_of(index: faiss.Index) -> np.ndarray | None:
+    """The IVF coarse centroids ``[nlist, dim]`` float32, or None for the exact index."""
+    if not isinstance(index, faiss.IndexIVF):
+        return None
+    quantizer: Any = index.quantizer
+    return np.ascontiguousarray(quantizer.reconstruct_n(0, index.nlist), dtype=np.float32)
+
+
+def build(
+    kind: str,
+    centroids: np.ndarray | None,  # [nlist, dim] float32, IVF only
+    ids: np.ndarray,  # [n] int64 chunk ids
+    vectors: np.ndarray,  # [n, dim] float32, unit length
+    dim: int,
+) -> faiss.Index:
+    """An index of the given layout holding these vectors; no training, so every host that
+    builds it from the same stored centroids gets the same inverted lists."""
+    if kind == "flat":
+        index = new_flat(dim)
+    else:
+        if centroids is None:
+            raise ValueError("an IVF layout needs its stored centroids")
+        quantizer = faiss.IndexFlatIP(dim)
+        quantizer.add(np.ascontiguousarray(centroids, dtype=np.float32))
+        index = faiss.IndexIVFFlat(quantizer, dim, len(centroids), faiss.METRIC_INNER_PRODUCT)
+        index.is_trained = True  # the quantizer holds the trained centroids already
+        set_search_params(index)
+    if len(ids):
+        index.add_with_ids(np.ascontiguousarray(vectors, dtype=np.float32), ids)
+    return index

@@ -8,7 +8,18 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from sqlalchemy import DateTime, ForeignKey, Integer, MetaData, String, Text, UniqueConstraint
+from sqlalchemy import (
+    Boolean,
+    DateTime,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 # Stable constraint names so that migrations can drop what they create, on every backend.
@@ -85,6 +96,10 @@ class Chunk(RecordBase):
     heading: Mapped[str | None] = mapped_column(String(512), nullable=True)
     text: Mapped[str] = mapped_column(Text)
     token_count: Mapped[int] = mapped_column(Integer)
+    # The chunk's unit vector as little-endian float32 bytes (retrieval.vectors): any host builds
+    # or updates its index from these without the embedding model. NULL only for chunks ingested
+    # before migration 0004 until they are backfilled (docs/scaleout.md).
+    embedding: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True, deferred=True)
 
     document: Mapped[Document] = relationship(back_populates="chunks")
 
@@ -92,8 +107,11 @@ class Chunk(RecordBase):
 class CollectionIndex(RecordBase):
     """The current FAISS index version of one tenant's collection.
 
-    Writers bump ``version`` in the same transaction that changes the chunks, after the new
-    index file is on disk; readers in any process compare it with the version they hold.
+    Writers bump ``version`` in the same transaction that changes the chunks and logs the change
+    (``IndexChange``); readers on any host compare it with the version they hold and apply the
+    logged changes since then. ``layout_version`` is the version whose write last chose the
+    index kind (and, for IVF, trained ``centroids``): a host whose index predates it rebuilds.
+    ``log_floor``: the change log is complete for versions above it (older entries are pruned).
     """
 
     __tablename__ = "collection_indexes"
@@ -103,9 +121,35 @@ class CollectionIndex(RecordBase):
     tenant: Mapped[str] = mapped_column(String(128))
     collection: Mapped[str] = mapped_column(String(128))
     version: Mapped[int] = mapped_column(Integer)
-    kind: Mapped[str] = mapped_column(String(32))  # "flat" (exact) or "hnsw" (approximate)
+    kind: Mapped[str] = mapped_column(String(32))  # "flat" (exact) or "ivf" (approximate)
     num_vectors: Mapped[int] = mapped_column(Integer)
     dim: Mapped[int] = mapped_column(Integer)
     updated_at: Mapped[datetime] = mapped_column(
         DateTime(timezone=True), default=_utcnow, onupdate=_utcnow
     )
+    layout_version: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    log_floor: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # IVF only: the trained centroids, [nlist, dim] float32 bytes, so every host builds the same
+    # lists (identical approximate results); deferred: searches read only the version.
+    centroids: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True, deferred=True)
+
+
+class IndexChange(RecordBase):
+    """One chunk added to or removed from a collection's index by the write of ``version``.
+
+    The log a lagging host replays: the adds and removals with ``version`` above the one it holds
+    (vectors of the adds come from ``chunks.embedding``; an added chunk since removed is gone).
+    """
+
+    __tablename__ = "index_changes"
+    __table_args__ = (
+        Index("ix_index_changes_collection_version", "collection_index_id", "version"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    collection_index_id: Mapped[int] = mapped_column(
+        ForeignKey("collection_indexes.id", ondelete="CASCADE")
+    )
+    version: Mapped[int] = mapped_column(Integer)
+    chunk_id: Mapped[int] = mapped_column(Integer)  # no foreign key: removed chunks are gone
+    added: Mapped[bool] = mapped_column(Boolean)

@@ -1,16 +1,17 @@
 """RetrievalService: ingest files, delete them, and search one tenant's collection.
 
 It exists as the one facade the CLI, the API, the Celery task and the pipeline share. Tenant
-isolation is enforced here: every collection is keyed by (tenant, collection), with its own index
-file, and the chunks a search returns are re-checked against the tenant in the database.
+isolation is enforced here: every collection is keyed by (tenant, collection), with its own index,
+and the chunks a search returns are re-checked against the tenant in the database. The database
+holds every chunk's vector; this host's index is a cache of it (retrieval.host_indexes), so any
+number of hosts with their own data directories serve the same versions without re-embedding.
 """
 
 from __future__ import annotations
 
 import sys
-import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -19,9 +20,11 @@ import numpy as np
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
+from retrieval.backfill import backfill_collection
 from retrieval.chunking import Chunker, embedding_text
 from retrieval.embedder import Embedder
 from retrieval.errors import DocumentError, QueryError, UnknownCollectionError, check_name
+from retrieval.host_indexes import HostIndexes
 from retrieval.index_store import IndexStore
 from retrieval.loaders import load_document
 from retrieval.records import Chunk, CollectionIndex, Document
@@ -34,6 +37,9 @@ from retrieval.writes import CollectionWriter, PreparedDocument
 FLUSH_CHUNKS = 512
 _NO_VECTORS = np.zeros((0, 0), dtype=np.float32)
 MAX_TOP_K = 100
+# Extra neighbours fetched so that equal scores (duplicate passages) are ordered by chunk id, not
+# by where each host's index happens to hold them: the same top_k on every host.
+TIE_MARGIN = 8
 
 
 class RetrievalService:
@@ -57,11 +63,10 @@ class RetrievalService:
         self.max_query_chars = max_query_chars
         self.store = IndexStore(index_dir)
         self.chunker = Chunker(embedder.tokenizer, chunk_tokens, chunk_overlap)
+        self.indexes = HostIndexes(session_factory, self.store, fill=self._backfill)
         self.writer = CollectionWriter(
-            session_factory, self.store, embedder.encode, embedder.dim, approx_index_threshold
+            session_factory, self.indexes, embedder.dim, approx_index_threshold
         )
-        self._indexes: dict[tuple[str, str], tuple[int, faiss.Index]] = {}
-        self._lock = threading.Lock()
 
     # -- ingest ---------------------------------------------------------------------------------
 
@@ -72,11 +77,16 @@ class RetrievalService:
         collection: str,
         tenant: str = "default",
         progress: bool = False,
+        sources: Mapping[str, str] | None = None,
+        max_chars: int = 0,
     ) -> IngestReport:
         """Per-file outcome of ingesting files or folders into the tenant's collection.
 
         Unchanged files are skipped, changed ones replace their old chunks, files gone from an
-        ingested folder are deleted; a bad file is reported and the others still ingest."""
+        ingested folder are deleted; a bad file is reported and the others still ingest.
+        ``sources`` renames files (normalised path -> the source name to store, e.g. an upload's
+        own name rather than a worker's path); ``max_chars`` (0: none) fails a file whose text
+        extracts to more characters."""
         from tqdm import tqdm
 
         check_name("tenant", tenant)
@@ -84,6 +94,8 @@ class RetrievalService:
         started = time.perf_counter()
         report = IngestReport(tenant=tenant, collection=collection)
         files, folders, failures = expand_paths(paths)
+        if sources:
+            files = [(sources.get(source, source), path) for source, path in files]
         report.files += failures
         gone = self._gone(tenant, collection, folders, {source for source, _ in files})
         pending: list[PreparedDocument] = []
@@ -92,7 +104,7 @@ class RetrievalService:
                    disable=not progress)  # fmt: skip
         with bar:
             for source, path in files:
-                prepared = self._prepare(report, tenant, collection, source, path)
+                prepared = self._prepare(report, tenant, collection, source, path, max_chars)
                 if prepared is not None:
                     pending.append(prepared)
                     bar.total += len(prepared.chunks)
@@ -119,12 +131,23 @@ class RetrievalService:
         return [s for s in known if inside(s, folders) and s not in found and not Path(s).exists()]
 
     def _prepare(
-        self, report: IngestReport, tenant: str, collection: str, source: str, path: Path
+        self,
+        report: IngestReport,
+        tenant: str,
+        collection: str,
+        source: str,
+        path: Path,
+        max_chars: int = 0,
     ) -> PreparedDocument | None:
         """The loaded and chunked file (embedded later, with others), or None when it is
         unchanged or failed (and then reported)."""
         try:
             doc = load_document(path, self.max_file_bytes)
+            chars = sum(len(section.text) for section in doc.sections)
+            if max_chars and chars > max_chars:
+                raise DocumentError(
+                    f"{source}: extracted {chars} characters; the limit is {max_chars}"
+                )
             if self._stored_hash(tenant, collection, source) == doc.content_hash:
                 report.files.append(FileResult(source, "unchanged"))
                 return None
@@ -175,13 +198,13 @@ class RetrievalService:
     ) -> None:
         try:
             self._embed(pending, bar)
+            self.indexes.current(tenant, collection)  # legacy vectors are stored before locking
             result = self.writer.write(tenant, collection, pending, gone)
         except Exception as exc:  # database or disk failure: this batch is rolled back whole
             error = f"not stored, batch rolled back ({type(exc).__name__}: {exc})"
             report.files += [FileResult(p.source, "failed", error=error) for p in pending]
             report.files += [FileResult(s, "failed", error=error) for s in gone]
             return
-        self._remember(tenant, collection, result.version, result.index)
         for p in pending:
             status = result.statuses[p.source] or "unchanged"
             chunks = len(p.chunks) if status in ("added", "updated") else 0
@@ -192,10 +215,11 @@ class RetrievalService:
 
     def delete(self, source: str, *, collection: str, tenant: str = "default") -> bool:
         """True when the document was found and removed from the database and the index."""
-        if self.index_version(collection=collection, tenant=tenant) is None:
+        check_name("tenant", tenant)
+        check_name("collection", collection)
+        if self.indexes.current(tenant, collection) is None:
             raise UnknownCollectionError(_unknown(tenant, collection))
         result = self.writer.write(tenant, collection, deletes=[normalise_source(source)])
-        self._remember(tenant, collection, result.version, result.index)
         return result.statuses.get(normalise_source(source)) == "deleted"
 
     # -- search ---------------------------------------------------------------------------------
@@ -212,14 +236,16 @@ class RetrievalService:
             )
         if not 1 <= top_k <= MAX_TOP_K:
             raise QueryError(f"top_k must be between 1 and {MAX_TOP_K}, got {top_k}")
-        version = self.index_version(collection=collection, tenant=tenant)
-        if version is None:
+        check_name("tenant", tenant)
+        check_name("collection", collection)
+        current = self.indexes.current(tenant, collection)
+        if current is None:
             raise UnknownCollectionError(_unknown(tenant, collection))
-        index = self._index(tenant, collection, version)
+        version, index = current
         if index.ntotal == 0:
             return []
         query = self.embedder.encode([question.strip()])  # [1, dim]
-        scores, ids = _search_one(index, query, min(top_k, index.ntotal))
+        scores, ids = _search_one(index, query, min(top_k + TIE_MARGIN, index.ntotal))
         found = {int(i): float(s) for i, s in zip(ids[0], scores[0], strict=True) if i >= 0}
         if not found:
             return []
@@ -238,7 +264,7 @@ class RetrievalService:
             SearchHit(source, c.id, found[c.id], c.text, c.title, c.heading, c.position, version)
             for c, source in rows
         ]
-        return sorted(hits, key=lambda h: (-h.score, h.chunk_id))
+        return sorted(hits, key=lambda h: (-h.score, h.chunk_id))[:top_k]
 
     def index_version(self, *, collection: str, tenant: str = "default") -> int | None:
         """The collection's current index version, or None when it does not exist."""
@@ -251,34 +277,12 @@ class RetrievalService:
                 )
             ).one_or_none()
 
-    def _index(self, tenant: str, collection: str, version: int) -> faiss.Index:
-        """The index of that version, from this process's cache or read from its file."""
-        with self._lock:
-            cached = self._indexes.get((tenant, collection))
-        if cached is not None and cached[0] >= version:
-            return cached[1]
-        try:
-            index = self.store.read(tenant, collection, version)
-        except FileNotFoundError:
-            # Pruned under us (a newer version was committed) or lost: re-read, else rebuild.
-            latest = self.index_version(collection=collection, tenant=tenant)
-            if latest is not None and latest != version:
-                return self._index(tenant, collection, latest)
-            result = self.writer.write(tenant, collection, rebuild=True)
-            assert result.index is not None
-            version, index = result.version, result.index
-        self._remember(tenant, collection, version, index)
-        return index
-
-    def _remember(
-        self, tenant: str, collection: str, version: int, index: faiss.Index | None
-    ) -> None:
-        if index is None:
-            return
-        with self._lock:
-            cached = self._indexes.get((tenant, collection))
-            if cached is None or cached[0] < version:
-                self._indexes[(tenant, collection)] = (version, index)
+    def _backfill(self, tenant: str, collection: str) -> None:
+        """Store the vectors of chunks ingested before migration 0004 (from this host's index
+        file where it has one, else embedded, with a warning): once, for every host."""
+        backfill_collection(
+            self.session_factory, self.store, self.embedder.encode, tenant, collection
+        )
 
 
 def _search_one(index: faiss.Index, query: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:

@@ -1,15 +1,17 @@
-"""One atomic write to a collection: documents, chunks, index file and version, or nothing.
+"""One atomic write to a collection: documents, chunks with their vectors, the change log and
+the new version, or nothing.
 
-It exists because the database and the FAISS file must always agree. Every write holds the
-collection's row lock (an UPDATE first, so SQLite takes its write lock at once and PostgreSQL
-locks the row), reads the current index file, applies the chunk changes to both, writes the new
-version's file beside the old, and only then commits the new version number. Any exception before
-the commit rolls the database back; the committed version still names its own intact file.
+It exists because every host's index must be derivable from the database alone. Every write
+holds the collection's row lock (an UPDATE first, so SQLite takes its write lock at once and
+PostgreSQL locks the row), stores the chunks and their vectors, logs the added and removed chunk
+ids under the new version, and commits; only then does this host write its index file for the
+new version (a cache: a file always names a committed version). Any exception before the commit
+rolls the database back; other hosts replay the logged changes (retrieval.host_indexes).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import faiss
@@ -18,14 +20,14 @@ from sqlalchemy import delete, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
-from retrieval.chunking import ChunkDraft, embedding_text
-from retrieval.index_store import IndexStore
-from retrieval.indexes import apply_changes, kind_of, new_flat, rebuilt
+from retrieval.changelog import log_changes, prune_log
+from retrieval.chunking import ChunkDraft
+from retrieval.host_indexes import HostIndexes
+from retrieval.indexes import apply_changes, centroids_of, kind_of, new_flat
 from retrieval.loaders import LoadedDocument
 from retrieval.records import Chunk, CollectionIndex, Document
 from retrieval.results import FileStatus
-
-Encode = Callable[[list[str]], np.ndarray]
+from retrieval.vectors import matrix_to_bytes, to_bytes
 
 
 @dataclass
@@ -53,14 +55,12 @@ class CollectionWriter:
     def __init__(
         self,
         session_factory: sessionmaker[Session],
-        store: IndexStore,
-        encode: Encode,
+        indexes: HostIndexes,
         dim: int,
         approx_threshold: int,
     ) -> None:
         self.session_factory = session_factory
-        self.store = store
-        self.encode = encode
+        self.indexes = indexes
         self.dim = dim
         self.approx_threshold = approx_threshold
 
@@ -70,13 +70,12 @@ class CollectionWriter:
         collection: str,
         upserts: Sequence[PreparedDocument] = (),
         deletes: Sequence[str] = (),
-        rebuild: bool = False,
     ) -> WriteResult:
-        """Commit the changes (or, with ``rebuild``, re-embed the collection's index from the
-        database); retried once when another process created the collection concurrently."""
+        """Commit the changes; retried once when another process created the collection
+        concurrently."""
         for attempt in range(2):
             try:
-                return self._write_once(tenant, collection, upserts, deletes, rebuild)
+                return self._write_once(tenant, collection, upserts, deletes)
             except IntegrityError:
                 if attempt:
                     raise
@@ -88,7 +87,6 @@ class CollectionWriter:
         collection: str,
         upserts: Sequence[PreparedDocument],
         deletes: Sequence[str],
-        rebuild: bool,
     ) -> WriteResult:
         statuses: dict[str, FileStatus | None] = {}
         remove: list[int] = []
@@ -97,6 +95,12 @@ class CollectionWriter:
         with self.session_factory() as session:
             try:
                 row = self._lock_row(session, tenant, collection)
+                # The committed index, read before this transaction writes anything (a second
+                # connection must not wait on our own uncommitted pages); no other writer can
+                # commit while we hold the lock, so it stays the one we change.
+                committed = (
+                    self.indexes.committed(tenant, collection, row.version) if row.version else None
+                )
                 for prepared in upserts:
                     status, old, new = self._upsert(session, tenant, collection, prepared)
                     statuses[prepared.source] = status
@@ -108,43 +112,38 @@ class CollectionWriter:
                     dropped = self._delete(session, tenant, collection, source)
                     statuses[source] = None if dropped is None else "deleted"
                     remove += dropped or []
-                if not (remove or add_ids or rebuild) and row.version > 0:
+                if not (remove or add_ids) and row.version > 0:
                     session.rollback()  # nothing changed: no new version, no file
                     return WriteResult(statuses, row.version, None)
-                index = self._next_index(session, row, remove, add_ids, add_vectors, rebuild)
+                # A private copy: searches on other threads keep using the committed one.
+                base = new_flat(self.dim) if committed is None else faiss.clone_index(committed)
+                vectors = np.concatenate(add_vectors) if add_vectors else np.zeros((0, self.dim))
+                index = apply_changes(
+                    base,
+                    np.asarray(remove, dtype="int64"),
+                    np.asarray(add_ids, dtype="int64"),
+                    vectors.astype("float32"),
+                    self.approx_threshold,
+                )
                 row.version += 1
+                if index is not base or row.version == 1:
+                    # A new layout (kind, or IVF lists trained on this version's vectors): every
+                    # host builds the next index from these centroids, never trains its own.
+                    row.layout_version = row.version
+                    centroids = centroids_of(index)
+                    row.centroids = None if centroids is None else matrix_to_bytes(centroids)
                 row.kind = kind_of(index)
                 row.num_vectors = int(index.ntotal)
-                session.flush()
-                # The file first, the version second: a committed version always has its file.
-                self.store.write(tenant, collection, row.version, index)
+                log_changes(session, row.id, row.version, remove, add_ids)
+                prune_log(session, row)
                 session.commit()
             except BaseException:
                 session.rollback()
                 raise
             version = row.version
-        self.store.prune(tenant, collection, version)
+        # Committed: now this host's cache file (a failure here costs a rebuild, never data).
+        self.indexes.remember(tenant, collection, version, index)
         return WriteResult(statuses, version, index)
-
-    def _next_index(
-        self,
-        session: Session,
-        row: CollectionIndex,
-        remove: list[int],
-        add_ids: list[int],
-        add_vectors: list[np.ndarray],
-        rebuild: bool,
-    ) -> faiss.Index:
-        if rebuild:
-            return self._reembed(session, row.tenant, row.collection)
-        vectors = np.concatenate(add_vectors) if add_vectors else np.zeros((0, self.dim))
-        return apply_changes(
-            self._current(session, row),
-            np.asarray(remove, dtype="int64"),
-            np.asarray(add_ids, dtype="int64"),
-            vectors.astype("float32"),
-            self.approx_threshold,
-        )
 
     def _lock_row(self, session: Session, tenant: str, collection: str) -> CollectionIndex:
         where = (CollectionIndex.tenant == tenant, CollectionIndex.collection == collection)
@@ -166,26 +165,6 @@ class CollectionWriter:
             session.flush()  # IntegrityError when another process created it meanwhile
             return row
         return session.scalars(select(CollectionIndex).where(*where)).one()
-
-    def _current(self, session: Session, row: CollectionIndex) -> faiss.Index:
-        if row.version == 0:
-            return new_flat(self.dim)
-        try:
-            return self.store.read(row.tenant, row.collection, row.version)
-        except FileNotFoundError:
-            # The data dir lost the file (restore, wiped volume): the database is the truth.
-            return self._reembed(session, row.tenant, row.collection)
-
-    def _reembed(self, session: Session, tenant: str, collection: str) -> faiss.Index:
-        rows = session.execute(
-            select(Chunk.id, Chunk.title, Chunk.heading, Chunk.text)
-            .join(Document, Chunk.document_id == Document.id)
-            .where(Document.tenant == tenant, Document.collection == collection)
-            .order_by(Chunk.id)
-        ).all()
-        ids = np.asarray([r.id for r in rows], dtype="int64")
-        vectors = self.encode([embedding_text(r.title, r.heading, r.text) for r in rows])
-        return rebuilt(ids, vectors.reshape(len(rows), self.dim), self.dim, self.approx_threshold)
 
     def _upsert(
         self, session: Session, tenant: str, collection: str, prepared: PreparedDocument
@@ -215,8 +194,9 @@ class CollectionWriter:
                 heading=c.heading[:512] if c.heading else None,
                 text=c.text,
                 token_count=c.token_count,
+                embedding=to_bytes(vector),
             )
-            for c in prepared.chunks
+            for c, vector in zip(prepared.chunks, prepared.vectors, strict=True)
         ]
         session.add_all(rows)
         session.flush()

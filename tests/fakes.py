@@ -9,6 +9,31 @@ from typing import Any
 from app.requests import QueueName
 
 
+def memory_session_factory() -> Any:
+    """Sessions on a fresh in-memory SQLite database holding every table (no migrations run).
+
+    One connection shared by all threads (StaticPool), so that the pipeline's heartbeat thread
+    sees the same database. The migrations themselves are tested by tests/app/test_migrations.py.
+    """
+    from sqlalchemy import create_engine, event
+    from sqlalchemy.pool import StaticPool
+
+    import app.db  # noqa: F401  (registers every table on the shared metadata)
+    from app.db.models import Base
+    from app.db.session import make_session_factory
+
+    engine = create_engine(
+        "sqlite://", poolclass=StaticPool, connect_args={"check_same_thread": False}
+    )
+
+    @event.listens_for(engine, "connect")
+    def _foreign_keys(dbapi_conn: Any, _record: Any) -> None:
+        dbapi_conn.execute("PRAGMA foreign_keys=ON")
+
+    Base.metadata.create_all(engine)
+    return make_session_factory(engine)
+
+
 @dataclass
 class RecordingDispatcher:
     """An ``app.dispatch.Dispatcher`` that records every send instead of reaching a broker."""
@@ -24,9 +49,11 @@ class RecordingDispatcher:
         """Record the ingest."""
         self.sent.append(("ingest", (list(paths), collection, tenant)))
 
-    def send_uploads(self, files: list[dict[str, str]], collection: str, tenant: str) -> None:
+    def send_uploads(
+        self, files: list[dict[str, str]], collection: str, tenant: str, max_chars: int = 0
+    ) -> None:
         """Record the upload."""
-        self.sent.append(("uploads", (files, collection, tenant)))
+        self.sent.append(("uploads", (files, collection, tenant, max_chars)))
 
     def send_delete(self, source: str, collection: str, tenant: str) -> None:
         """Record the deletion."""
@@ -43,3 +70,108 @@ class RecordingDispatcher:
     def of(self, kind: str) -> list[tuple[Any, ...]]:
         """The recorded sends of one kind, in order."""
         return [args for k, args in self.sent if k == kind]
+
+
+class FakeTokenizer:
+    """Word-level: each distinct word gets an id on first sight; decode joins words back."""
+
+    def __init__(self) -> None:
+        self.ids: dict[str, int] = {}
+        self.words: list[str] = []
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        """One id per whitespace-separated word."""
+        out = []
+        for word in text.split():
+            if word not in self.ids:
+                self.ids[word] = len(self.words)
+                self.words.append(word)
+            out.append(self.ids[word])
+        return out
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        """The words of ``ids``, space-separated."""
+        return " ".join(self.words[i] for i in ids)
+
+
+@dataclass
+class FakeEngine:
+    """An ``Engine`` that answers every prompt with its own first ``max_new_tokens`` tokens."""
+
+    max_context: int = 512
+    model_pair: str = "fake-target+fake-draft"
+    vocab_size: int = 1000
+    eos_token_id: int | None = None
+    calls: list[tuple[list[int], Any]] = field(default_factory=list)
+    fail_with: BaseException | None = None
+
+    def generate(self, prompt_token_ids: list[int], params: Any) -> Any:
+        """The prompt's first tokens back, with stats as the torch engine reports them."""
+        from generation import GenerationResult, GenerationStats
+
+        self.calls.append((list(prompt_token_ids), params))
+        if self.fail_with is not None:
+            raise self.fail_with
+        tokens = list(prompt_token_ids[: params.max_new_tokens])
+        stats = GenerationStats(
+            method=params.method,
+            num_speculative_tokens=params.num_speculative_tokens,
+            num_output_tokens=len(tokens),
+            num_target_forwards=len(tokens),
+            ttft_ms=1.0,
+            generation_ms=2.0,
+        )
+        return GenerationResult(token_ids=tokens, stats=stats)
+
+
+@dataclass
+class FakeRetrieval:
+    """Retrieval over passages held in memory: every search returns them all, best first."""
+
+    passages: list[str] = field(default_factory=lambda: ["Keys rotate every ninety days."])
+    version: int | None = 1
+
+    def search(self, question: str, *, collection: str, tenant: str, top_k: int) -> list[Any]:
+        """The passages as hits of ``collection`` (an unknown one raises, as the real one does)."""
+        from retrieval import SearchHit, UnknownCollectionError
+
+        if collection == "missing":
+            raise UnknownCollectionError(f"no collection {collection!r} for tenant {tenant!r}")
+        return [
+            SearchHit(
+                document=f"doc{i}.md",
+                chunk_id=i,
+                score=1.0 - i / 10,
+                text=text,
+                title=f"Doc {i}",
+                heading=None,
+                position=i,
+                index_version=self.version,
+            )
+            for i, text in enumerate(self.passages[:top_k])
+        ]
+
+    def index_version(self, *, collection: str, tenant: str) -> int | None:
+        """The fixed version."""
+        return self.version
+
+
+class FakeResources:
+    """What the pipeline needs of a worker process, on fakes and a real (SQLite) database."""
+
+    def __init__(self, settings: Any, session_factory: Any) -> None:
+        self.settings = settings
+        self.session_factory = session_factory
+        self.engine = FakeEngine()
+        self.tokenizer = FakeTokenizer()
+        self.retrieval = FakeRetrieval()
+
+    def tenant_name(self, tenant_id: int) -> str:
+        """The tenant's name, read from the database."""
+        from app.db import Tenant
+
+        with self.session_factory() as session:
+            tenant = session.get(Tenant, tenant_id)
+            if tenant is None:
+                raise LookupError(f"tenant {tenant_id} does not exist")
+            return str(tenant.name)

@@ -2,7 +2,8 @@
 
 Walks ``app/``, ``workers/``, ``retrieval/`` and ``generation/`` with :mod:`ast` (nothing is
 imported), counting module-level AND function-local imports: a cycle hidden inside a function is
-still a cycle a reader has to untangle. An edge goes to the module named (``from app.db import
+still a cycle a reader has to untangle. Imports under ``if TYPE_CHECKING:`` never run and are left
+out. An edge goes to the module named (``from app.db import
 models`` names ``app.db.models``; ``from app.db import Query`` names ``app.db``), not to the parent
 packages Python also initialises, so a package's ``__init__`` re-exports do not count as cycles.
 """
@@ -55,12 +56,26 @@ def _resolve(name: str, known: dict[str, Path]) -> str | None:
     return None
 
 
+def _walk_runtime(tree: ast.AST) -> list[ast.AST]:
+    # Every node but those under ``if TYPE_CHECKING:``: annotations only, never executed.
+    found: list[ast.AST] = []
+    todo = [tree]
+    while todo:
+        node = todo.pop()
+        found.append(node)
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            todo.extend(node.orelse)
+            continue
+        todo.extend(ast.iter_child_nodes(node))
+    return found
+
+
 def imports_of(module: str, path: Path, known: dict[str, Path]) -> set[tuple[str, int]]:
     """The walked modules that ``module`` imports anywhere in its file, with a line number each."""
     tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
     is_package = path.name == "__init__.py"
     edges: set[tuple[str, int]] = set()
-    for node in ast.walk(tree):
+    for node in _walk_runtime(tree):
         names: list[str] = []
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
@@ -184,3 +199,13 @@ def test_imports_point_one_way(importer: str) -> None:
         if (importer, target.split(".")[0]) in FORBIDDEN
     ]
     assert not wrong, "imports against the arrows:\n" + "\n".join(wrong)
+
+
+def test_type_checking_imports_are_left_out(tmp_path: Path) -> None:
+    known = {"pkg.a": tmp_path / "a.py", "pkg.b": tmp_path / "b.py"}
+    known["pkg.a"].write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg import b\n"
+        "else:\n    import pkg.b\n",
+        encoding="utf-8",
+    )
+    assert imports_of("pkg.a", known["pkg.a"], known) == {("pkg.b", 5)}

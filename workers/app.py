@@ -15,22 +15,23 @@ from typing import Any
 from celery import Celery
 from kombu import Exchange, Queue
 
+from app.audit.hooks import install_hooks
 from app.dispatch import TaskName
 from app.requests import QueueName
 from app.settings import Settings
 from workers import audit_tasks, batch_tasks, runtime, tasks
 
-QUEUES: tuple[str, ...] = tuple(QueueName)
+QUEUES: tuple[str, ...] = tuple(queue.value for queue in QueueName)
 """Every queue a worker may consume, in the order it serves them (answer before batch)."""
 
 
 ROUTES: dict[str, str] = {
-    TaskName.ANSWER: QueueName.ANSWER,
-    TaskName.INGEST: QueueName.INGEST,
-    TaskName.INGEST_UPLOADS: QueueName.INGEST,
-    TaskName.DELETE_DOCUMENT: QueueName.INGEST,
-    TaskName.BATCH_CHUNK: QueueName.BATCH,
-    TaskName.SHADOW: QueueName.BATCH,
+    TaskName.ANSWER.value: QueueName.ANSWER.value,
+    TaskName.INGEST.value: QueueName.INGEST.value,
+    TaskName.INGEST_UPLOADS.value: QueueName.INGEST.value,
+    TaskName.DELETE_DOCUMENT.value: QueueName.INGEST.value,
+    TaskName.BATCH_CHUNK.value: QueueName.BATCH.value,
+    TaskName.SHADOW.value: QueueName.BATCH.value,
 }
 """Each task's default queue (an answer task sent to ``batch`` names its queue explicitly)."""
 
@@ -61,7 +62,7 @@ def create_celery(settings: Settings) -> SpecragCelery:
         task_queues=[
             Queue(name, Exchange(name, type="direct"), routing_key=name) for name in QUEUES
         ],
-        task_default_queue=QueueName.ANSWER,
+        task_default_queue=QueueName.ANSWER.value,
         task_routes={task: {"queue": queue} for task, queue in ROUTES.items()},
         task_acks_late=True,
         task_reject_on_worker_lost=True,
@@ -77,6 +78,7 @@ def create_celery(settings: Settings) -> SpecragCelery:
         worker_send_task_events=False,
         task_send_sent_event=False,
     )
+    install_hooks()  # audit's after-answer work (shadow samples) in this process's pipeline
     tasks.register(app)
     batch_tasks.register(app)
     audit_tasks.register(app)

@@ -18,7 +18,7 @@ log = logging.getLogger(__name__)
 def register(app: Celery) -> None:
     """Register the audit tasks on ``app`` under their stable names."""
 
-    @app.task(name=TaskName.SHADOW, bind=True, shared=False)
+    @app.task(name=TaskName.SHADOW.value, bind=True, shared=False)
     def shadow_baseline(self: Task, query_id: str) -> dict[str, str]:
         """Decode a sampled query's prompt without speculation; returns its id and the outcome."""
         resources = runtime.resources(self.app)
@@ -41,7 +41,11 @@ def send_shadow_if_sampled(app: Celery, query_id: str | uuid.UUID) -> bool:
         if not is_pending(runtime.resources(app).session_factory, query_id):
             return False
         app.send_task(
-            TaskName.SHADOW, args=[str(query_id)], queue=QueueName.BATCH, priority=9, retry=False
+            TaskName.SHADOW.value,
+            args=[str(query_id)],
+            queue=QueueName.BATCH.value,
+            priority=9,
+            retry=False,
         )
         return True
     except Exception:

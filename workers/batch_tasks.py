@@ -29,6 +29,7 @@ from app.batch.preempt import Preemptor
 from app.batch.runner import run_chunk
 from app.batch.watchdog import Watchdog
 from app.dispatch import TaskName
+from app.pipeline import loop_step
 from app.requests import QueueName
 from workers import priority, runtime
 from workers.dispatcher import chunk_signature, dispatch_batch
@@ -54,7 +55,7 @@ def answer_waiting(app: Celery) -> bool:
 def register(app: Celery) -> None:
     """Register the chunk task on ``app`` and run the batch watchdog beside its workers."""
 
-    @app.task(name=TaskName.BATCH_CHUNK, bind=True, acks_late=True, shared=False)
+    @app.task(name=TaskName.BATCH_CHUNK.value, bind=True, acks_late=True, shared=False)
     def batch_chunk(self: Task, batch_id: str, epoch: int) -> dict[str, Any]:
         """Answer up to one chunk of the batch's items; re-queue itself while items remain."""
         resources = runtime.resources(self.app)
@@ -74,7 +75,9 @@ def register(app: Celery) -> None:
             max_items=settings.batch_chunk_size,
             should_yield=should_yield,
             host=self.request.hostname or socket.gethostname(),
-            on_submit=preemptor.track if polite and preemptor is not None else None,
+            generate_step=loop_step(
+                resources, on_submit=preemptor.track if polite and preemptor is not None else None
+            ),
         )
         if outcome in ("more", "yield"):
             # Sent before this message is acknowledged: a crash in between duplicates the lane,

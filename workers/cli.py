@@ -14,6 +14,7 @@ from app.api import create_app
 from app.cli import build_cli
 from app.commands.common import Wiring, get_settings, one_line_errors
 from app.db import prepare
+from app.requests import QueueName
 from app.serving import pool_concurrency
 from app.settings import Settings
 from workers import runtime
@@ -35,9 +36,12 @@ def create_api(settings: Settings, *, sweeper: bool = True) -> FastAPI:
 @click.option(
     "--queues",
     "-Q",
-    default=",".join(QUEUES),
+    default="answer,batch",
     show_default=True,
-    help="Comma-separated queues.",
+    help=(
+        "Comma-separated queues. Ingest runs in its own worker process (`--queues ingest`), so "
+        "a large upload never runs in front of an answer on the same engine."
+    ),
 )
 @click.option(
     "--pool",
@@ -76,6 +80,11 @@ def worker(
         )
     if pool is not None:
         settings = settings.model_copy(update={"worker_pool": pool})
+    elif "worker_pool" not in settings.model_fields_set and not (
+        {QueueName.ANSWER, QueueName.BATCH} & set(names)
+    ):
+        # Ingest only: no engine loop to feed, and ingest's time limit needs the main thread.
+        settings = settings.model_copy(update={"worker_pool": "solo"})
     settings, processes = pool_concurrency(settings, concurrency)
     # Fail fast, before joining the queue, when the database is not migrated.
     prepare(settings)[0].dispose()

@@ -26,11 +26,9 @@ BATCH_PRIORITY = 9
 def chunk_signature(app: Celery, batch_id: uuid.UUID | str, epoch: int) -> Signature:
     """The signature of one chunk task of the batch, routed to the batch queue."""
     return app.signature(
-        # The plain string: Celery takes an object's ``.name`` as the task name, and an enum
-        # member's ``.name`` is "BATCH_CHUNK", a task nobody registered.
         TaskName.BATCH_CHUNK.value,
         args=[str(batch_id), int(epoch)],
-        queue=QueueName.BATCH,
+        queue=QueueName.BATCH.value,
         priority=BATCH_PRIORITY,
         immutable=True,
     )
@@ -40,7 +38,7 @@ def send_query(app: Celery, query_id: Any, queue: str = QueueName.ANSWER) -> Non
     """Put one query id on ``queue``; raises at once (no retry loop) when the broker is down."""
     interactive = queue == QueueName.ANSWER
     app.send_task(
-        TaskName.ANSWER,
+        TaskName.ANSWER.value,
         args=[str(query_id)],
         queue=str(queue),
         priority=0 if interactive else 5,
@@ -80,20 +78,28 @@ class CeleryDispatcher:
         """Put one stored query's id on ``queue``."""
         send_query(self.app, query_id, queue)
 
-    def _send(self, task: TaskName, args: list[Any]) -> None:
+    def _send(self, task: str, args: list[Any]) -> None:
         self.app.send_task(task, args=args, retry=False)
 
     def send_ingest(self, paths: list[str], collection: str, tenant: str) -> None:
         """Queue the ingest of files or folders."""
-        self._send(TaskName.INGEST, [list(paths), collection, tenant])
+        self._send(TaskName.INGEST.value, [list(paths), collection, tenant])
 
-    def send_uploads(self, files: list[dict[str, str]], collection: str, tenant: str) -> None:
-        """Queue uploaded files for ingest."""
-        self._send(TaskName.INGEST_UPLOADS, [files, collection, tenant])
+    def send_uploads(
+        self, files: list[dict[str, str]], collection: str, tenant: str, max_chars: int = 0
+    ) -> None:
+        """Queue uploaded files for ingest (with the tenant's extracted-characters limit)."""
+        self._send(TaskName.INGEST_UPLOADS.value, [files, collection, tenant, max_chars])
+
+    def ping(self) -> None:
+        """Raise unless the broker answers within the broker timeout (for ``/healthz``)."""
+        timeout = float(self.app.conf.broker_connection_timeout or 2.0)
+        with self.app.connection_for_write() as conn:
+            conn.ensure_connection(max_retries=1, timeout=timeout)
 
     def send_delete(self, source: str, collection: str, tenant: str) -> None:
         """Queue the removal of one document."""
-        self._send(TaskName.DELETE_DOCUMENT, [source, collection, tenant])
+        self._send(TaskName.DELETE_DOCUMENT.value, [source, collection, tenant])
 
     def dispatch_batch(self, batch_id: uuid.UUID, epoch: int, lanes: int) -> None:
         """Start the batch's chunk tasks."""

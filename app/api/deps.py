@@ -14,6 +14,7 @@ from app.api.errors import ApiError
 from app.dispatch import Dispatcher
 from app.keys import find_key
 from app.settings import Settings
+from app.tenancy.limits import Enforcer
 
 bearer = HTTPBearer(auto_error=False, description="A tenant API key from `specrag keys create`.")
 
@@ -36,9 +37,16 @@ def get_dispatcher(request: Request) -> Dispatcher:
     return dispatcher
 
 
+def get_enforcer(request: Request) -> Enforcer:
+    """The app's per-tenant limit checks (app/tenancy/limits.py)."""
+    enforcer: Enforcer = request.app.state.enforcer
+    return enforcer
+
+
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 SessionDep = Annotated[Session, Depends(get_session)]
 DispatcherDep = Annotated[Dispatcher, Depends(get_dispatcher)]
+EnforcerDep = Annotated[Enforcer, Depends(get_enforcer)]
 
 
 @dataclass(frozen=True)

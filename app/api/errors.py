@@ -8,7 +8,8 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
-from app.queries import RequestError
+from app.requests import RequestError
+from app.tenancy.limits import LimitExceeded
 
 
 class ApiError(Exception):
@@ -48,6 +49,14 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(RequestError)
     async def request_error(_: Request, exc: RequestError) -> JSONResponse:
         return JSONResponse(error_body(exc.field, exc.message), status_code=422)
+
+    @app.exception_handler(LimitExceeded)
+    async def limit_exceeded(_: Request, exc: LimitExceeded) -> JSONResponse:
+        return JSONResponse(
+            error_body(exc.field, exc.message),
+            status_code=exc.status,
+            headers={"Retry-After": str(exc.retry_after)},
+        )
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:

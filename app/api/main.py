@@ -8,11 +8,13 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from app.api import errors
+from app.api.guard import RequestGuard
 from app.api.routes import admin, batches, documents, health, queries
 from app.db import prepare
 from app.dispatch import Dispatcher, NoQueue
 from app.outbox import Sweeper
 from app.settings import Settings
+from app.tenancy.limits import Enforcer
 
 
 def create_app(
@@ -47,7 +49,12 @@ def create_app(
     app.state.settings = settings
     app.state.session_factory = session_factory
     app.state.dispatcher = queue
+    # /healthz reports the broker where the dispatcher can ping it (a process without a queue
+    # has no broker to report).
+    app.state.check_broker = getattr(queue, "ping", None)
+    app.state.enforcer = Enforcer(settings)
     errors.install(app)
+    app.add_middleware(RequestGuard, max_bytes=settings.max_request_bytes)  # type: ignore[arg-type]
     app.include_router(health.router)
     app.include_router(queries.router)
     app.include_router(admin.router)

@@ -1,26 +1,13 @@
-"""API request and response bodies (pydantic), kept apart from the database tables."""
+"""API response bodies (pydantic), kept apart from the database tables.
+
+The request body of ``POST /v1/queries`` is the one request model, ``app.requests.QueryRequest``.
+"""
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
-
-
-class QueryCreate(BaseModel):
-    """``POST /v1/queries``: a question and optional decoding parameters (limits from settings)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    question: str = Field(description="The question, in natural language.")
-    collection: str = Field(description="Collection of the caller's documents to search.")
-    method: str | None = Field(default=None, description="draft_model | ngram | none.")
-    num_speculative_tokens: int | Literal["auto"] | None = Field(
-        default=None, description="k >= 1, or 'auto'."
-    )
-    max_tokens: int | None = Field(default=None, description="Most tokens to generate.")
-    temperature: float | None = Field(default=None, description="0 = greedy.")
-    seed: int | None = Field(default=None, description="Seed for reproducible sampling.")
+from pydantic import BaseModel
 
 
 class QueryAccepted(BaseModel):

@@ -22,6 +22,7 @@ from app.audit.aggregate import EVAL_QUEUE
 from app.audit.metrics import exact_match, faithfulness, retrieval_recall, token_f1
 from app.audit.records import GoldenItem, GoldenRun
 from app.db.models import Answer, Query, utcnow
+from app.requests import DEFAULT_NUM_SPECULATIVE_TOKENS, Method
 
 REFERENCE_KEYS = ("reference", "reference_answer", "answer")
 
@@ -94,7 +95,7 @@ class Answered:
 
 def _ask(resources: Any, tenant: Any, spec: GoldenSpec, params: dict[str, Any]) -> Answered:
     from app.pipeline import answer_query
-    from app.queries import validate_request
+    from app.requests import validate_request
 
     request = validate_request(
         resources.settings, {"question": spec.question, "collection": spec.collection, **params}
@@ -135,8 +136,8 @@ def run_golden(
     *,
     source_file: str,
     tenant: str = "default",
-    method: str = "draft_model",
-    num_speculative_tokens: int | str = 4,
+    method: str = Method.DRAFT_MODEL,
+    num_speculative_tokens: int | str = DEFAULT_NUM_SPECULATIVE_TOKENS,
     max_tokens: int | None = None,
 ) -> dict[str, Any]:
     """Answer, score and store every item (speculative and baseline); returns the run summary."""

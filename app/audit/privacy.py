@@ -60,6 +60,24 @@ def stored_form(question: str, mode: str) -> str:
     raise ValueError(f"store_questions: unknown mode {mode!r}; choose clear, hashed or redacted")
 
 
+def matches_stored(stored: str, question: str) -> bool:
+    """True when ``stored`` is ``question`` as asked, hashed or redacted (idempotent retries).
+
+    A retry after its query became final finds the question already scrubbed; comparing against
+    each stored form of the incoming question tells a true retry from a different request. (Two
+    questions that redact alike count as the same: redaction keeps no more than that.)
+    """
+    return stored in (question, hash_question(question), redact_question(question))
+
+
+def stored_in_clear(query: Query) -> bool:
+    """True when the query's question is kept as asked (a batch may re-run it)."""
+    if query.question_stored is not None:
+        return query.question_stored == "clear"
+    # Rows scrubbed before ``question_stored`` existed: a hash is recognisable by its form.
+    return not re.fullmatch(r"sha256:[0-9a-f]{64}", query.question)
+
+
 def scrub_question(
     session_factory: sessionmaker[Session], settings: Settings, query_id: uuid.UUID
 ) -> None:
@@ -83,6 +101,6 @@ def _scrub(session_factory: sessionmaker[Session], mode: str, query_id: uuid.UUI
             session.execute(
                 update(Query)
                 .where(Query.id == query_id, Query.status.in_(("succeeded", "failed")))
-                .values(question=kept)
+                .values(question=kept, question_stored=mode)
             )
             session.commit()

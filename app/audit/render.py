@@ -18,6 +18,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from app.validation import csv_cell
+
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
@@ -78,12 +80,16 @@ def to_csv(rows: Iterable[dict[str, Any]], columns: Sequence[str] | None = None)
     cols = list(columns) if columns is not None else (list(rows[0]) if rows else [])
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
-    writer.writerow(cols)
+    writer.writerow([csv_cell(c) for c in cols])
     for row in rows:
         # Numbers keep full precision in CSV; only structured values and None are reformatted.
+        # Text that a spreadsheet would run as a formula (=, +, -, @, tab, CR) is neutralised.
         values = [row.get(c) for c in cols]
         writer.writerow(
-            [fmt_value(v) if v is None or isinstance(v, (list, dict, bool)) else v for v in values]
+            [
+                csv_cell(fmt_value(v) if v is None or isinstance(v, (list, dict, bool)) else v)
+                for v in values
+            ]
         )
     return buf.getvalue()
 

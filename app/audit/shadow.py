@@ -24,6 +24,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from app.audit.aggregate import EVAL_QUEUE
 from app.audit.records import ShadowRun
 from app.db.models import Query, utcnow
+from app.requests import Method
 from app.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -50,8 +51,8 @@ def sample(
     Skipped (False) when sampling is off, the query is not greedy or not speculative, it is not
     in the sample, or it already has a shadow run (a redelivered task).
     """
-    greedy = float(params.get("temperature", 0.0) or 0.0) == 0.0
-    speculative = params.get("method", "draft_model") != "none"
+    greedy = float(params.get("temperature") or 0.0) == 0.0
+    speculative = params.get("method") != Method.NONE
     if not (greedy and speculative and is_sampled(query_id, settings.shadow_sample_rate)):
         return False
     with session_factory() as session:

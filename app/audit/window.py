@@ -62,7 +62,13 @@ def parse_time(field: str, value: str | datetime) -> datetime:
             raise ValueError(
                 f"{field}: not an ISO 8601 time: {value!r} (e.g. 2026-11-29T12:00:00Z)"
             ) from None
-    return parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed.astimezone(UTC)
+    from app.validation import check_time_range
+
+    try:
+        aware = parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed.astimezone(UTC)
+    except OverflowError:  # e.g. 0001-01-01T00:00:00+01:00 lies before datetime.min in UTC
+        raise ValueError(f"{field}: {value!s} is out of range") from None
+    return check_time_range(field, aware)
 
 
 def parse_window(

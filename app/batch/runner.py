@@ -17,9 +17,9 @@ import time
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Literal
 
-from sqlalchemy import and_, delete, func, or_, select, update
+from sqlalchemy import delete, func, or_, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.batch.records import FINAL_BATCH, FINAL_ITEM, Batch, BatchItem
@@ -27,6 +27,9 @@ from app.db.models import Query, utcnow
 from app.db.session import skip_fsync
 from app.resources import Resources
 from app.settings import Settings
+
+if TYPE_CHECKING:
+    from app.pipeline import GenerateStep
 
 ChunkOutcome = Literal["done", "more", "yield", "stopped"]
 SessionFactory = sessionmaker[Session]
@@ -239,14 +242,14 @@ def run_chunk(
     max_items: int,
     should_yield: Callable[[], bool] = lambda: False,
     host: str | None = None,
-    on_submit: Callable[[Any], None] | None = None,
+    generate_step: GenerateStep | None = None,
 ) -> ChunkOutcome:
     """Answer up to ``max_items`` of the batch's items; says why it stopped.
 
     "more": items remain (re-queue the chunk); "yield": interactive work is waiting (re-queue);
     "done": nothing left to claim; "stopped": cancelled, finished, or superseded epoch.
-    ``on_submit`` gets each item's request handle in the engine loop (app/batch/preempt.py
-    cancels it there when interactive work needs the slot; the item is then re-queued).
+    ``generate_step`` is the pipeline's (a worker's: ``loop_step``, whose handles a preemptor
+    may cancel when interactive work needs the slot; the item is then re-queued).
     """
     from app.pipeline import answer_query
 
@@ -271,7 +274,7 @@ def run_chunk(
             maybe_finish(sf, batch_id)
             return "done"
         item_id, query_id = claimed
-        if answer_query(resources, query_id, host=host, on_submit=on_submit) == "released":
+        if answer_query(resources, query_id, host=host, generate_step=generate_step) == "released":
             # Cancelled in the loop for interactive work: the pipeline put the query back to
             # queued with nothing recorded; the item waits for its turn.
             requeue_item(sf, item_id, query_id)
@@ -301,29 +304,43 @@ def cancel(sf: SessionFactory, batch_id: uuid.UUID) -> str | None:
         if not _rowcount(moved):
             session.rollback()
             return session.scalar(select(Batch.status).where(Batch.id == batch_id))
-        now = utcnow()
-        # Items not started, and orphans whose query waits to be re-run: their queries never ran,
-        # so they are deleted rather than left queued (or recorded as failures that never were).
-        waiting = select(Query.id).where(Query.status == "queued")
+        # Open items whose query never ran are cancelled, and their queries deleted (not left
+        # queued, nor recorded as failures that never were). The DELETE decides which: it and a
+        # worker's claim (queued -> running) lock the same query row, so for each query exactly
+        # one of them wins. Cancelling items by a condition on their query's status instead
+        # (evaluated on an earlier snapshot than the DELETE) let a query claimed in between be
+        # answered under an item already counted as cancelled.
+        open_items = session.execute(
+            select(BatchItem.id, BatchItem.query_id).where(
+                BatchItem.batch_id == batch_id, BatchItem.status.in_(("pending", "running"))
+            )
+        ).all()
+        asked = [q for _, q in open_items if q is not None]
+        deleted = (
+            set(
+                session.scalars(
+                    delete(Query)
+                    .where(Query.id.in_(asked), Query.status == "queued")
+                    .returning(Query.id)
+                ).all()
+            )
+            if asked
+            else set()
+        )
+        never_ran = [i for i, q in open_items if q is None or q in deleted]
         cancelled = (
-            session.execute(
+            session.scalars(
                 update(BatchItem)
                 .where(
-                    BatchItem.batch_id == batch_id,
-                    or_(
-                        BatchItem.status == "pending",
-                        and_(BatchItem.status == "running", BatchItem.query_id.in_(waiting)),
-                    ),
+                    BatchItem.id.in_(never_ran),
+                    BatchItem.status.in_(("pending", "running")),
                 )
-                .values(status="cancelled", done_at=now)
-                .returning(BatchItem.query_id)
-            )
-            .scalars()
-            .all()
+                .values(status="cancelled", done_at=utcnow(), query_id=None)
+                .returning(BatchItem.id)
+            ).all()
+            if never_ran
+            else []
         )
-        qids = [q for q in cancelled if q is not None]
-        if qids:
-            session.execute(delete(Query).where(Query.id.in_(qids), Query.status == "queued"))
         session.execute(
             update(Batch)
             .where(Batch.id == batch_id)

@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session
 
 from app.batch.records import Batch, BatchItem
 from app.db.models import Query, Tenant, utcnow
-from app.queries import QueryRequest, RequestError, validate_request
+from app.requests import QueryRequest, RequestError, validate_request
 from app.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -170,13 +170,28 @@ def select_stored(
         stmt = stmt.where(Tenant.name == flt.tenant)
     if flt.collection is not None:
         stmt = stmt.where(Query.collection == flt.collection)
+    from app.audit.privacy import stored_in_clear
+
     specs = []
+    scrubbed = 0
     for query, _tenant in session.execute(stmt).all():
         params = dict(query.params)
         if flt.method is not None and params.get("method") != flt.method:
             continue
+        if not stored_in_clear(query):
+            scrubbed += 1
+            continue
         data = {"question": query.question, "collection": query.collection, **params, **given}
         specs.append(ItemSpec(query.tenant_id, validate_request(settings, data), query.id))
+    if scrubbed:
+        # Re-running a hash (or a redacted text) would ask a different question and compare
+        # its answer with the original's as if it were the same.
+        raise RequestError(
+            "filter",
+            f"{scrubbed} of the matched queries kept their question hashed or redacted "
+            "(store_questions), so they cannot be re-run; narrow the filter (since/until) to "
+            "queries stored in clear",
+        )
     if not specs:
         raise RequestError("filter", f"matched no finished stored queries ({_describe(flt)})")
     return specs
@@ -213,7 +228,13 @@ def parse_when(field: str, value: str | None) -> datetime | None:
         when = datetime.fromisoformat(value.replace("Z", "+00:00"))
     except ValueError:
         raise RequestError(field, f"not an ISO 8601 time: {value!r}") from None
-    return when if when.tzinfo is not None else when.replace(tzinfo=UTC)
+    from app.validation import check_time_range
+
+    try:
+        aware = when.astimezone(UTC) if when.tzinfo is not None else when.replace(tzinfo=UTC)
+        return check_time_range(field, aware)
+    except (OverflowError, ValueError):
+        raise RequestError(field, f"{value!r} is out of range (1970 to 3000 UTC)") from None
 
 
 def dispatch_new(batch: Batch, dispatch: Callable[[uuid.UUID, int, int], None]) -> bool:

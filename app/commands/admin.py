@@ -1,4 +1,4 @@
-"""``specrag db ...`` (schema migrations) and ``specrag keys create`` (tenant API keys)."""
+"""``specrag db ...`` (schema migrations) and ``specrag keys create|list|revoke`` (API keys)."""
 
 from __future__ import annotations
 
@@ -68,20 +68,70 @@ def keys() -> None:
 @keys.command("create")
 @click.option("--tenant", required=True, help="Tenant the key belongs to (created if new).")
 @click.option("--admin", is_flag=True, help="Also allow /v1/admin/* endpoints.")
+@click.option(
+    "--expires-in-days", type=float, default=None, help="Refuse the key after this many days."
+)
 @json_option
 @one_line_errors
-def keys_create(tenant: str, admin: bool, as_json: bool) -> None:
+def keys_create(tenant: str, admin: bool, expires_in_days: float | None, as_json: bool) -> None:
     """Create an API key and print it once; only its hash is stored."""
-    from app.db import prepare
+    from datetime import timedelta
+
+    from app.db import prepare, utcnow
     from app.keys import create_key
 
     if not tenant.strip() or len(tenant) > 100:
         raise ValueError("--tenant: must be 1 to 100 characters")
+    if expires_in_days is not None and not 0 < expires_in_days <= 3650:
+        raise ValueError("--expires-in-days: must be more than 0 and at most 3650")
+    expires = utcnow() + timedelta(days=expires_in_days) if expires_in_days else None
     engine, session_factory = prepare(get_settings())
     with session_factory() as session:
-        key = create_key(session, tenant, admin=admin)
+        key = create_key(session, tenant, admin=admin, expires_at=expires)
     engine.dispose()
-    emit({"key": key, "tenant": tenant, "admin": admin}, as_json, text=key)
+    data = {"key": key, "tenant": tenant, "admin": admin,
+            "expires_at": expires.isoformat() if expires else None}  # fmt: skip
+    emit(data, as_json, text=key)
+
+
+@keys.command("list")
+@click.option("--tenant", default=None, help="Only this tenant's keys.")
+@json_option
+@one_line_errors
+def keys_list(tenant: str | None, as_json: bool) -> None:
+    """List keys by prefix (never the secret): tenant, admin, created, expiry, revoked, active."""
+    from app.db import prepare
+    from app.keys import list_keys
+
+    engine, session_factory = prepare(get_settings())
+    with session_factory() as session:
+        rows = list_keys(session, tenant)
+    engine.dispose()
+    lines = [
+        f"{r['prefix']}  {r['tenant']}{'  admin' if r['admin'] else ''}  "
+        f"{'active' if r['active'] else 'revoked' if r['revoked_at'] else 'expired'}"
+        f"{'  expires ' + r['expires_at'] if r['expires_at'] else ''}"
+        for r in rows
+    ]
+    emit({"keys": rows}, as_json, text="\n".join(lines) or "no keys")
+
+
+@keys.command("revoke")
+@click.argument("prefix")
+@json_option
+@one_line_errors
+def keys_revoke(prefix: str, as_json: bool) -> None:
+    """Revoke the key whose prefix `keys list` shows; it is refused (401) from now on."""
+    from app.db import prepare
+    from app.keys import revoke_key
+
+    engine, session_factory = prepare(get_settings())
+    try:
+        with session_factory() as session:
+            n = revoke_key(session, prefix)
+    finally:
+        engine.dispose()
+    emit({"revoked": n, "prefix": prefix}, as_json, text=f"revoked {n} key(s) {prefix}")
 
 
 COMMANDS = [db, keys]

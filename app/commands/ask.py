@@ -15,6 +15,7 @@ from app.commands.common import (
     json_option,
     one_line_errors,
 )
+from app.requests import DEFAULT_NUM_SPECULATIVE_TOKENS, validate_request
 
 
 def _spec_tokens(value: str) -> int | str:
@@ -34,7 +35,10 @@ def _spec_tokens(value: str) -> int | str:
 )
 @click.option("--method", default=None, help="draft_model | ngram | none (default from settings).")
 @click.option(
-    "--num-speculative-tokens", "k", default="4", show_default=True, help="k >= 1, or auto."
+    "--num-speculative-tokens",
+    "k",
+    default=None,
+    help=f"k >= 1, or auto (default {DEFAULT_NUM_SPECULATIVE_TOKENS}).",
 )
 @click.option("--max-tokens", type=int, default=None, help="Most tokens to generate.")
 @click.option("--temperature", type=float, default=None, help="0 = greedy.")
@@ -50,7 +54,7 @@ def ask(
     collection: str,
     tenant: str,
     method: str | None,
-    k: str,
+    k: str | None,
     max_tokens: int | None,
     temperature: float | None,
     seed: int | None,
@@ -65,7 +69,6 @@ def ask(
         get_or_create_tenant,
         query_view,
         require_collection,
-        validate_request,
         wait_for,
     )
 
@@ -76,7 +79,7 @@ def ask(
             "question": question,
             "collection": collection,
             "method": method,
-            "num_speculative_tokens": _spec_tokens(k),
+            "num_speculative_tokens": None if k is None else _spec_tokens(k),
             "max_tokens": max_tokens,
             "temperature": temperature,
             "seed": seed,
@@ -88,9 +91,11 @@ def ask(
         require_collection(session, tenant, request.collection)
         query, _ = create_query(session, get_or_create_tenant(session, tenant), request)
     if local:
+        from app.audit.hooks import install_hooks
         from app.pipeline import answer_query
         from app.resources import Resources
 
+        install_hooks()
         answer_query(Resources(settings, session_factory), query.id)
     else:
         from app.outbox import send_and_mark

@@ -9,6 +9,7 @@ import click
 
 from app.commands.common import emit, get_settings, json_option, one_line_errors
 from app.commands.retrieval import eval_group
+from app.requests import DEFAULT_NUM_SPECULATIVE_TOKENS, Method
 
 
 @click.group("audit")
@@ -77,8 +78,16 @@ def report(
 @click.option(
     "--tenant", default="default", show_default=True, help="Tenant owning the collections."
 )
-@click.option("--method", default="draft_model", show_default=True, help="Speculation method.")
-@click.option("--num-speculative-tokens", "k", default="4", show_default=True, help="k or 'auto'.")
+@click.option(
+    "--method", default=Method.DRAFT_MODEL.value, show_default=True, help="Speculation method."
+)
+@click.option(
+    "--num-speculative-tokens",
+    "k",
+    default=str(DEFAULT_NUM_SPECULATIVE_TOKENS),
+    show_default=True,
+    help="k or 'auto'.",
+)
 @click.option("--max-tokens", type=int, default=None, help="Answer length (default: settings).")
 @json_option
 @one_line_errors

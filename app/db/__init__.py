@@ -22,6 +22,7 @@ from app.db.schema import SchemaNotCurrentError, check_current, upgrade
 # lets Alembic and create_all see one schema. They import only app.db.models, so no cycle.
 import app.audit.records  # noqa: E402, F401  isort: skip
 import app.batch.records  # noqa: E402, F401  isort: skip  (batches, batch items; same reason)
+import app.tenancy.records  # noqa: E402, F401  isort: skip  (tenant limits, uploads; same reason)
 from app.db.session import make_engine, make_session_factory
 from app.settings import Settings
 

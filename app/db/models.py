@@ -69,6 +69,8 @@ class ApiKey(Base):
     is_admin: Mapped[bool] = mapped_column(Boolean, default=False)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # Optional: a key past this time is refused like a revoked one.
+    expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
     tenant: Mapped[Tenant] = relationship(back_populates="api_keys")
 
@@ -112,6 +114,10 @@ class Query(Base):
     worker_host: Mapped[str | None] = mapped_column(String(255))
     heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     attempts: Mapped[int] = mapped_column(Integer, default=0)
+    # Messages sent for this query (the outbox re-sends a bounded number of times, app/outbox.py).
+    sends: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # How ``question`` is kept once final: NULL while in clear, else "hashed" or "redacted".
+    question_stored: Mapped[str | None] = mapped_column(String(16))
 
     tenant: Mapped[Tenant] = relationship()
     answer: Mapped[Answer | None] = relationship(back_populates="query", uselist=False)

@@ -1,4 +1,4 @@
-"""``VLLMEngine``: a started vLLM ``LLM`` behind the ``Engine`` protocol.
+"""``VLLMEngine``: a started vLLM ``AsyncLLM`` behind the ``Engine`` protocol.
 
 vLLM is imported only in ``VLLMEngine.from_pretrained``, after the checkpoints and the draft's
 vocabulary are checked, so a bad request for a GPU worker fails fast and clearly on any host.
@@ -6,84 +6,32 @@ vocabulary are checked, so a bad request for a GPU worker fails fast and clearly
 
 from __future__ import annotations
 
-import importlib
-import json
 import threading
-import time
-import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from generation.base import GenerationResult, check_prompt
-from generation.loading import (
-    CheckpointError,
-    IncompatibleDraftError,
-    has_tokenizer,
-    load_tokenizer,
-    validate_checkpoint,
-)
+from generation.loading import validate_checkpoint
 from generation.params import SamplingParams
+from generation.vllm_engine.checkpoints import check_draft_vocab, checkpoint_limits
+from generation.vllm_engine.loop import EventLoopThread, VLLMLoop
 from generation.vllm_engine.mapping import (
-    VLLM_PIN,
-    SpecCounters,
     Speculation,
     UnsupportedSpeculationError,
     VLLMUnavailableError,
     build_stats,
+    request_counters,
     request_timings_ms,
     sampling_kwargs,
     speculative_config,
 )
+from generation.vllm_engine.startup import import_vllm, start_async_llm
 
-
-def _read_json(path: Path) -> dict[str, Any]:
-    return json.loads(path.read_text()) if path.is_file() else {}
-
-
-def checkpoint_limits(target_dir: Path, draft_dir: Path | None) -> tuple[int, int, list[int]]:
-    """Return (vocab_size, max_context, eos ids) read from the checkpoints' config files."""
-    target = _read_json(target_dir / "config.json")
-    contexts = [
-        _read_json(d / "config.json").get("max_position_embeddings")
-        for d in (target_dir, draft_dir)
-        if d
-    ]
-    eos = _read_json(target_dir / "generation_config.json").get("eos_token_id")
-    if eos is None:
-        eos = target.get("eos_token_id")
-    eos_ids = [int(e) for e in eos] if isinstance(eos, list) else [] if eos is None else [int(eos)]
-    max_context = min((c for c in contexts if isinstance(c, int) and c > 0), default=1 << 30)
-    if not isinstance(target.get("vocab_size"), int):
-        raise CheckpointError(f"checkpoint {str(target_dir)!r}: config.json has no vocab_size")
-    return target["vocab_size"], max_context, eos_ids
-
-
-def check_draft_vocab(target_dir: Path, draft_dir: Path) -> None:
-    """Raise ``IncompatibleDraftError`` unless the draft's vocabulary is the target's.
-
-    Reads config files and tokenizers only: a 70B target is never loaded on the host to check.
-    """
-    sizes = [_read_json(d / "config.json").get("vocab_size") for d in (target_dir, draft_dir)]
-    if sizes[0] != sizes[1]:
-        raise IncompatibleDraftError(
-            f"draft {str(draft_dir)!r} has vocabulary size {sizes[1]}, "
-            f"target {str(target_dir)!r} has {sizes[0]}"
-        )
-    if not (has_tokenizer(target_dir) and has_tokenizer(draft_dir)):
-        return
-    target_vocab = load_tokenizer(target_dir).get_vocab()
-    draft_vocab = load_tokenizer(draft_dir).get_vocab()
-    differing = [
-        t for t in set(target_vocab) | set(draft_vocab) if target_vocab.get(t) != draft_vocab.get(t)
-    ]
-    if differing:
-        tok = sorted(differing)[0]
-        raise IncompatibleDraftError(
-            f"draft {str(draft_dir)!r} and target {str(target_dir)!r} map {len(differing)} tokens "
-            f"to different ids (e.g. {tok!r}: target {target_vocab.get(tok)} vs draft "
-            f"{draft_vocab.get(tok)})"
-        )
+DEFAULT_CONCURRENCY = 32
+"""Requests a worker keeps in flight on one vLLM engine unless told otherwise."""
+DEFAULT_MAX_NUM_SEQS = 64
+"""vLLM's ``max_num_seqs`` (requests in its running batch): room above the worker's default."""
 
 
 def _cuda_device_count() -> int:
@@ -92,50 +40,39 @@ def _cuda_device_count() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-def _import_vllm() -> Any:
-    try:
-        vllm = importlib.import_module("vllm")
-    except ImportError as exc:
-        raise VLLMUnavailableError(
-            f"vLLM is not installed ({exc}); install the project's `vllm` extra on a GPU host "
-            f"(pip install '.[vllm]', vllm=={VLLM_PIN}) or use SPECRAG_ENGINE=torch"
-        ) from exc
-    version = getattr(vllm, "__version__", "unknown")
-    if version != VLLM_PIN:
-        warnings.warn(
-            f"vllm {version} is installed; this engine reads vllm=={VLLM_PIN}'s output shapes",
-            RuntimeWarning,
-            stacklevel=3,
-        )
-    return vllm
-
-
 class VLLMEngine:
-    """A vLLM ``LLM`` holding the target (and draft), serving one started ``Speculation``."""
+    """A vLLM ``AsyncLLM`` holding the target (and draft), serving one started ``Speculation``."""
 
     def __init__(
         self,
         llm: Any,
-        sampling_params_cls: Any,
+        make_sampling_params: Any,
         *,
         speculation: Speculation,
         vocab_size: int,
         max_context: int,
         eos_token_ids: list[int],
         model_pair: str,
-        per_request_metrics: bool,
+        max_num_seqs: int = DEFAULT_MAX_NUM_SEQS,
+        k_varies: bool = False,
+        runner: EventLoopThread | None = None,
     ) -> None:
         self.llm = llm
-        self.sampling_params_cls = sampling_params_cls
+        """The started ``vllm.v1.engine.async_llm.AsyncLLM``."""
+        self.make_sampling_params = make_sampling_params
         self.speculation = speculation
-        self.per_request_metrics = per_request_metrics
-        """True: vLLM returns each request's spec-decode metrics; False: counter deltas."""
+        self.max_num_seqs = max_num_seqs
+        """Most requests vLLM runs in one batch; a loop may not ask for more."""
+        self._k_varies = k_varies  # a batch-size schedule may pick k = 0
         self._vocab_size = vocab_size
         self._max_context = max_context
         self._eos = list(eos_token_ids)
         self._model_pair = model_pair
-        # vllm.LLM is not thread-safe; one request at a time also keeps counter deltas exact.
-        self._lock = threading.Lock()
+        self._runner = runner
+        """The event-loop thread driving ``llm`` (made on first use when not given)."""
+        self._default_loop: VLLMLoop | None = None
+        self._loops: list[VLLMLoop] = []
+        self._start_lock = threading.RLock()
 
     @classmethod
     def from_pretrained(
@@ -149,19 +86,23 @@ class VLLMEngine:
         tensor_parallel_size: int = 1,
         gpu_memory_utilization: float = 0.90,
         max_model_len: int | None = None,
-        auto_batch_schedule: Sequence[tuple[int, int, int]] | None = None,
+        max_num_seqs: int = DEFAULT_MAX_NUM_SEQS,
+        auto_batch_schedule: Sequence[Sequence[int]] | None = None,
         llm_kwargs: dict[str, Any] | None = None,
     ) -> VLLMEngine:
-        """Return an engine with vLLM started on the checkpoints and speculation fixed.
+        """Return an engine with vLLM's ``AsyncLLM`` started on the checkpoints, speculation fixed.
 
-        ``method`` defaults to ``draft_model`` with a draft, else ``ngram``. Checkpoints and
-        the draft's vocabulary are checked before vLLM is imported or any GPU memory is taken.
+        ``method`` defaults to ``draft_model`` with a draft, else ``ngram``. Checkpoints, the
+        draft's vocabulary and the batch schedule are checked before vLLM is imported or any
+        GPU memory is taken.
         """
         if str(device) not in ("cuda", "auto"):
             raise ValueError(
                 f"device: the vLLM engine runs on CUDA only (pick GPUs with "
                 f"CUDA_VISIBLE_DEVICES); got {device!r}"
             )
+        if isinstance(max_num_seqs, bool) or not isinstance(max_num_seqs, int) or max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs: must be an int >= 1, got {max_num_seqs!r}")
         if method is None:
             method = "draft_model" if draft_dir is not None else "ngram"
         try:
@@ -172,12 +113,12 @@ class VLLMEngine:
         draft = validate_checkpoint(draft_dir) if draft_dir is not None else None
         if draft is not None:
             check_draft_vocab(target, draft)
-        spec = speculative_config(speculation, draft, auto_batch_schedule)
+        spec = speculative_config(speculation, draft, auto_batch_schedule, tensor_parallel_size)
         vocab_size, max_context, eos_ids = checkpoint_limits(target, draft)
         if max_model_len is not None:
             max_context = min(max_context, max_model_len)
 
-        vllm = _import_vllm()
+        import_vllm()
         gpus = _cuda_device_count()
         if gpus < tensor_parallel_size:
             raise VLLMUnavailableError(
@@ -188,12 +129,11 @@ class VLLMEngine:
             "model": str(target),
             # Token ids in, token ids out: vLLM needs no tokenizer (the checkpoint may lack one).
             "skip_tokenizer_init": True,
-            # vLLM's defaults, not generation_config.json's (its top_p would truncate sampling).
-            "generation_config": "vllm",
             "tensor_parallel_size": tensor_parallel_size,
             "gpu_memory_utilization": gpu_memory_utilization,
+            "max_num_seqs": max_num_seqs,
             "speculative_config": spec,
-            # Stats on: request timings and the spec-decode counters need them.
+            # Stats on: each request's timings (RequestStateStats) need them.
             "disable_log_stats": False,
         }
         if spec is not None:  # vLLM refuses per-request spec metrics without speculation
@@ -201,25 +141,23 @@ class VLLMEngine:
         if max_model_len is not None:
             kwargs["max_model_len"] = max_model_len
         kwargs.update(llm_kwargs or {})
+        runner = EventLoopThread()
         try:
-            llm = vllm.LLM(**kwargs)
-            per_request = True
-        except TypeError as exc:
-            if "per_request_spec_decode_metrics" not in str(exc) or spec is None:
-                raise
-            # A vLLM without per-request metrics: fall back to aggregate counter deltas.
-            kwargs.pop("per_request_spec_decode_metrics")
-            llm, per_request = vllm.LLM(**kwargs), False
-        pair = target.name if draft is None else f"{target.name}+{draft.name}"
+            llm, make_sampling_params = start_async_llm(kwargs, runner)
+        except BaseException:
+            runner.stop()
+            raise
         return cls(
             llm,
-            vllm.SamplingParams,
+            make_sampling_params,
             speculation=speculation,
             vocab_size=vocab_size,
             max_context=max_context,
             eos_token_ids=eos_ids,
-            model_pair=pair,
-            per_request_metrics=per_request and spec is not None,
+            model_pair=target.name if draft is None else f"{target.name}+{draft.name}",
+            max_num_seqs=int(kwargs["max_num_seqs"]),
+            k_varies=auto_batch_schedule is not None,
+            runner=runner,
         )
 
     @property
@@ -254,30 +192,121 @@ class VLLMEngine:
                 f"num_speculative_tokens={params.num_speculative_tokens!r}"
             )
 
-    def generate(self, prompt_token_ids: list[int], params: SamplingParams) -> GenerationResult:
-        """Generate up to ``params.max_new_tokens`` tokens after ``prompt_token_ids``."""
-        prompt_token_ids = list(prompt_token_ids)
-        self.check_request(prompt_token_ids, params)
-        budget = min(params.max_new_tokens, self.max_context - len(prompt_token_ids))
-        sampling = self.sampling_params_cls(**sampling_kwargs(params, self._eos, budget))
-        counted = self.speculation.method != "none" and not self.per_request_metrics
-        with self._lock:
-            before = SpecCounters.from_metrics(self.llm.get_metrics()) if counted else None
-            started = time.perf_counter()
-            outputs = self.llm.generate(
-                [{"prompt_token_ids": prompt_token_ids}], sampling, use_tqdm=False
+    def start_loop(self, max_batch_size: int | None = None) -> VLLMLoop:
+        """Return an online loop holding at most ``max_batch_size`` requests in vLLM at once.
+
+        ``None`` means ``DEFAULT_CONCURRENCY``. Refused (ValueError naming the limit) above the
+        ``max_num_seqs`` vLLM was started with. Every loop of an engine shares the engine's one
+        event-loop thread.
+        """
+        if max_batch_size is None:
+            max_batch_size = min(DEFAULT_CONCURRENCY, self.max_num_seqs)
+        if isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int):
+            raise ValueError(f"max_batch_size: expected an int >= 1, got {max_batch_size!r}")
+        if not 1 <= max_batch_size <= self.max_num_seqs:
+            raise ValueError(
+                f"max_batch_size: {max_batch_size} requests in flight cannot be held; this "
+                f"vLLM engine was started with max_num_seqs={self.max_num_seqs} (pass a larger "
+                f"max_num_seqs to from_pretrained, e.g. in SPECRAG_VLLM_OPTIONS)"
             )
-            wall_ms = (time.perf_counter() - started) * 1000.0
-            after = SpecCounters.from_metrics(self.llm.get_metrics()) if counted else None
-        request = outputs[0]
-        completion = request.outputs[0]
+        loop = VLLMLoop(self, self._event_loop(), max_batch_size)
+        self._loops = [*(kept for kept in self._loops if not kept.closed), loop]
+        return loop
+
+    def generate(self, prompt_token_ids: list[int], params: SamplingParams) -> GenerationResult:
+        """Generate up to ``params.max_new_tokens`` tokens after ``prompt_token_ids``.
+
+        Blocking; safe from many threads at once: each call is one request on the engine's
+        loop, batched by vLLM with whatever else is in flight.
+        """
+        with self._start_lock:
+            if self._default_loop is None:
+                self._default_loop = VLLMLoop(self, self._event_loop(), self.max_num_seqs)
+        return self._default_loop.submit(prompt_token_ids, params).result()
+
+    def generate_many(
+        self,
+        prompts: list[list[int]],
+        params: list[SamplingParams] | SamplingParams,
+        *,
+        max_batch_size: int | None = None,
+    ) -> list[GenerationResult]:
+        """Return one result per prompt, in input order, generated in vLLM's running batch.
+
+        ``params``: one ``SamplingParams`` per prompt (or one for all). Bad requests raise
+        ``BatchRequestError`` naming their index after every other request was answered.
+        """
+        from generation.engine_loop import BatchRequestError  # the torch engine's error type
+
+        if isinstance(params, SamplingParams):
+            params = [params] * len(prompts)
+        if len(params) != len(prompts):
+            raise ValueError(
+                f"params: expected one SamplingParams per prompt ({len(prompts)}), got {len(params)}"
+            )
+        loop = VLLMLoop(self, self._event_loop(), max_batch_size or self.max_num_seqs)
+        handles = [loop.submit(p, sp) for p, sp in zip(prompts, params, strict=True)]
+        results: list[GenerationResult | None] = []
+        errors: dict[int, BaseException] = {}
+        for i, handle in enumerate(handles):
+            try:
+                results.append(handle.result())
+            except Exception as exc:
+                errors[i] = exc
+                results.append(None)
+        if errors:
+            raise BatchRequestError(errors, results)
+        return [r for r in results if r is not None]
+
+    def close(self) -> None:
+        """Abort every loop's requests, shut vLLM down and stop the event-loop thread."""
+        if self._runner is not None and self._runner.on_loop_thread():
+            raise RuntimeError("VLLMEngine.close: call it from another thread than the loop's")
+        for loop in [*self._loops, self._default_loop]:
+            if loop is not None:
+                loop.close()
+        shutdown = getattr(self.llm, "shutdown", None)
+        if shutdown is not None:
+            shutdown()  # while the event loop still runs: vLLM cancels its output handler there
+        if self._runner is not None:
+            self._runner.stop()
+            self._runner = None
+
+    def _event_loop(self) -> EventLoopThread:
+        with self._start_lock:
+            if self._runner is None:
+                self._runner = EventLoopThread()
+        return self._runner
+
+    # -- used by VLLMLoop ---------------------------------------------------------------------
+    def vllm_sampling_params(self, prompt_token_ids: list[int], params: SamplingParams) -> Any:
+        """Return vLLM's ``SamplingParams`` for one checked request (the torch engine's budget)."""
+        budget = min(params.max_new_tokens, self.max_context - len(prompt_token_ids))
+        return self.make_sampling_params(**sampling_kwargs(params, self._eos, budget))
+
+    def result_from_output(
+        self,
+        params: SamplingParams,
+        final: Any,
+        batch_sizes: list[int],
+        wall: tuple[float, float | None],
+    ) -> GenerationResult:
+        """Return the result of one finished request from vLLM's final ``RequestOutput``.
+
+        ``batch_sizes``: requests in flight on this engine at each of the request's outputs;
+        ``wall``: (total, time to first token) in seconds, used where vLLM's timings are absent.
+        """
+        completion = final.outputs[0]
         token_ids = [int(t) for t in completion.token_ids]
-        if before is not None and after is not None:
-            counters = after.minus(before)
-        elif self.per_request_metrics and getattr(completion, "spec_decode_metrics", None):
-            counters = SpecCounters.from_request(completion.spec_decode_metrics)
-        else:
-            counters = SpecCounters()
-        ttft_ms, generation_ms = request_timings_ms(getattr(request, "metrics", None))
-        stats = build_stats(params, len(token_ids), counters, ttft_ms, generation_ms or wall_ms)
+        counters = request_counters(completion, self.speculation, len(token_ids), self._k_varies)
+        ttft_ms, generation_ms = request_timings_ms(getattr(final, "metrics", None))
+        if generation_ms is None:
+            ttft_ms = None if wall[1] is None else wall[1] * 1000.0
+            generation_ms = wall[0] * 1000.0
+        mean_batch = sum(batch_sizes) / len(batch_sizes) if batch_sizes else 1.0
+        stats = build_stats(
+            params, len(token_ids), counters, ttft_ms, generation_ms, max(1.0, mean_batch)
+        )
+        if self._k_varies and stats.num_target_forwards:
+            stats.mean_chosen_k = sum(counters.drafted_per_round) / stats.num_target_forwards
         return GenerationResult(token_ids=token_ids, stats=stats)

@@ -6,6 +6,7 @@ unit-tested on CPU against stand-ins. Sources for every field: docs/vllm.md.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,14 +18,10 @@ from generation.stats import GenerationStats
 VLLM_PIN = "0.32.0"
 AUTO_NUM_SPECULATIVE_TOKENS = 4
 """k for ``"auto"``: the k of a batch-size schedule at batch size 1 (see ``speculative_config``)."""
+logger = logging.getLogger(__name__)
+
 NGRAM_LOOKUP_MIN, NGRAM_LOOKUP_MAX = 1, 4
 """n-gram lengths prompt lookup matches; the same range as the torch engine's proposer."""
-COUNTER_NAMES = {
-    "vllm:spec_decode_num_drafts": "num_drafts",
-    "vllm:spec_decode_num_draft_tokens": "num_draft_tokens",
-    "vllm:spec_decode_num_accepted_tokens": "num_accepted_tokens",
-}
-PER_POSITION_COUNTER = "vllm:spec_decode_num_accepted_tokens_per_pos"
 
 
 class VLLMUnavailableError(RuntimeError):
@@ -33,6 +30,10 @@ class VLLMUnavailableError(RuntimeError):
 
 class UnsupportedSpeculationError(ValueError):
     """A speculation method or k that vLLM, or this started engine, cannot serve."""
+
+
+class SpecMetricsMissingError(RuntimeError):
+    """vLLM finished a speculating request without its per-request spec-decode metrics."""
 
 
 @dataclass(frozen=True)
@@ -58,14 +59,18 @@ class Speculation:
 def speculative_config(
     speculation: Speculation,
     draft_dir: str | Path | None,
-    auto_batch_schedule: Sequence[tuple[int, int, int]] | None = None,
+    auto_batch_schedule: Sequence[Sequence[int]] | None = None,
+    tensor_parallel_size: int = 1,
 ) -> dict[str, Any] | None:
     """Return vLLM's ``speculative_config`` dict for ``speculation`` (None for method ``none``).
 
-    ``auto`` maps to k = AUTO_NUM_SPECULATIVE_TOKENS. vLLM's batch-size-dependent k
-    (``num_speculative_tokens_per_batch_size``: rows ``[min_bs, max_bs, k]``) is passed only
-    when ``auto_batch_schedule`` is given: at one request at a time it is a single fixed k, and
-    vLLM documents it as tested with EAGLE-family drafters, not ``draft_model``.
+    ``draft_model`` samples its drafts from the draft's distribution
+    (``draft_sample_method="probabilistic"``) and shards the draft like the target (vLLM's
+    draft-model proposer refuses any other ``draft_tensor_parallel_size``). ``auto`` maps to
+    k = AUTO_NUM_SPECULATIVE_TOKENS; vLLM's batch-size-dependent k
+    (``num_speculative_tokens_per_batch_size``) is passed only when ``auto_batch_schedule`` is
+    given, after ``check_batch_schedule``: vLLM documents it as tested with EAGLE-family
+    drafters, not ``draft_model``.
     """
     method, k = speculation.method, speculation.num_speculative_tokens
     if method == "none":
@@ -76,7 +81,14 @@ def speculative_config(
             raise UnsupportedSpeculationError(
                 "method: 'draft_model' needs a draft checkpoint; none was given"
             )
-        config: dict[str, Any] = {"method": "draft_model", "model": str(draft_dir)}
+        config: dict[str, Any] = {
+            "method": "draft_model",
+            "model": str(draft_dir),
+            # Greedy drafts (vLLM's default) are verified as one-hot proposals, so acceptance
+            # at temperature > 0 would not mean what it means on the torch engine.
+            "draft_sample_method": "probabilistic",
+            "draft_tensor_parallel_size": tensor_parallel_size,
+        }
     elif method == "ngram":
         config = {
             "method": "ngram",
@@ -86,14 +98,56 @@ def speculative_config(
     else:
         raise UnsupportedSpeculationError(f"method: vLLM engine does not support {method!r}")
     config["num_speculative_tokens"] = num_tokens
-    if k == "auto" and auto_batch_schedule:
-        rows = [[int(lo), int(hi), int(rk)] for lo, hi, rk in auto_batch_schedule]
-        if any(not 0 <= rk <= num_tokens or lo > hi for lo, hi, rk in rows):
+    if auto_batch_schedule is not None:
+        if k != "auto":
             raise UnsupportedSpeculationError(
-                f"auto_batch_schedule: rows must be [min_bs <= max_bs, 0 <= k <= {num_tokens}]"
+                "auto_batch_schedule: only for num_speculative_tokens='auto'; "
+                f"this engine starts with a fixed k={k}"
             )
-        config["num_speculative_tokens_per_batch_size"] = rows
+        rows = check_batch_schedule(auto_batch_schedule, num_tokens)
+        config["num_speculative_tokens_per_batch_size"] = [list(row) for row in rows]
     return config
+
+
+def check_batch_schedule(rows: Sequence[Sequence[int]], max_k: int) -> list[tuple[int, int, int]]:
+    """Return the rows of a batch-size schedule sorted, or raise naming the broken rule.
+
+    vLLM's own rules (``validate_and_normalize_dynamic_sd_schedule``): a non-empty list of
+    ``[min_bs, max_bs, k]`` rows, batch sizes positive, ``min_bs <= max_bs``, ``k >= 0``,
+    ranges that do not overlap, the first starting at 1; and, from vLLM's documentation,
+    every ``k <= num_speculative_tokens``. Checked here so a bad setting fails at start with
+    our error rather than inside vLLM's engine process.
+    """
+
+    def refuse(reason: str) -> UnsupportedSpeculationError:
+        return UnsupportedSpeculationError(f"auto_batch_schedule: {reason}")
+
+    if isinstance(rows, (str, bytes)) or not isinstance(rows, Sequence) or not rows:
+        raise refuse("expected a non-empty list of [min_bs, max_bs, k] rows")
+    parsed: list[tuple[int, int, int]] = []
+    for row in rows:
+        if (
+            isinstance(row, (str, bytes))
+            or not isinstance(row, Sequence)
+            or len(row) != 3
+            or any(isinstance(v, bool) or not isinstance(v, int) for v in row)
+        ):
+            raise refuse(f"row {row!r} is not [min_bs, max_bs, k] of three integers")
+        lo, hi, k = (int(v) for v in row)
+        if lo <= 0 or hi <= 0:
+            raise refuse(f"row {list(row)}: batch sizes must be positive")
+        if lo > hi:
+            raise refuse(f"row {list(row)}: min_bs must be <= max_bs")
+        if not 0 <= k <= max_k:
+            raise refuse(f"row {list(row)}: k must be in [0, {max_k}] (num_speculative_tokens)")
+        parsed.append((lo, hi, k))
+    parsed.sort()
+    for (_, prev_hi, _), (lo, hi, k) in zip(parsed, parsed[1:], strict=False):
+        if lo <= prev_hi:
+            raise refuse(f"row {[lo, hi, k]} overlaps the range ending at {prev_hi}")
+    if parsed[0][0] != 1:
+        raise refuse("the first range must start at batch size 1")
+    return parsed
 
 
 def sampling_kwargs(params: SamplingParams, stop_token_ids: list[int], max_tokens: int) -> dict:
@@ -113,7 +167,7 @@ def sampling_kwargs(params: SamplingParams, stop_token_ids: list[int], max_token
 
 @dataclass
 class SpecCounters:
-    """Spec-decode counters of one request (or deltas of vLLM's aggregate counters)."""
+    """Spec-decode counters of one request, read from vLLM's ``RequestSpecDecodeMetrics``."""
 
     num_drafts: int = 0
     num_draft_tokens: int = 0
@@ -121,19 +175,8 @@ class SpecCounters:
     accepted_per_position: list[int] = field(default_factory=list)
     last_accepted: int | None = None
     """Drafts accepted in the request's last round, when vLLM reports rounds in order."""
-
-    @classmethod
-    def from_metrics(cls, metrics: Sequence[Any]) -> SpecCounters:
-        """Sum ``LLM.get_metrics()``'s spec-decode Counter/Vector entries (over engine labels)."""
-        counters = cls()
-        for metric in metrics:
-            name = getattr(metric, "name", None)
-            if name in COUNTER_NAMES:
-                attr = COUNTER_NAMES[name]
-                setattr(counters, attr, getattr(counters, attr) + int(metric.value))
-            elif name == PER_POSITION_COUNTER:
-                counters.accepted_per_position = _add(counters.accepted_per_position, metric.values)
-        return counters
+    drafted_per_round: list[int] = field(default_factory=list)
+    """Draft tokens of each round, in order (level "detailed" only)."""
 
     @classmethod
     def from_request(cls, metrics: Any) -> SpecCounters:
@@ -157,30 +200,47 @@ class SpecCounters:
             num_accepted_tokens=sum(accepted),
             accepted_per_position=per_position,
             last_accepted=accepted[-1] if drafted else None,
+            drafted_per_round=drafted,
         )
 
-    def minus(self, before: SpecCounters) -> SpecCounters:
-        """Return the counts added since ``before`` (one request, when it ran alone)."""
-        width = max(len(self.accepted_per_position), len(before.accepted_per_position))
-        after_pos = _add([0] * width, self.accepted_per_position)
-        before_pos = _add([0] * width, before.accepted_per_position)
-        return SpecCounters(
-            num_drafts=self.num_drafts - before.num_drafts,
-            num_draft_tokens=self.num_draft_tokens - before.num_draft_tokens,
-            num_accepted_tokens=self.num_accepted_tokens - before.num_accepted_tokens,
-            accepted_per_position=[a - b for a, b in zip(after_pos, before_pos, strict=True)],
+
+def request_counters(
+    completion: Any, speculation: Speculation, num_output_tokens: int, k_varies: bool
+) -> SpecCounters:
+    """Return the spec-decode counters of one finished request, never silent zeros.
+
+    vLLM attaches ``spec_decode_metrics`` to the final output only, and (it seems) only once a
+    round carried drafts, so None can be honest: a request that ended at its prefill, an
+    n-gram request that never matched, a batch-size schedule at k = 0. A fixed-k draft model
+    drafts in every round, so one that emitted more than k + 1 tokens had draft rounds:
+    missing metrics there raise ``SpecMetricsMissingError`` rather than record zero drafts.
+    Otherwise a request with decode steps and no metrics is logged as a warning.
+    """
+    if speculation.method == "none":
+        return SpecCounters()
+    metrics = getattr(completion, "spec_decode_metrics", None)
+    if metrics is not None:
+        return SpecCounters.from_request(metrics)
+    k = speculation.num_speculative_tokens
+    k_max = AUTO_NUM_SPECULATIVE_TOKENS if k == "auto" else int(k)
+    if speculation.method == "draft_model" and not k_varies and num_output_tokens > k_max + 1:
+        raise SpecMetricsMissingError(
+            f"vLLM returned no per-request spec-decode metrics for a draft-model request of "
+            f"{num_output_tokens} tokens (k={k_max}), which must have had draft rounds; "
+            f"refusing to record zero drafts (is vllm=={VLLM_PIN} installed?)"
         )
+    if num_output_tokens > 1:
+        logger.warning(
+            "vLLM returned no spec-decode metrics for a %s request of %d tokens; "
+            "recording it as a request without draft rounds",
+            speculation.method,
+            num_output_tokens,
+        )
+    return SpecCounters()
 
 
 def _get(obj: Any, name: str) -> Any:
     return obj.get(name) if isinstance(obj, dict) else getattr(obj, name, None)
-
-
-def _add(total: list[int], values: Sequence[int]) -> list[int]:
-    out = list(total) + [0] * max(0, len(values) - len(total))
-    for i, value in enumerate(values):
-        out[i] += int(value)
-    return out
 
 
 def request_timings_ms(metrics: Any) -> tuple[float | None, float | None]:
@@ -202,6 +262,7 @@ def build_stats(
     counters: SpecCounters,
     ttft_ms: float | None,
     generation_ms: float | None,
+    mean_batch_size: float = 1.0,
 ) -> GenerationStats:
     """Return the contract's stats for one vLLM request, counting only accepted tokens kept.
 
@@ -217,7 +278,7 @@ def build_stats(
     dropped = max(0, -d - 1)  # accepted drafts of the last round that vLLM then cut
     per_position = list(counters.accepted_per_position)
     top = counters.last_accepted
-    if top is None:  # counter deltas: the last round is unknown; take the longest accepted run
+    if top is None:  # "summary" metrics: the last round is unknown; take the longest run
         top = max((i + 1 for i, count in enumerate(per_position) if count > 0), default=0)
     for i in range(max(0, top - dropped), top):
         per_position[i] -= 1
@@ -232,4 +293,5 @@ def build_stats(
         accepted_per_position=per_position,
         ttft_ms=ttft_ms,
         generation_ms=generation_ms,
+        mean_batch_size=mean_batch_size,
     )

@@ -1,7 +1,7 @@
 """generation_stats: mean_batch_size and mean_chosen_k
 
 Revision ID: 0006
-Revises: 0003
+Revises: 0005
 Create Date: 2026-12-01 10:50:00.000000
 """
 
@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0006"
-down_revision: str | None = "0003"
+down_revision: str | None = "0005"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

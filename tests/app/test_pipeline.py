@@ -90,7 +90,9 @@ def test_a_late_second_run_cannot_record_a_second_answer(resources: Resources) -
     }
     outcome = _record(
         resources.session_factory,
+        resources.settings,
         qid,
+        question=None,
         text="late",
         cited=[],
         stats=stats,
@@ -105,12 +107,19 @@ def test_a_late_second_run_cannot_record_a_second_answer(resources: Resources) -
     assert _count(resources.session_factory, GenerationStatsRecord, qid) == 1
 
 
-def test_unknown_collection_fails_the_query_with_a_readable_error(resources: Resources) -> None:
+def test_unknown_collection_fails_the_query_with_a_stable_error(
+    resources: Resources, caplog: pytest.LogCaptureFixture
+) -> None:
+    from app.failures import COLLECTION_GONE
+
     qid = _submit(resources, collection="nope")
-    assert answer_query(resources, qid) == "failed"
+    with caplog.at_level("WARNING", "app.pipeline"):
+        assert answer_query(resources, qid) == "failed"
     with resources.session_factory() as session:
         query = session.get(Query, qid)
-        assert query is not None and query.status == "failed" and "nope" in (query.error or "")
+        # The client reads a documented message; the exception's details go to the log only.
+        assert query is not None and query.status == "failed" and query.error == COLLECTION_GONE
+    assert any("nope" in r.getMessage() for r in caplog.records)
     assert answer_query(resources, uuid.uuid4()) == "missing"
 
 

@@ -142,7 +142,9 @@ def test_reaper_requeues_silent_running_queries_and_fails_exhausted_ones(
         None,
         None,
     )
-    assert rows[exhausted].status == "failed" and "worker lost" in (rows[exhausted].error or "")
+    from app.failures import WORKER_LOST
+
+    assert rows[exhausted].status == "failed" and rows[exhausted].error == WORKER_LOST
     assert rows[alive].status == "running"
     assert reap_stale(session_factory, sqlite_settings) == []
 

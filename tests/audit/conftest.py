@@ -84,6 +84,7 @@ class Live:
 
     def ask(self, question: str, **params: Any) -> uuid.UUID:
         """Store a query of ``tenant`` and answer it through app.pipeline; returns its id."""
+        from app.audit.hooks import install_hooks
         from app.pipeline import answer_query
         from app.queries import create_query, get_or_create_tenant, validate_request
 
@@ -93,6 +94,7 @@ class Live:
                 self.settings, {"question": question, "collection": self.collection, **params}
             )
             query, _ = create_query(session, tenant, request)
+        install_hooks()  # as a worker does: shadow samples hang on the pipeline's hooks
         assert answer_query(self.resources, query.id) == "succeeded"
         return query.id
 

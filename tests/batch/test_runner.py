@@ -119,6 +119,58 @@ def test_cancel_deletes_never_run_queries_and_keeps_in_flight_ones(
     assert batch_row(session_factory, batch_id).finished_at is not None
 
 
+def test_cancel_never_cancels_an_item_whose_query_a_worker_claims_meanwhile(
+    session_factory: Any, settings: Any, ingested: str
+) -> None:
+    """The race behind test_cancel_stops_the_batch_and_in_flight_items_finish's rare failure.
+
+    A chunk task has claimed the item (running) but its worker has not yet claimed the query
+    (still queued) when cancel runs; the worker's claim commits while cancel is under way. Made
+    deterministic here: the claim's transaction holds the query row until cancel waits on it.
+    """
+    import threading
+
+    from sqlalchemy import text
+
+    from app.batch import BatchItem, runner
+    from app.db import Query
+
+    batch_id = new_batch(session_factory, settings, 2)
+    assert runner.start(session_factory, batch_id, 0)
+    item_id, query_id = runner.claim_item(session_factory, batch_id, settings)  # type: ignore[misc]
+    outcome: list[Any] = []
+    with session_factory() as worker:
+        worker.execute(  # the pipeline's claim, not committed yet
+            update(Query)
+            .where(Query.id == query_id, Query.status == "queued")
+            .values(status="running")
+        )
+        canceller = threading.Thread(
+            target=lambda: outcome.append(runner.cancel(session_factory, batch_id))
+        )
+        canceller.start()
+        with session_factory() as observer:
+            waiting = text(
+                "SELECT count(*) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND wait_event_type = 'Lock'"
+            )
+            deadline = time.monotonic() + 60
+            while not observer.scalar(waiting) and canceller.is_alive():
+                assert time.monotonic() < deadline, "cancel never reached the claimed query"
+                time.sleep(0.02)
+                observer.rollback()  # a fresh snapshot of pg_stat_activity
+        worker.commit()
+    canceller.join(timeout=60)
+    assert outcome == ["cancelled"]
+    with session_factory() as session:
+        item = session.get(BatchItem, item_id)
+        query = session.get(Query, query_id)
+        assert item is not None and query is not None and query.status == "running"
+        assert item.status == "running", "an item whose query went on to run was cancelled"
+        assert item.query_id == query_id
+    assert batch_row(session_factory, batch_id).cancelled == 1  # the other, never-claimed item
+
+
 def test_the_outbox_never_resends_waiting_batch_items_one_by_one(
     session_factory: Any, settings: Any, ingested: str
 ) -> None:

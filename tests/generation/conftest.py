@@ -7,6 +7,9 @@ from collections.abc import Iterator
 import pytest
 import torch
 
+# The vLLM stand-in's fixtures, for test_vllm_engine.py and test_vllm_loop.py.
+from tests.generation.vllm_standin import engine_factory, standin_vllm  # noqa: F401
+
 
 @pytest.fixture(autouse=True, scope="session")
 def _one_torch_thread() -> Iterator[None]:

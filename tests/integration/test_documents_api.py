@@ -73,7 +73,7 @@ def test_upload_list_and_delete_through_a_live_ingest_worker(
         )
         assert r.status_code == 200, r.text
         docs = r.json()["documents"]
-        return docs if len(docs) == 2 else []
+        return docs if len(docs) == 2 and all(d["status"] == "indexed" for d in docs) else []
 
     docs = _wait_for(listed, "both uploads to be indexed")
     assert all(d["chunks"] >= 1 for d in docs)

@@ -31,8 +31,9 @@ def agree(service: RetrievalService, tenant: str, collection: str) -> set[int]:
         ).one()
     from retrieval.indexes import all_vectors
 
-    index = service.store.read(tenant, collection, row.version)
-    assert set(all_vectors(index)[0].tolist()) == db_ids
+    current = service.indexes.current(tenant, collection)  # what this host serves
+    assert current is not None and current[0] == row.version
+    assert set(all_vectors(current[1])[0].tolist()) == db_ids
     assert row.num_vectors == len(db_ids)
     return db_ids
 
@@ -175,27 +176,34 @@ def test_failed_write_leaves_database_and_index_agreeing(
     def disk_full(*args: object, **kwargs: object) -> None:
         raise OSError(28, "No space left on device")
 
+    # The index file is this host's cache: a full disk costs the file, not the committed write.
     monkeypatch.setattr(service.store, "write", disk_full)
     report = service.ingest([write(tmp_path / "engines.md", ENGINES)], collection=c, tenant=t)
-    assert report.files[0].status == "failed" and "No space left" in (report.files[0].error or "")
-    assert report.index_version == 1
+    assert report.files[0].status == "added" and report.index_version == 2
     monkeypatch.undo()
-    assert agree(service, t, c) == before
-    # A commit that fails after the new file is in place: the old version still names its file.
+    assert service.store.versions(t, c) == [1]
+    assert service.search("centrifugal governor", collection=c, tenant=t)[0].index_version == 2
+    restarted = make_service()  # replays version 2 onto the file of version 1
+    assert restarted.search("governor", collection=c, tenant=t)[0].index_version == 2
+    with_engines = agree(restarted, t, c)
+    assert before < with_engines
+    # A commit that fails: no new version, and no file of an uncommitted version on disk.
     original_commit = Session.commit
 
     def failing_commit(self: Session) -> None:
         raise RuntimeError("connection lost at commit")
 
     monkeypatch.setattr(Session, "commit", failing_commit)
-    report = service.ingest([tmp_path / "engines.md"], collection=c, tenant=t)
+    other = write(tmp_path / "orchard.md", FRUIT.replace("Fruit", "Orchard"))
+    report = service.ingest([other], collection=c, tenant=t)
     assert report.files[0].status == "failed"
     monkeypatch.setattr(Session, "commit", original_commit)
-    assert service.index_version(collection=c, tenant=t) == 1
-    assert agree(service, t, c) == before
-    # The next write reuses the orphaned version number and succeeds.
-    report = service.ingest([tmp_path / "engines.md"], collection=c, tenant=t)
-    assert report.files[0].status == "added" and report.index_version == 2
+    assert service.index_version(collection=c, tenant=t) == 2
+    assert 3 not in service.store.versions(t, c)
+    assert agree(restarted, t, c) == with_engines
+    # The next write takes the version number the failed one did not commit.
+    report = service.ingest([other], collection=c, tenant=t)
+    assert report.files[0].status == "added" and report.index_version == 3
     agree(service, t, c)
 
 
@@ -210,7 +218,7 @@ def test_lost_index_file_is_rebuilt_from_the_database(
     fresh = make_service()
     hits = fresh.search("centrifugal governor", collection=c, tenant=t)
     assert hits and hits[0].document == str(tmp_path / "engines.md")
-    assert fresh.index_version(collection=c, tenant=t) == 2
+    assert fresh.index_version(collection=c, tenant=t) == 1  # rebuilt, not a new version
     agree(fresh, t, c)
 
 

@@ -12,9 +12,9 @@ from typing import Any, Literal
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
-from app.api.deps import DispatcherDep, SessionDep, SettingsDep, TenantDep
+from app.api.deps import DispatcherDep, EnforcerDep, SessionDep, SettingsDep, TenantDep
 from app.api.errors import ApiError
 from app.api.schemas import ErrorOut
 from app.db import Tenant
@@ -31,6 +31,8 @@ ERRORS: dict[int | str, dict[str, Any]] = {
 class StoredFilterIn(BaseModel):
     """Which stored queries to re-run; times are ISO 8601 on the query's submission time."""
 
+    model_config = ConfigDict(extra="forbid", strict=True)
+
     since: str | None = None
     until: str | None = None
     tenant: str | None = Field(default=None, description="Another tenant's needs an admin key.")
@@ -41,6 +43,8 @@ class StoredFilterIn(BaseModel):
 
 class BatchCreate(BaseModel):
     """Exactly one source: ``jsonl`` (text, one question object a line), ``questions``, ``filter``."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     jsonl: str | None = None
     questions: list[dict[str, Any]] | None = None
@@ -59,6 +63,7 @@ def submit_batch(
     session: SessionDep,
     settings: SettingsDep,
     dispatcher: DispatcherDep,
+    enforcer: EnforcerDep,
 ) -> dict[str, Any]:
     """Validate and store the batch (all or nothing), queue it; returns its id."""
     from app.batch import submit as sub
@@ -106,6 +111,7 @@ def submit_batch(
             session, settings, flt, overrides=overrides, limit=settings.batch_max_items
         )
         source, detail = "filter", flt.to_dict()
+    enforcer.submission(session, owner.id, batch_items=len(specs))
     batch = sub.create_batch(
         session, settings, owner, specs, source=source, source_detail=detail, overrides=overrides
     )

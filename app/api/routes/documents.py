@@ -10,9 +10,9 @@ from collections.abc import Callable
 from typing import Any, Literal
 
 from fastapi import APIRouter, Query
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
-from app.api.deps import DispatcherDep, SessionDep, SettingsDep, TenantDep
+from app.api.deps import DispatcherDep, EnforcerDep, SessionDep, SettingsDep, TenantDep
 from app.api.errors import ApiError
 from app.api.schemas import ErrorOut
 from app.documents import list_documents, validate_uploads
@@ -29,6 +29,8 @@ ERRORS: dict[int | str, dict[str, Any]] = {
 class DocumentIn(BaseModel):
     """One file of an upload."""
 
+    model_config = ConfigDict(extra="forbid", strict=True)
+
     name: str = Field(description="File name with its extension (.txt .md .html .pdf).")
     content: str = Field(description="The file's text, or its bytes in base64.")
     encoding: Literal["text", "base64"] = Field("text", description="How `content` is encoded.")
@@ -36,6 +38,8 @@ class DocumentIn(BaseModel):
 
 class UploadIn(BaseModel):
     """Files to ingest into one of the caller's collections."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     collection: str
     documents: list[DocumentIn]
@@ -50,14 +54,36 @@ def _send(send: Callable[[], None]) -> None:
 
 @router.post("", status_code=202, responses=ERRORS)
 def upload(
-    body: UploadIn, caller: TenantDep, settings: SettingsDep, dispatcher: DispatcherDep
+    body: UploadIn,
+    caller: TenantDep,
+    session: SessionDep,
+    settings: SettingsDep,
+    dispatcher: DispatcherDep,
+    enforcer: EnforcerDep,
 ) -> dict:
-    """Queue the files for ingest; re-uploading an unchanged file is a no-op."""
+    """Queue the files for ingest; re-uploading an unchanged file is a no-op.
+
+    Each file is checked here (type, encoding, a PDF that opens), so a bad file is a 422 now;
+    its state (pending, then indexed or failed with the reason) shows in ``GET``.
+    """
+    from app.tenancy.uploads import mark_pending, restore
+
     uploads = validate_uploads(
         body.collection, [d.model_dump() for d in body.documents], settings.max_file_bytes
     )
+    size = sum(len(u.content) for u in uploads)
+    limits = enforcer.upload(session, caller.tenant_id, size)
     files = [u.to_message() for u in uploads]
-    _send(lambda: dispatcher.send_uploads(files, body.collection, caller.tenant))
+    before = mark_pending(session, caller.tenant, body.collection, uploads)
+    try:
+        _send(
+            lambda: dispatcher.send_uploads(
+                files, body.collection, caller.tenant, limits.max_extracted_chars
+            )
+        )
+    except ApiError:
+        restore(session, caller.tenant, body.collection, before)  # nothing half-written
+        raise
     return {
         "status": "queued",
         "collection": body.collection,

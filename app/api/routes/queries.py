@@ -4,14 +4,17 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Header, Request
+from fastapi import APIRouter, Body, Header, Request
 
-from app.api.deps import DispatcherDep, SessionDep, SettingsDep, TenantDep
+from app.api.deps import DispatcherDep, EnforcerDep, SessionDep, SettingsDep, TenantDep
 from app.api.errors import ApiError
-from app.api.schemas import ErrorOut, QueryAccepted, QueryCreate, QueryOut
+from app.api.schemas import ErrorOut, QueryAccepted, QueryOut
+from app.api.tokens import check_question_tokens, token_counter
+from app.audit.privacy import matches_stored
 from app.db import Tenant
-from app.outbox import send_and_mark
-from app.queries import create_query, get_query, query_view, require_collection, validate_request
+from app.outbox import admit
+from app.queries import create_query, get_query, query_view, require_collection
+from app.requests import QueryRequest, QueryStatus, validate_request
 
 router = APIRouter(prefix="/v1/queries", tags=["queries"])
 ERRORS: dict[int | str, dict[str, Any]] = {
@@ -22,34 +25,55 @@ ERRORS: dict[int | str, dict[str, Any]] = {
 }
 
 
-@router.post("", status_code=202, response_model=QueryAccepted, responses=ERRORS)
+# The body is validated once, by the one request model with this deployment's limits (FastAPI
+# cannot hand Settings to a body model), so the route takes the JSON object and shows the model.
+_BODY_SCHEMA = {
+    "requestBody": {
+        "required": True,
+        "content": {"application/json": {"schema": QueryRequest.model_json_schema()}},
+    }
+}
+
+
+@router.post(
+    "",
+    status_code=202,
+    response_model=QueryAccepted,
+    responses=ERRORS,
+    openapi_extra=_BODY_SCHEMA,
+)
 def submit_query(
-    body: QueryCreate,
+    body: Annotated[dict[str, Any], Body()],
     caller: TenantDep,
     session: SessionDep,
     settings: SettingsDep,
     dispatcher: DispatcherDep,
     request: Request,
+    enforcer: EnforcerDep,
     idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key")] = None,
 ) -> QueryAccepted:
     """Store the question and queue it; the same Idempotency-Key returns the same id."""
-    validated = validate_request(settings, body.model_dump())
+    validated = validate_request(settings, body)
+    counter = token_counter(request.app.state, settings)
+    check_question_tokens(counter, settings, validated.question)
     tenant = session.get(Tenant, caller.tenant_id)
     assert tenant is not None
     require_collection(session, tenant.name, validated.collection)
+    enforcer.submission(session, tenant.id)
     query, created = create_query(session, tenant, validated, idempotency_key=idempotency_key)
     if not created:
         same = (
-            query.question == validated.question
+            matches_stored(query.question, validated.question)
             and query.collection == validated.collection
             and query.params == validated.params()
         )
         if not same:
             raise ApiError(409, "Idempotency-Key", "already used for a different request")
         return QueryAccepted(id=str(query.id), status=query.status)
-    # A failed send leaves the query in the outbox (enqueued_at NULL): the sweeper sends it later.
-    send_and_mark(request.app.state.session_factory, query.id, query.queue, dispatcher.send_query)
-    return QueryAccepted(id=str(query.id), status="queued")
+    # Admission: sent now if the tenant has a free slot, else held (enqueued_at NULL) until one
+    # of its queries is answered; a failed send leaves it for the sweeper too (app/outbox.py).
+    admit(request.app.state.session_factory, settings, dispatcher.send_query, tenant_id=tenant.id)
+    return QueryAccepted(id=str(query.id), status=QueryStatus.QUEUED)
 
 
 @router.get(

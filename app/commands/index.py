@@ -1,0 +1,62 @@
+"""``specrag index backfill``: store the vectors of chunks ingested before migration 0004."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from app.commands.common import emit, get_settings, json_option, one_line_errors
+
+
+@click.group("index")
+def index_group() -> None:
+    """Retrieval indexes (docs/scaleout.md)."""
+
+
+@index_group.command("backfill")
+@click.option("--collection", "-c", default=None, help="Only this collection (default: all).")
+@click.option("--tenant", default=None, help="Only this tenant's collections (default: all).")
+@json_option
+@one_line_errors
+def backfill(collection: str | None, tenant: str | None, as_json: bool) -> None:
+    """Store missing chunk vectors: from this host's index files, else embedded (counted)."""
+    from sqlalchemy import select
+
+    from app.db import prepare
+    from retrieval import Embedder
+    from retrieval.backfill import backfill_collection
+    from retrieval.index_store import IndexStore
+    from retrieval.records import CollectionIndex
+
+    settings = get_settings()
+    _, session_factory = prepare(settings)
+    query = select(CollectionIndex.tenant, CollectionIndex.collection).order_by(
+        CollectionIndex.tenant, CollectionIndex.collection
+    )
+    if tenant is not None:
+        query = query.where(CollectionIndex.tenant == tenant)
+    if collection is not None:
+        query = query.where(CollectionIndex.collection == collection)
+    with session_factory() as session:
+        targets = session.execute(query).all()
+    embedder: list[Any] = []
+
+    def encode(texts: list[str]) -> Any:
+        # The model loads only when some chunk is in no index file of this host.
+        if not embedder:
+            embedder.append(Embedder.shared(settings.embedding_model, device="cpu"))
+        return embedder[0].encode(texts)
+
+    store = IndexStore(settings.index_dir)
+    results = [backfill_collection(session_factory, store, encode, t, c) for t, c in targets]
+    lines = [
+        f"{r.tenant}/{r.collection}: {r.from_files} from index files, {r.embedded} embedded"
+        + (f", centroids {r.centroids}" if r.centroids else "")
+        for r in results
+    ]
+    emit({"collections": [r.to_dict() for r in results]}, as_json,
+         "\n".join(lines) or "no collections")  # fmt: skip
+
+
+COMMANDS = [index_group]

@@ -1,0 +1,1 @@
+"""Tenant safety: per-tenant limits (records, resolution, checks) and uploaded documents' state."""

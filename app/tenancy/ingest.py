@@ -1,0 +1,68 @@
+"""Ingest of uploaded files on a worker: named as the client named them, bounded, leaving no files.
+
+Each upload is written to a private temporary folder, ingested under its own name (not the
+worker's path), checked against the tenant's extracted-characters limit and the ingest time limit,
+and the folder is removed afterwards: the index and the database hold everything a document needs,
+so a deleted document leaves nothing on disk.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from app.documents import upload_dir, write_uploads
+from app.tenancy.deadline import IngestTimeLimit, time_limit
+from app.tenancy.uploads import forget, record_results
+
+log = logging.getLogger(__name__)
+
+
+def ingest_uploaded(
+    resources: Any, files: list[dict[str, str]], collection: str, tenant: str, max_chars: int = 0
+) -> dict[str, Any]:
+    """The ingest report of the uploaded ``files``; every file's state is recorded."""
+    from retrieval.sources import normalise_source
+
+    settings = resources.settings
+    root = settings.data_dir / "uploads"
+    root.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=root, prefix=".ingest-") as tmp:
+        paths = write_uploads(Path(tmp), files)
+        names = {normalise_source(p): p.name for p in paths}
+        try:
+            with time_limit(settings.ingest_time_limit):
+                report = resources.retrieval.ingest(
+                    paths, collection=collection, tenant=tenant, sources=names,
+                    max_chars=max_chars,
+                )  # fmt: skip
+        except IngestTimeLimit as exc:
+            reason = f"time_limit: ingest {exc}"
+            log.warning("ingest of %d uploads for %s/%s: %s", len(paths), tenant, collection, exc)
+            record_results(resources.session_factory, tenant, collection,
+                           [(p.name, "failed", reason) for p in paths])  # fmt: skip
+            return {"status": "failed", "error": reason}
+    results = []
+    for file in report.files:
+        status = "failed" if file.status == "failed" else "indexed"
+        # Loader messages start with the file's path on this worker: show the client's name.
+        error = (file.error or "").replace(tmp, "").lstrip("/")
+        results.append((file.source, status, (error or None) if status == "failed" else None))
+    record_results(resources.session_factory, tenant, collection, results)
+    return dict(report.to_dict())
+
+
+def delete_uploaded(resources: Any, source: str, collection: str, tenant: str) -> bool:
+    """Remove one document from index and database, with its upload record and any old file."""
+    deleted = bool(resources.retrieval.delete(source, collection=collection, tenant=tenant))
+    forget(resources.session_factory, tenant, collection, source)
+    # Uploads from before files were kept only while ingesting lie in the old folder.
+    old = upload_dir(resources.settings.data_dir, tenant, collection) / Path(source).name
+    if old.is_file():
+        old.unlink()
+    if old.parent.is_dir() and not any(old.parent.iterdir()):
+        shutil.rmtree(old.parent, ignore_errors=True)
+    return deleted

@@ -1,0 +1,125 @@
+"""What the per-tenant limits cost a request: the checks alone, per storage, side by side.
+
+Each variant times ``Enforcer.submission`` (rate hit + active-queries count) and the request
+guard's body scan on a small query body, 2000 times after a warm-up, and prints p50/p95 in
+microseconds. Variants: rates in Redis (the broker) with the counts on PostgreSQL, and rates in
+memory with the counts on SQLite (the embedded default).
+
+    SPECRAG_TORCH_THREADS=1 .venv/bin/python benchmarks/tenant_limits.py --n 2000
+
+Needs PostgreSQL on 127.0.0.1:5432 and Redis on 127.0.0.1:6379 (a free DB number is claimed as
+the test fixtures claim one, and flushed after).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The q-th percentile (nearest rank) of ``values``."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * len(ordered) + 0.5) - 1))]
+
+
+def time_variant(name: str, settings, n: int) -> dict[str, float]:  # type: ignore[no-untyped-def]
+    from sqlalchemy import create_engine
+
+    from app.api.guard import _bad_json_text
+    from app.db import make_session_factory
+    from app.db.schema import upgrade
+    from app.queries import get_or_create_tenant
+    from app.tenancy.limits import Enforcer
+
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    engine = create_engine(settings.resolved_database_url)
+    upgrade(engine)
+    sf = make_session_factory(engine)
+    enforcer = Enforcer(settings)
+    body = json.dumps({"question": "How do I rotate an API key?", "collection": "docs"}).encode()
+    with sf() as session:
+        tenant_id = get_or_create_tenant(session, f"bench-{uuid.uuid4().hex[:6]}").id
+        checks, scans = [], []
+        for i in range(n + 200):
+            t0 = time.perf_counter()
+            enforcer.submission(session, tenant_id)
+            t1 = time.perf_counter()
+            assert _bad_json_text(body) is None
+            t2 = time.perf_counter()
+            if i >= 200:
+                checks.append((t1 - t0) * 1e6)
+                scans.append((t2 - t1) * 1e6)
+    engine.dispose()
+    return {
+        "variant": name,
+        "limits_p50_us": statistics.median(checks),
+        "limits_p95_us": percentile(checks, 95),
+        "guard_p50_us": statistics.median(scans),
+        "guard_p95_us": percentile(scans, 95),
+    }
+
+
+def main() -> None:
+    """Print one row per variant."""
+    import psycopg
+    import redis
+
+    from app.settings import Settings
+
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--n", type=int, default=2000)
+    args = parser.parse_args()
+    claims = redis.Redis(host="127.0.0.1", port=6379, db=0)
+    number = next(
+        (
+            i
+            for i in range(1, 16)
+            if claims.set(f"specrag-test-db-claim:{i}", "bench", nx=True, ex=600)
+        ),
+        None,
+    )
+    if number is None:
+        sys.exit("no free Redis DB number (1-15)")
+    dbname = f"specrag_bench_{uuid.uuid4().hex[:8]}"
+    admin = "postgresql://postgres@127.0.0.1:5432/postgres"
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{dbname}"')
+    rows = []
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            # No rate or quota is reached: every check runs in full and passes.
+            common = {"tenant_submissions_per_second": 1e9, "tenant_max_active_queries": 10**9}
+            rows.append(time_variant("redis + postgresql", Settings(
+                data_dir=Path(tmp) / "pg", broker_url=f"redis://127.0.0.1:6379/{number}",
+                database_url=f"postgresql+psycopg://postgres@127.0.0.1:5432/{dbname}", **common,
+            ), args.n))  # fmt: skip
+            rows.append(
+                time_variant(
+                    "memory + sqlite", Settings(data_dir=Path(tmp) / "lite", **common), args.n
+                )  # fmt: skip
+            )
+    finally:
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)')
+        redis.Redis(host="127.0.0.1", port=6379, db=number).flushdb()
+        claims.delete(f"specrag-test-db-claim:{number}")
+    print(f"n={args.n} per variant (after 200 warm-up calls)")
+    print("| variant | limits p50 µs | limits p95 µs | guard scan p50 µs | guard scan p95 µs |")
+    print("|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['variant']} | {r['limits_p50_us']:.0f} | {r['limits_p95_us']:.0f} | "
+              f"{r['guard_p50_us']:.1f} | {r['guard_p95_us']:.1f} |")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,278 @@
+"""This host's indexes, brought to the committed version from its own files and the database.
+
+It exists so that any host serves the version the database names without the embedding model
+and without writing anything: from memory when it is current; else from the newest index it
+holds (in memory or a file) plus the logged changes since (small deltas), or built from the
+stored vectors (a new host, a lost data directory, a host far behind, a new IVF layout).
+Nothing here locks a collection or commits, so searching never moves a version.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import faiss
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session, sessionmaker
+
+from retrieval.changelog import (
+    Contents,
+    Delta,
+    IndexState,
+    MissingVectorsError,
+    read_contents,
+    read_delta,
+    read_state,
+    snapshot,
+)
+from retrieval.index_store import IndexStore
+from retrieval.indexes import build
+from retrieval.records import IndexChange
+
+log = logging.getLogger(__name__)
+
+# A delta touching more than this share of the collection (and more than REPLAY_ALWAYS changes,
+# which replay in milliseconds whatever the size) is slower to replay than a rebuild.
+REBUILD_FRACTION = 0.5
+REPLAY_ALWAYS = 1000
+# Changes replayed since this host last wrote a file before it writes one (restarts stay cheap
+# without writing a large file on every small catch-up).
+PERSIST_CHANGES = 2000
+
+Key = tuple[str, str]
+Fill = Callable[[str, str], object]
+
+
+@dataclass
+class _Held:
+    version: int
+    index: faiss.Index
+    unsaved: int  # changes replayed since the newest file this host wrote
+
+
+@dataclass
+class _Plan:
+    base: int | None  # version replayed from (None: build from ``contents``)
+    delta: Delta | None
+    contents: Contents | None
+
+
+class HostIndexes:
+    """Per-process holder of this host's indexes; ``current`` catches up, never writes."""
+
+    def __init__(
+        self,
+        session_factory: sessionmaker[Session],
+        store: IndexStore,
+        fill: Fill | None = None,
+    ) -> None:
+        self.session_factory = session_factory
+        self.store = store
+        # Called to store the vectors of chunks ingested before migration 0004 (retrieval.backfill).
+        self.fill = fill
+        self.sources: Counter[str] = Counter()  # memory / delta / build: how each catch-up went
+        self._held: dict[Key, _Held] = {}
+        self._locks: dict[Key, threading.RLock] = {}
+        self._guard = threading.Lock()
+        self._writing: list[threading.Thread] = []  # index files being written after an answer
+
+    def current(
+        self, tenant: str, collection: str, *, fill: bool = True
+    ) -> tuple[int, faiss.Index] | None:
+        """``(version, index)`` as committed now, or None when the collection does not exist.
+
+        The index is shared with other threads: search it, never change it. ``fill=False``
+        raises MissingVectorsError rather than storing legacy vectors (a writer holding the
+        collection's lock must not wait for a second write)."""
+        key = (tenant, collection)
+        held = self._get(key)
+        if held is not None:  # the common case, without waiting for a catch-up lock
+            with self.session_factory() as session:
+                state = read_state(session, tenant, collection)
+            if state is None:
+                return None
+            if state.version == held.version:
+                self.sources["memory"] += 1
+                return held.version, held.index
+        with self._key_lock(key):
+            held = self._get(key)  # another thread may have caught up meanwhile
+            try:
+                got = self._snapshot(tenant, collection, held)
+            except MissingVectorsError:
+                if self.fill is None or not fill:
+                    raise
+                self.fill(tenant, collection)
+                got = self._snapshot(tenant, collection, held)
+            if got is None:
+                return None
+            state, plan = got
+            return self._apply(tenant, collection, state, held, plan)
+
+    def committed(self, tenant: str, collection: str, version: int) -> faiss.Index:
+        """The (shared) index of ``version``, for a writer that holds the collection's lock, so
+        that the committed version cannot move; it copies the index before changing it."""
+        got = self.current(tenant, collection, fill=False)
+        if got is None or got[0] != version:
+            found = None if got is None else got[0]
+            raise RuntimeError(f"{tenant}/{collection}: expected version {version}, read {found}")
+        return got[1]
+
+    def remember(self, tenant: str, collection: str, version: int, index: faiss.Index) -> None:
+        """Hold ``index`` as ``version`` (when newer than what is held) and write its file."""
+        self._hold((tenant, collection), version, index, 0)
+        self._persist(tenant, collection, version, index)
+
+    def held_version(self, tenant: str, collection: str) -> int | None:
+        """The version this process holds in memory (None: none yet)."""
+        held = self._get((tenant, collection))
+        return None if held is None else held.version
+
+    # -- steps ----------------------------------------------------------------------------------
+
+    def _snapshot(
+        self, tenant: str, collection: str, held: _Held | None
+    ) -> tuple[IndexState, _Plan | None] | None:
+        def read(session: Session, state: IndexState) -> _Plan | None:
+            return self._plan(session, tenant, collection, state, held)
+
+        return snapshot(self.session_factory, tenant, collection, read)
+
+    def _plan(
+        self,
+        session: Session,
+        tenant: str,
+        collection: str,
+        state: IndexState,
+        held: _Held | None,
+    ) -> _Plan | None:
+        """What to read to reach ``state``: nothing (held is current), a delta, or everything."""
+        if held is not None and held.version == state.version:
+            return None
+        base = held.version if held is not None and held.version < state.version else None
+        if base is None:
+            base = next((v for v in self.store.versions(tenant, collection)
+                         if v <= state.version), None)  # fmt: skip
+        if base is not None and state.can_replay_from(base):
+            count = session.scalar(
+                select(func.count())
+                .select_from(IndexChange)
+                .where(
+                    IndexChange.collection_index_id == state.row_id,
+                    IndexChange.version > base,
+                    IndexChange.version <= state.version,
+                )
+            )
+            if (count or 0) <= max(REPLAY_ALWAYS, REBUILD_FRACTION * state.num_vectors):
+                return _Plan(base, read_delta(session, tenant, collection, state, base), None)
+        return _Plan(None, None, read_contents(session, tenant, collection, state))
+
+    def _apply(
+        self,
+        tenant: str,
+        collection: str,
+        state: IndexState,
+        held: _Held | None,
+        plan: _Plan | None,
+    ) -> tuple[int, faiss.Index]:
+        """``(version, index)``: normally ``state``'s, or a later one if it moved meanwhile."""
+        if plan is None:
+            assert held is not None
+            self.sources["memory"] += 1
+            return held.version, held.index
+        index: Any = None
+        if plan.delta is not None:
+            index, unsaved = self._replay(tenant, collection, held, plan.base, plan.delta)
+        if index is not None and index.ntotal != state.num_vectors:
+            log.warning(
+                "index of %s/%s at version %d holds %d vectors, the database %d: rebuilding",
+                tenant, collection, state.version, index.ntotal, state.num_vectors,
+            )  # fmt: skip
+            index = None
+        if index is None:
+            contents = plan.contents
+            if contents is None:  # the replay failed: read everything, at this very version
+                got = snapshot(self.session_factory, tenant, collection,
+                               lambda s, st: read_contents(s, tenant, collection, st))  # fmt: skip
+                if got is None or got[0].version != state.version:
+                    # Moved on meanwhile: serve what is committed now (re-entrant lock).
+                    now = self.current(tenant, collection)
+                    if now is None:
+                        raise LookupError(f"collection {collection!r} of {tenant!r} is gone")
+                    return now
+                contents = got[1]
+            index = build(state.kind, contents.centroids, contents.ids, contents.vectors, state.dim)
+            self.sources["build"] += 1
+            unsaved = PERSIST_CHANGES
+        else:
+            self.sources["delta"] += 1
+        if unsaved >= PERSIST_CHANGES:
+            self._hold((tenant, collection), state.version, index, 0)
+            # After the answer, not before it: a 100k-chunk file takes seconds on a busy disk.
+            self._persist_later(tenant, collection, state.version, index)
+        else:
+            self._hold((tenant, collection), state.version, index, unsaved)
+        return state.version, index
+
+    def _replay(
+        self, tenant: str, collection: str, held: _Held | None, base: int | None, delta: Delta
+    ) -> tuple[faiss.Index | None, int]:
+        """``(index at base + delta, changes not yet in a file)``; None when the base is gone."""
+        if held is not None and held.version == base:
+            index = faiss.clone_index(held.index)  # searches may be running on the held one
+            unsaved = held.unsaved
+        else:
+            try:
+                index = self.store.read(tenant, collection, base or 0)
+            except (FileNotFoundError, RuntimeError) as exc:  # pruned meanwhile, or unreadable
+                log.warning("index file of %s/%s v%s unusable (%s)", tenant, collection, base, exc)
+                return None, 0
+            unsaved = 0
+        if len(delta.remove_ids):
+            index.remove_ids(faiss.IDSelectorBatch(delta.remove_ids))
+        if len(delta.add_ids):
+            index.add_with_ids(delta.add_vectors, delta.add_ids)
+        return index, unsaved + len(delta)
+
+    def wait_for_files(self, timeout: float | None = 60.0) -> None:
+        """Return once the index files this process started writing are on disk."""
+        with self._guard:
+            writing, self._writing = self._writing, []
+        for thread in writing:
+            thread.join(timeout)
+
+    def _persist_later(self, tenant: str, collection: str, version: int, index: Any) -> None:
+        thread = threading.Thread(
+            target=self._persist, args=(tenant, collection, version, index), daemon=True,
+            name=f"index-file-{version}",
+        )  # fmt: skip
+        with self._guard:
+            self._writing = [t for t in self._writing if t.is_alive()] + [thread]
+        thread.start()
+
+    def _persist(self, tenant: str, collection: str, version: int, index: faiss.Index) -> None:
+        try:
+            self.store.write(tenant, collection, version, index)
+            self.store.prune(tenant, collection, version)
+        except OSError as exc:  # a cache file: the database still has everything
+            log.warning("could not write index file of %s/%s v%d: %s", tenant, collection,
+                        version, exc)  # fmt: skip
+
+    def _hold(self, key: Key, version: int, index: faiss.Index, unsaved: int) -> None:
+        with self._guard:
+            held = self._held.get(key)
+            if held is None or held.version < version:
+                self._held[key] = _Held(version, index, unsaved)
+
+    def _get(self, key: Key) -> _Held | None:
+        with self._guard:
+            return self._held.get(key)
+
+    def _key_lock(self, key: Key) -> threading.RLock:
+        # Re-entrant: a replay that finds its base gone serves ``current`` again on this thread.
+        with self._guard:
+            return self._locks.setdefault(key, threading.RLock())

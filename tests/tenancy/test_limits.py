@@ -1,0 +1,127 @@
+"""Per-tenant limits over HTTP: 429 with Retry-After, an admin's overrides, Redis-shared counters."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from app.cli import main
+from app.db import Query, Tenant
+from tests.tenancy.conftest import make_api
+
+
+def _tenant() -> str:
+    return f"t-{uuid.uuid4().hex[:8]}"
+
+
+def _ask(api, headers, n: int = 1) -> list[int]:  # type: ignore[no-untyped-def]
+    return [
+        api.client.post(
+            "/v1/queries", json={"question": f"q{i}?", "collection": "docs"}, headers=headers
+        ).status_code
+        for i in range(n)
+    ]
+
+
+def test_active_query_quota_and_admin_override(tenancy_pg: str, tmp_path: Path) -> None:
+    with make_api(tenancy_pg, tmp_path, tenant_max_active_queries=3,
+                        tenant_submissions_per_second=0) as api:  # fmt: skip
+        name = _tenant()
+        headers = api.key(name)
+        assert _ask(api, headers, 3) == [202, 202, 202]
+        refused = api.client.post(
+            "/v1/queries", json={"question": "more?", "collection": "docs"}, headers=headers
+        )
+        assert refused.status_code == 429 and int(refused.headers["Retry-After"]) >= 1
+        assert refused.json()["error"]["field"] == "question"
+        with Session(api.engine) as session:
+            tenant_id = session.scalar(select(Tenant.id).where(Tenant.name == name))
+            assert session.query(Query).filter_by(tenant_id=tenant_id).count() == 3
+        # Another tenant is not affected by this one's quota.
+        assert _ask(api, api.key(_tenant()), 1) == [202]
+        # An admin raises this tenant's quota (CLI); the API sees it within its cache period.
+        env = {"SPECRAG_DATABASE_URL": tenancy_pg, "SPECRAG_DATA_DIR": str(tmp_path)}
+        result = CliRunner().invoke(
+            main, ["tenants", "limits", "--tenant", name, "--max-active-queries", "5", "--json"],
+            env=env,
+        )  # fmt: skip
+        assert result.exit_code == 0, result.output
+        api.client.app.state.enforcer._cache.clear()
+        assert _ask(api, headers, 3) == [202, 202, 429]
+
+
+def test_submission_rate_limit_is_shared_through_redis(
+    tenancy_pg: str, redis_url: str, tmp_path: Path
+) -> None:
+    # 0.2/s: one submission per 5-second window. Eight requests alternate between two API
+    # processes' worth of apps and take well under 5 s, so they span at most two windows: with
+    # one shared counter at most 2 pass; with a counter per process up to 4 would.
+    overrides = {"broker_url": redis_url, "tenant_submissions_per_second": 0.2}
+    with (
+        make_api(tenancy_pg, tmp_path / "a", **overrides) as first,
+        make_api(tenancy_pg, tmp_path / "b", **overrides) as second,
+    ):
+        headers = first.key(_tenant())
+        responses = [
+            app.client.post(
+                "/v1/queries", json={"question": f"q{i}?", "collection": "docs"}, headers=headers
+            )
+            for i in range(4)
+            for app in (first, second)
+        ]
+        codes = [r.status_code for r in responses]
+        assert 1 <= codes.count(202) <= 2 and codes.count(429) >= 6, codes
+        refused = next(r for r in responses if r.status_code == 429)
+        assert 1 <= int(refused.headers["Retry-After"]) <= 5
+        assert refused.json()["error"]["field"] == "Authorization"
+
+
+def test_upload_bytes_per_request_and_per_day(tenancy_pg: str, tmp_path: Path) -> None:
+    with make_api(tenancy_pg, tmp_path, tenant_max_upload_bytes=1000,
+                        tenant_max_upload_bytes_per_day=1500) as api:  # fmt: skip
+        headers = api.key(_tenant())
+
+        def upload(size: int, name: str) -> int:
+            doc = {"name": name, "content": "x" * size}
+            return int(
+                api.client.post(
+                    "/v1/documents",
+                    json={"collection": "docs", "documents": [doc]},
+                    headers=headers,
+                ).status_code  # fmt: skip
+            )
+
+        assert upload(1200, "big.txt") == 413
+        assert upload(900, "a.txt") == 202
+        assert upload(900, "b.txt") == 429  # 1800 bytes today is over 1500
+        assert [name for name, _ in api.tasks].count("uploads") == 1
+        # The tenant's extracted-characters limit travels with the task to the ingest worker.
+        assert api.tasks[0][1][3] == api.settings.tenant_max_extracted_chars
+
+
+def test_batch_items_in_flight(tenancy_pg: str, tmp_path: Path) -> None:
+    with make_api(tenancy_pg, tmp_path, tenant_max_batch_items=5) as api:
+        headers = api.key(_tenant())
+        questions = [{"question": f"q{i}?", "collection": "docs"} for i in range(4)]
+        ok = api.client.post("/v1/batches", json={"questions": questions}, headers=headers)
+        assert ok.status_code == 202, ok.text
+        over = api.client.post("/v1/batches", json={"questions": questions}, headers=headers)
+        assert over.status_code == 429 and over.json()["error"]["field"] == "questions"
+        assert "Retry-After" in over.headers
+
+
+@pytest.mark.parametrize("value", ["-1", "abc"])
+def test_limits_cli_refuses_bad_values(tenancy_pg: str, tmp_path: Path, value: str) -> None:
+    with make_api(tenancy_pg, tmp_path) as api:
+        name = _tenant()
+        api.key(name)
+        env = {"SPECRAG_DATABASE_URL": tenancy_pg, "SPECRAG_DATA_DIR": str(tmp_path)}
+        result = CliRunner().invoke(
+            main, ["tenants", "limits", "--tenant", name, "--max-batch-items", value], env=env
+        )
+        assert result.exit_code != 0 and "max-batch-items" in result.output, result.output

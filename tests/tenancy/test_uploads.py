@@ -1,0 +1,77 @@
+"""Uploaded documents on the ingest side: client names, states with reasons, limits, no files left.
+
+Real MiniLM, FAISS and PostgreSQL; the task body (``ingest_uploaded``) runs in-process, as the
+ingest worker's task runs it.
+"""
+
+from __future__ import annotations
+
+import base64
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from sqlalchemy import create_engine
+from sqlalchemy.orm import Session
+
+from app.db import make_session_factory
+from app.documents import list_documents
+from app.resources import Resources
+from app.settings import Settings
+from app.tenancy.deadline import IngestTimeLimit, time_limit
+from app.tenancy.ingest import delete_uploaded, ingest_uploaded
+from app.tenancy.uploads import mark_pending
+
+GOOD = "# Rotating keys\n\nTo rotate an API key, create a new key, deploy it, revoke the old one.\n"
+
+
+def _file(name: str, data: bytes) -> dict[str, str]:
+    return {"name": name, "content_b64": base64.b64encode(data).decode()}
+
+
+def test_uploads_keep_their_names_show_their_state_and_leave_no_files(
+    tenancy_pg: str, tmp_path: Path
+) -> None:
+    settings = Settings(data_dir=tmp_path, database_url=tenancy_pg)
+    engine = create_engine(tenancy_pg)
+    sf = make_session_factory(engine)
+    resources = Resources(settings, sf)
+    tenant = f"t-{uuid.uuid4().hex[:8]}"
+    files = [_file("keys.md", GOOD.encode()), _file("huge.txt", b"word " * 2000)]
+
+    class Up:  # what the API hands mark_pending
+        def __init__(self, name: str, size: int) -> None:
+            self.name, self.content = name, b"x" * size
+
+    with Session(engine) as session:
+        mark_pending(session, tenant, "docs", [Up("keys.md", 10), Up("huge.txt", 10)])
+        assert {d["document"]: d["status"] for d in list_documents(session, tenant, "docs")} == {
+            "huge.txt": "pending",
+            "keys.md": "pending",
+        }
+    ingest_uploaded(resources, files, "docs", tenant, max_chars=5000)
+    with Session(engine) as session:
+        docs = {d["document"]: d for d in list_documents(session, tenant, "docs")}
+    assert docs["keys.md"]["status"] == "indexed" and docs["keys.md"]["chunks"] >= 1
+    assert docs["huge.txt"]["status"] == "failed"
+    reason = docs["huge.txt"]["reason"]
+    assert "the limit is 5000" in reason and str(tmp_path) not in reason
+    # Sources are the names the client gave, never the worker's path.
+    hits = resources.retrieval.search("rotate a key", collection="docs", tenant=tenant, top_k=1)
+    assert hits[0].document == "keys.md"
+    # Nothing of the uploads stays on the worker's disk.
+    assert [p for p in (tmp_path / "uploads").rglob("*") if p.is_file()] == []
+    assert delete_uploaded(resources, "keys.md", "docs", tenant)
+    assert delete_uploaded(resources, "huge.txt", "docs", tenant) is False
+    with Session(engine) as session:
+        assert list_documents(session, tenant, "docs") == []
+    engine.dispose()
+
+
+def test_the_ingest_time_limit_interrupts_python_work() -> None:
+    started = time.monotonic()
+    with pytest.raises(IngestTimeLimit), time_limit(0.2):
+        while time.monotonic() - started < 10:
+            sum(range(1000))
+    assert time.monotonic() - started < 5
