@@ -96,10 +96,20 @@ def _transport_options(broker: str, settings: Settings) -> dict[str, Any]:
         }
     if broker.startswith("sqla+sqlite"):
         # kombu hands these to create_engine: wait for SQLite's lock instead of failing at once.
-        # kombu polls this transport (1 s by default: most of a lone query's queue wait in
-        # `make demo`); a poll is one indexed SELECT per queue on a local file.
-        return {
-            "connect_args": {"timeout": 30},
-            "polling_interval": settings.broker_polling_interval,
-        }
+        _embedded_polling(settings.broker_polling_interval)
+        return {"connect_args": {"timeout": 30}}
     return {}
+
+
+def _embedded_polling(interval: float) -> None:
+    """Make kombu's SQLAlchemy transport poll every ``interval`` seconds (its default is 1 s).
+
+    A lone query waited for that poll: most of its queue time in ``make demo``. The transport
+    reads ``polling_interval`` from the transport options, but its channel hands every option
+    on to ``create_engine``, which refuses the unknown keyword; so the class default is set
+    here, per process, when a Celery app on the embedded broker is built. A poll is one
+    indexed SELECT per queue on a local file.
+    """
+    from kombu.transport import sqlalchemy as kombu_sqla
+
+    kombu_sqla.Transport.polling_interval = interval
