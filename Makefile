@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo demo-pair test lint typecheck pytest services clean
+.PHONY: venv demo demo-pair test test-fast lint typecheck pytest services clean
 
 venv: $(STAMP)
 
@@ -29,6 +29,14 @@ pytest: venv services
 	HF_HUB_OFFLINE=1 $(VENV)/bin/pytest -ra $(PYTEST_ARGS)
 
 test: lint typecheck pytest
+
+# The developer's loop: lint, types and the unit tests (fakes, in-memory SQLite; no services, no
+# model weights). tests/conftest.py marks the rest by what it needs; the three folders skipped
+# here hold only such tests, and leaving them out spares collecting them (torch, transformers).
+FAST_TESTS := -m "not integration and not models" --ignore=tests/generation --ignore=tests/models --ignore=tests/integration
+
+test-fast: lint typecheck
+	HF_HUB_OFFLINE=1 $(VENV)/bin/pytest -q -p no:cacheprovider $(FAST_TESTS) $(PYTEST_ARGS)
 
 demo: venv
 	HF_HUB_OFFLINE=1 $(PY) scripts/demo.py

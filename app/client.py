@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -16,6 +19,15 @@ class ClientError(RuntimeError):
         self.status = status
         self.field = field
         self.message = message
+
+
+@dataclass(frozen=True)
+class StreamEvent:
+    """One event of ``GET /v1/queries/{id}/stream``: ``token``, ``reset``, ``done`` or ``error``."""
+
+    event: str
+    id: str | None
+    data: dict[str, Any]
 
 
 class SpecragClient:
@@ -77,6 +89,72 @@ class SpecragClient:
             if time.monotonic() >= deadline:
                 raise TimeoutError(f"query {query_id} still {data['status']} after {timeout:.0f} s")
             time.sleep(poll)
+
+    def stream(
+        self,
+        query_id: str,
+        *,
+        last_event_id: str | None = None,
+        timeout: float = 300.0,
+        reconnects: int = 3,
+    ) -> Iterator[StreamEvent]:
+        """The query's events as they arrive; ends after ``done`` or ``error``.
+
+        ``token`` data ``{"text", "token_ids"}`` (the texts add up to the answer), ``reset``
+        (the query started over: drop the text so far), then ``done`` (the finished query, as
+        ``get`` returns it) or ``error`` (the failed one). A dropped connection is resumed from
+        the last event received, up to ``reconnects`` times; TimeoutError after ``timeout``.
+        """
+        deadline = time.monotonic() + timeout
+        last = last_event_id
+        while True:
+            try:
+                for event in self._stream_once(query_id, last, deadline):
+                    last = event.id or last
+                    yield event
+                    if event.event in ("done", "error"):
+                        return
+                return  # 204: the stream had already ended
+            except (httpx.ReadError, httpx.RemoteProtocolError, httpx.ConnectError):
+                if reconnects <= 0 or time.monotonic() >= deadline:
+                    raise
+                reconnects -= 1
+                time.sleep(0.2)
+
+    def _stream_once(
+        self, query_id: str, last: str | None, deadline: float
+    ) -> Iterator[StreamEvent]:
+        headers = {"Accept": "text/event-stream"}
+        if last is not None:
+            headers["Last-Event-ID"] = last
+        # Keep-alive comments arrive every 15 s by default: a read waits longer than that.
+        read = httpx.Timeout(self._http.timeout.connect, read=60.0)
+        url = f"/v1/queries/{query_id}/stream"
+        with self._http.stream("GET", url, headers=headers, timeout=read) as response:
+            if response.status_code >= 400:
+                response.read()
+                self._check(response)
+            if response.status_code == 204:
+                return
+            fields: dict[str, str] = {}
+            data: list[str] = []
+            for line in response.iter_lines():
+                if time.monotonic() >= deadline:
+                    raise TimeoutError(f"query {query_id}: stream not finished after the timeout")
+                if line == "":
+                    if data:
+                        name = fields.get("event", "message")
+                        yield StreamEvent(name, fields.get("id"), json.loads("\n".join(data)))
+                    fields, data = {}, []
+                elif line.startswith(":"):
+                    continue  # keep-alive comment
+                else:
+                    name, _, value = line.partition(":")
+                    value = value[1:] if value.startswith(" ") else value
+                    if name == "data":
+                        data.append(value)
+                    else:
+                        fields[name] = value
 
     def ask(
         self, question: str, collection: str, *, timeout: float = 300.0, **params: Any

@@ -8,7 +8,7 @@ the wire names a worker registers its tasks under and a producer sends to.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from enum import StrEnum
 from typing import Protocol
 
@@ -55,6 +55,9 @@ class Dispatcher(Protocol):
     def answer_waiting(self) -> bool:
         """Whether interactive answer work waits in the broker (False when it cannot tell)."""
 
+    def queue_depths(self, queues: Sequence[str]) -> dict[str, int]:
+        """Messages waiting in the broker per queue (the API's metrics); raises when unreadable."""
+
 
 DispatcherFactory = Callable[[Settings], Dispatcher]
 """Builds the process's dispatcher for its Settings (the composition root supplies one)."""
@@ -94,3 +97,8 @@ class NoQueue:
     def answer_waiting(self) -> bool:
         """Nothing waits where there is no queue."""
         return False
+
+    def queue_depths(self, queues: Sequence[str]) -> dict[str, int]:
+        """Refuse: there is no broker to read."""
+        self._refuse()
+        return {}

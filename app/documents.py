@@ -20,6 +20,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.requests import RequestError, check_text
+from app.tenancy.uploads import upload_states
 from app.validation import text_problem
 from retrieval.errors import InvalidNameError, check_name
 from retrieval.loaders import SUPPORTED_SUFFIXES
@@ -175,7 +176,6 @@ def list_documents(session: Session, tenant: str, collection: str) -> list[dict[
     ``status`` is ``indexed`` for a document in the index, ``pending`` for an upload the ingest
     worker has not finished, ``failed`` (with ``reason``) for an upload it could not index.
     """
-    from app.tenancy.uploads import upload_states
 
     uploads = upload_states(session, tenant, collection)
     rows = session.scalars(

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import ColumnElement, and_, func, or_, select, text, update
@@ -144,16 +144,22 @@ def sweep(
     return sent + _claim_and_send(session_factory, list(ids), due, send)
 
 
-def in_flight(session: Session, tenant_ids: list[int] | None = None) -> dict[int, int]:
-    """Per tenant: interactive queries on the broker or running (what admission counts)."""
+def in_flight(
+    session: Session, tenant_ids: list[int] | None = None, *, sent_after: datetime | None = None
+) -> dict[int, int]:
+    """Per tenant: interactive queries on the broker or running (what admission counts).
+
+    With ``sent_after``, a query sent before it no longer counts: its re-sends are spent and its
+    message may be lost for good, so it must not hold its tenant's slot for ever.
+    """
+    sent: ColumnElement[bool] = Query.enqueued_at.is_not(None)
+    if sent_after is not None:
+        sent = and_(sent, Query.enqueued_at >= sent_after)
     stmt = (
         select(Query.tenant_id, func.count())
         .where(
             Query.queue == "answer",
-            or_(
-                Query.status == "running",
-                and_(Query.status == "queued", Query.enqueued_at.is_not(None)),
-            ),
+            or_(Query.status == "running", and_(Query.status == "queued", sent)),
         )
         .group_by(Query.tenant_id)
     )
@@ -203,7 +209,13 @@ def admit(
             .where(sub.c.turn <= cap)
             .order_by(sub.c.turn, sub.c.tenant_id)
         ).all()
-        busy = in_flight(session, sorted({t for _, t, _ in rows})) if rows else {}
+        # A query sent once and re-sent max_resends times, resend_after_seconds apart, and still
+        # queued after all that has had every chance: it stops holding a slot (the broker grows
+        # by at most tenant_max_in_flight messages per such period, never doubling).
+        spent = settings.resend_after_seconds * (settings.max_resends + 1)
+        sent_after = utcnow() - timedelta(seconds=spent)
+        tenants = sorted({t for _, t, _ in rows})
+        busy = in_flight(session, tenants, sent_after=sent_after) if rows else {}
         chosen = [qid for qid, tenant, turn in rows if turn <= cap - busy.get(tenant, 0)][:limit]
         claimed = _claim(session, chosen, unsent)
         session.commit()

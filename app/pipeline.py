@@ -34,6 +34,8 @@ from app.lease import Claimed, claim, heartbeat, release
 from app.requests import QueryStatus
 from app.resources import Resources
 from app.settings import Settings
+from app.streams import QueryStream, open_stream
+from retrieval import build_prompt
 
 if TYPE_CHECKING:  # generation imports torch: loaded with the engine, not with this module
     from generation import GenerationResult, SamplingParams
@@ -94,9 +96,13 @@ def answer_query(
         return "missing" if status is None else "skipped"
     s = resources.settings
     step = generate_step or (lambda built, deltas: generate(resources.engine, built, deltas))
+    # Token bursts for GET /v1/queries/{id}/stream (a no-op without a stream Redis).
+    stream = open_stream(resources, qid, claimed.attempt)
     with heartbeat(sf, qid, claimed.attempt, s.heartbeat_seconds, float(s.task_time_limit)):
         try:
-            return _answer(resources, qid, claimed, step, on_delta)
+            outcome = _answer(resources, qid, claimed, step, stream.chain(on_delta), stream)
+            stream.end(outcome)  # after the commit: readers then find the final state
+            return outcome
         except BaseException as exc:
             if _cancelled(exc):
                 # Cancelled at a step boundary (preempted, shut down): nothing was recorded.
@@ -118,6 +124,7 @@ def answer_query(
                     error=public_error(exc),
                 )  # fmt: skip
                 session.commit()
+            stream.end(QueryStatus.FAILED)
             run_after_answer(resources, _answered(resources, qid, claimed, QueryStatus.FAILED))
             return "failed"
 
@@ -128,11 +135,15 @@ def _answer(
     claimed: Claimed,
     generate_step: GenerateStep,
     on_delta: DeltaCallback | None,
+    stream: QueryStream,
 ) -> Outcome:
     retrieved = retrieve(resources, claimed)
     built = build_request(resources, claimed, retrieved.hits)
     generation_started = utcnow()
     result = generate_step(built, on_delta)
+    # Queued, not written here: ids never delivered as deltas and the text held back, so that the
+    # streamed texts add up to exactly the stored answer.
+    stream.finish(answer_text(resources, result.token_ids), list(result.token_ids))
     outcome = record(resources, qid, claimed, retrieved, built, result, generation_started)
     if outcome == QueryStatus.SUCCEEDED:
         answered = _answered(resources, qid, claimed, QueryStatus.SUCCEEDED, built, result)
@@ -164,7 +175,6 @@ def retrieve(resources: Resources, claimed: Claimed) -> Retrieved:
 def build_request(resources: Resources, claimed: Claimed, hits: list[Any]) -> BuiltRequest:
     """The numbered prompt within the target's context budget, as token ids, and its sampling."""
     from generation import SamplingParams  # heavy: torch
-    from retrieval import build_prompt  # heavy: faiss, sentence-transformers
 
     engine, tokenizer, params = resources.engine, resources.tokenizer, claimed.params
     max_tokens = int(params["max_tokens"])
@@ -233,6 +243,11 @@ def _cancelled(exc: BaseException) -> bool:
     return base is not None and isinstance(exc, base.Cancelled)
 
 
+def answer_text(resources: Resources, token_ids: list[int]) -> str:
+    """The stored answer for generated ``token_ids``: decoded without special tokens, stripped."""
+    return str(resources.tokenizer.decode(token_ids, skip_special_tokens=True)).strip()
+
+
 def record(
     resources: Resources,
     qid: uuid.UUID,
@@ -243,7 +258,7 @@ def record(
     generation_started: datetime,
 ) -> Outcome:
     """Store the answer text, its sources and stats, and the query's final status, at once."""
-    text = resources.tokenizer.decode(result.token_ids, skip_special_tokens=True).strip()
+    text = answer_text(resources, result.token_ids)
     stats = result.stats
     done_at = utcnow()
     stats.retrieval_ms = retrieved.retrieval_ms

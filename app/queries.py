@@ -26,6 +26,7 @@ from app.requests import (
     check_text,
     validate_request,
 )
+from retrieval.records import CollectionIndex
 
 # Re-exported: the request model and its validation used to live here.
 __all__ = [
@@ -168,7 +169,6 @@ def wait_for(
 
 def require_collection(session: Session, tenant: str, collection: str) -> None:
     """RequestError naming ``collection`` unless the tenant has ingested into it."""
-    from retrieval.records import CollectionIndex
 
     found = session.scalar(
         select(CollectionIndex.id).where(

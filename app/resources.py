@@ -8,13 +8,29 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from app.db import Tenant
 from app.settings import Settings
 
+if TYPE_CHECKING:  # both import torch; they load with the models, not with this module
+    from generation import Engine
+    from generation.base import GenerationLoop
+    from retrieval import RetrievalService
+
 log = logging.getLogger(__name__)
+
+
+class Tokenizer(Protocol):
+    """The part of a Hugging Face tokenizer the service uses: text to ids and back."""
+
+    def encode(self, text: str, add_special_tokens: bool = ...) -> list[int]:
+        """The token ids of ``text``."""
+
+    def decode(self, token_ids: list[int], skip_special_tokens: bool = ...) -> str:
+        """The text of ``token_ids``."""
 
 
 class Resources:
@@ -24,19 +40,19 @@ class Resources:
         self.settings = settings
         self.session_factory = session_factory
         self._lock = threading.Lock()
-        self._engine: Any = None
-        self._tokenizer: Any = None
-        self._retrieval: Any = None
+        self._engine: Engine | None = None
+        self._tokenizer: Tokenizer | None = None
+        self._retrieval: RetrievalService | None = None
         self._tenants: dict[int, str] = {}
-        self._loop: Any = None
+        self._loop: GenerationLoop | None = None
         self._loop_lock = threading.Lock()
 
     @property
-    def engine(self) -> Any:
+    def engine(self) -> Engine:
         """The generation engine (target and draft together), loaded on first use."""
         with self._lock:
             if self._engine is None:
-                from generation import load_engine
+                from generation import load_engine  # heavy: torch
 
                 s = self.settings
                 log.info(
@@ -55,7 +71,7 @@ class Resources:
             return self._engine
 
     @property
-    def loop(self) -> Any:
+    def loop(self) -> GenerationLoop:
         """The process's one engine loop (``GenerationLoop``), started on first use.
 
         Its batch holds ``worker_concurrency`` requests; an engine that cannot hold that many is
@@ -74,7 +90,7 @@ class Resources:
                         f"engine: {type(engine).__name__} has no online loop (start_loop); "
                         "a worker needs one to hold queries in flight"
                     )
-                self._loop = start(concurrency)
+                self._loop = cast("GenerationLoop", start(concurrency))
                 log.info("engine loop started: %s queries in flight", concurrency)
             return self._loop
 
@@ -86,21 +102,22 @@ class Resources:
             loop.close()
 
     @property
-    def tokenizer(self) -> Any:
+    def tokenizer(self) -> Tokenizer:
         """The target's tokenizer (prompt text to ids and back)."""
         with self._lock:
             if self._tokenizer is None:
-                from generation import load_tokenizer
+                from generation import load_tokenizer  # heavy: transformers
 
-                self._tokenizer = load_tokenizer(str(self.settings.target_model))
+                # A transformers tokenizer: its encode/decode take many more options.
+                self._tokenizer = cast(Tokenizer, load_tokenizer(str(self.settings.target_model)))
             return self._tokenizer
 
     @property
-    def retrieval(self) -> Any:
+    def retrieval(self) -> RetrievalService:
         """The retrieval service with its embedder loaded."""
         with self._lock:
             if self._retrieval is None:
-                from retrieval import Embedder, RetrievalService
+                from retrieval import Embedder, RetrievalService  # heavy: faiss, torch
 
                 s = self.settings
                 embedder = Embedder(s.embedding_model, device="cpu")
@@ -120,8 +137,6 @@ class Resources:
         """The name of tenant ``tenant_id`` (cached: tenants are never renamed)."""
         name = self._tenants.get(tenant_id)
         if name is None:
-            from app.db import Tenant
-
             with self.session_factory() as session:
                 tenant = session.get(Tenant, tenant_id)
                 if tenant is None:
@@ -135,7 +150,7 @@ class Resources:
             # One encode loads the embedding model's weights and warms its kernels.
             self.retrieval.embedder.encode(["warm up"])
         if answer:
-            from generation import SamplingParams
+            from generation import SamplingParams  # heavy: torch
 
             ids = self.tokenizer.encode("Passages:\nwarm up", add_special_tokens=False)
             self.engine.generate(ids, SamplingParams(max_new_tokens=2))

@@ -208,6 +208,29 @@ class Settings(BaseSettings):
         default="http://127.0.0.1:8000", description="Where the Python client finds the API."
     )
 
+    # Answer streaming (app/streams, GET /v1/queries/{id}/stream).
+    stream_url: str | None = Field(
+        default=None,
+        description=(
+            "Redis for answer streams; default: the broker when it is Redis. Without one the "
+            "stream is read from the database (whole answer at once, then done)."
+        ),
+    )
+    stream_maxlen: int = Field(
+        default=2048,
+        description="Most entries one query's stream keeps (XADD MAXLEN ~); keep above max_tokens_limit.",
+    )
+    stream_ttl_seconds: float = Field(
+        default=600.0, description="A query's stream expires this long after its last entry."
+    )
+    stream_keepalive_seconds: float = Field(
+        default=15.0,
+        description="An open stream sends a comment this often when idle (and re-checks the database).",
+    )
+    stream_poll_seconds: float = Field(
+        default=0.5, description="How often a stream read from the database polls the query."
+    )
+
     # Batch jobs (app/batch, workers/batch_tasks.py).
     batch_max_items: int = Field(default=10_000, description="Most items one batch may hold.")
     batch_chunk_size: int = Field(
@@ -258,6 +281,21 @@ class Settings(BaseSettings):
         description="Cosine similarity at which a cited passage supports an answer sentence.",
     )
 
+    # Metrics (app/metrics, docs/metrics.md).
+    metrics_port: int | None = Field(
+        default=None,
+        ge=1,
+        le=65535,
+        description="A worker serves Prometheus text on this port (unset: no metrics server).",
+    )
+    metrics_host: str = Field(
+        default="0.0.0.0", description="Address the worker's metrics server binds."
+    )
+    metrics_tenant_label: bool = Field(
+        default=False,
+        description="Add a tenant label to the worker's metrics (off: tenants stay out of them).",
+    )
+
     @property
     def resolved_database_url(self) -> str:
         """The database URL in use: the setting, or an SQLite file in the data dir."""
@@ -271,6 +309,12 @@ class Settings(BaseSettings):
         if self.broker_url:
             return self.broker_url
         return f"sqla+sqlite:///{(self.data_dir / 'broker.db').resolve()}"
+
+    @property
+    def resolved_stream_url(self) -> str | None:
+        """The Redis URL answer streams use, or None (no Redis: streams come from the database)."""
+        url = self.stream_url or self.resolved_broker_url
+        return url if url.startswith(("redis://", "rediss://", "unix://")) else None
 
     @property
     def index_dir(self) -> Path:

@@ -24,9 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -124,25 +122,11 @@ def setup(tmp: Path) -> tuple[dict[str, str], str]:
     return env, name
 
 
-def start_worker(env: dict[str, str], log: Path, **extra: str) -> subprocess.Popen[bytes]:
-    """A ``specrag worker -Q answer,batch`` subprocess in its own process group."""
-    return subprocess.Popen(
-        [str(Path(sys.executable).parent / "specrag"), "worker", "-Q", "answer,batch"],
-        env={**os.environ, **env, **extra},
-        stdout=log.open("ab"),
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+def start_worker(env: dict[str, str], log: Path, **extra: str) -> Any:
+    """A ``specrag worker -Q answer,batch`` subprocess (workers/process.py)."""
+    from workers.process import WorkerProcess
 
-
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    """Warm-stop the worker (SIGTERM), SIGKILL after 30 s."""
-    os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(30)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+    return WorkerProcess({**os.environ, **env, **extra}, log, queues="answer,batch").start()
 
 
 def wait_query(sf: Any, qid: uuid.UUID, timeout: float = 300) -> Any:
@@ -385,7 +369,7 @@ def run(args: argparse.Namespace, env: dict[str, str], tmp: Path) -> None:
             lat[VARIANTS[0][0]] += during_batch(sf, settings, celery, args)
         idle += interactive(sf, settings, celery, args.interactive, args.max_tokens)
         for label, extra in VARIANTS[1:] if args.all_variants else ():
-            stop(worker)
+            worker.stop()
             worker = start_worker(env, log, **extra)
             wait_query(sf, ask(sf, settings, celery, "warm up", 2), timeout=300)
             note(label)
@@ -393,7 +377,7 @@ def run(args: argparse.Namespace, env: dict[str, str], tmp: Path) -> None:
             m = max(3, args.interactive // 3) if "no yield" in label else args.interactive
             lat[label] = during_batch(sf, settings, celery, args, m)
     finally:
-        stop(worker)
+        worker.stop()
 
     report_throughput(args, pipe, queue)
     report_latency(args, idle, list(lat.items()))

@@ -1,10 +1,19 @@
 """Speculative decoding: a draft model or n-gram lookup proposes, the target verifies.
 
 Public names: the engine (``SpeculativeEngine``), its request and result types, the ``Engine``
-protocol other engines (vLLM) implement, and loaders.
+protocol other engines (vLLM) implement, the online loop (``EngineLoop``, continuous
+batching) and its handles, and loaders.
 """
 
-from generation.base import Engine, GenerationResult
+from generation.base import (
+    Cancelled,
+    DeltaCallback,
+    Engine,
+    GenerationLoop,
+    GenerationResult,
+    RequestHandle,
+)
+from generation.engine_loop import BatchRequestError, EngineLoop
 from generation.factory import load_engine
 from generation.loading import (
     CheckpointError,
@@ -18,11 +27,17 @@ from generation.torch_engine import SpeculativeEngine
 
 __all__ = [
     "METHODS",
+    "BatchRequestError",
+    "Cancelled",
     "CheckpointError",
+    "DeltaCallback",
     "Engine",
+    "EngineLoop",
+    "GenerationLoop",
     "GenerationResult",
     "GenerationStats",
     "IncompatibleDraftError",
+    "RequestHandle",
     "SamplingParams",
     "SpeculativeEngine",
     "load_engine",

@@ -94,8 +94,26 @@ class Engine(Protocol):
         """A short label of the loaded target/draft pair, stored with every answer."""
         ...
 
+    def check_request(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        """Raise ValueError naming the problem when this engine cannot serve the request."""
+        ...
+
     def generate(self, prompt_token_ids: list[int], params: SamplingParams) -> GenerationResult:
         """Generate up to ``params.max_new_tokens`` tokens after ``prompt_token_ids``."""
+        ...
+
+    def generate_many(
+        self,
+        prompts: list[list[int]],
+        params: list[SamplingParams] | SamplingParams,
+        *,
+        max_batch_size: int | None = None,
+    ) -> list[GenerationResult]:
+        """One result per prompt, in input order, generated as one continuous batch."""
+        ...
+
+    def start_loop(self, max_batch_size: int | None = None) -> GenerationLoop:
+        """A running online loop (continuous batching) over this engine."""
         ...
 
 

@@ -114,9 +114,13 @@ class BatchEngine:
                 self.scheduler.release(seq)
                 seq.handle.fail(seq.cancelled())
         for seq in self.scheduler.admit():
-            self.target.clear(seq.slot)
-            if self.draft is not None:
-                self.draft.clear(seq.slot)
+            # Room for the whole request at once (prompt, budget, one round's padding), and
+            # slots for a full batch: the caches grow once, not as requests join.
+            need = len(seq.prompt) + seq.budget + self.engine.max_speculative_tokens + 1
+            for runner in (self.target, self.draft):
+                if runner is not None:
+                    runner.cache.reserve(self.scheduler.max_batch_size, need)
+                    runner.clear(seq.slot)
         for seq, count in self.scheduler.prefill_plan():
             self._prefill(seq, count)
         for seq in [s for s in self.scheduler.running if s.finished]:

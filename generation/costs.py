@@ -59,15 +59,15 @@ def measure_costs(
     return CostModel([0.0, *rounds])
 
 
-def time_batch_step(
+def time_batch_steps(
     target: Forward,
     draft: Forward | None,
     batch_size: int,
-    k: int,
+    ks: list[int],
     context_len: int = 64,
-    repeats: int = 3,
-) -> float:
-    """Return the median seconds of a batch step: ``batch_size`` rows, ``k`` drafts each.
+    repeats: int = 2,
+) -> dict[int, float]:
+    """Return the median seconds of a batch step of ``batch_size`` rows for each k in ``ks``.
 
     A step is one target pass over ``[batch_size, k + 1]`` and, with a draft model, ``k``
     draft passes over ``[batch_size, 1]``, on scratch slots that hold ``context_len`` tokens.
@@ -77,23 +77,25 @@ def time_batch_step(
     vocab = int(target.config.vocab_size)
     context = [i % vocab for i in range(context_len)]
     slots = list(range(batch_size))
+    times: dict[int, list[float]] = {k: [] for k in ks}
     with torch.inference_mode():
         for runner in runners:
             for slot in slots:
                 runner.prefill(slot, context)
-        times = []
-        for _ in range(repeats + 1):  # the first step warms up allocators and kernels
-            _synchronize(device)
-            start = time.perf_counter()
-            if draft is not None and k:
-                ids = torch.ones((batch_size, 1), dtype=torch.long, device=device)
-                for _ in range(k):
-                    runners[1].run(slots, ids, [1] * batch_size, last_only=True)
-            ids = torch.ones((batch_size, k + 1), dtype=torch.long, device=device)
-            runners[0].run(slots, ids, [k + 1] * batch_size).argmax(dim=-1).tolist()
-            _synchronize(device)
-            times.append(time.perf_counter() - start)
-            for runner in runners:
-                for slot in slots:
-                    runner.set_length(slot, context_len)
-    return statistics.median(times[1:])
+        for attempt in range(repeats + 1):  # the first round warms up allocators and kernels
+            for k in ks:
+                _synchronize(device)
+                start = time.perf_counter()
+                if draft is not None and k:
+                    ids = torch.ones((batch_size, 1), dtype=torch.long, device=device)
+                    for _ in range(k):
+                        runners[1].run(slots, ids, [1] * batch_size, last_only=True)
+                ids = torch.ones((batch_size, k + 1), dtype=torch.long, device=device)
+                runners[0].run(slots, ids, [k + 1] * batch_size).argmax(dim=-1).tolist()
+                _synchronize(device)
+                if attempt:
+                    times[k].append(time.perf_counter() - start)
+                for runner in runners:
+                    for slot in slots:
+                        runner.set_length(slot, context_len)
+    return {k: statistics.median(t) for k, t in times.items()}

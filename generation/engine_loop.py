@@ -144,7 +144,7 @@ def run_many(
         raise ValueError(
             f"params: expected one SamplingParams per prompt ({len(prompts)}), got {len(params)}"
         )
-    batch = BatchEngine(engine, max_batch_size)
+    batch = BatchEngine(engine, max(1, min(max_batch_size, len(prompts))))
     handles = [LoopHandle() for _ in prompts]
     for prompt, sampling, handle in zip(prompts, params, handles, strict=True):
         batch.add(prompt, sampling, handle)

@@ -35,8 +35,25 @@ def bucket(batch_size: int) -> int:
     return size
 
 
-StepTimer = Callable[[int, int, bool], float]
-"""(batch_size, k, with_draft_model) -> seconds of one step."""
+StepTimer = Callable[[int, list[int], bool], dict[int, float]]
+"""(batch_size, ks, with_draft_model) -> seconds of one step for each k."""
+
+MEASURED_KS = (0, 1, 2, 4, 8)
+"""The k whose steps are timed; the others are interpolated (a few passes per bucket)."""
+
+
+def interpolate(points: dict[int, float], k_max: int) -> list[float]:
+    """Return values for k = 0 .. k_max, linear between the measured ``points``."""
+    known = sorted(points)
+    values = []
+    for k in range(k_max + 1):
+        lo = max((p for p in known if p <= k), default=known[0])
+        hi = min((p for p in known if p >= k), default=known[-1])
+        if hi == lo:
+            values.append(points[lo])
+        else:
+            values.append(points[lo] + (points[hi] - points[lo]) * (k - lo) / (hi - lo))
+    return values
 
 
 @dataclass
@@ -51,8 +68,9 @@ class StepCosts:
         """Return the cost table of the bucket of ``batch_size`` (measuring it the first time)."""
         key = (bucket(batch_size), with_draft)
         if key not in self.tables:
-            measured = [self.timer(key[0], k, with_draft) for k in range(self.k_max + 1)]
-            self.tables[key] = CostModel([0.0, *measured])
+            ks = [k for k in MEASURED_KS if k < self.k_max] + [self.k_max]
+            points = self.timer(key[0], ks, with_draft)
+            self.tables[key] = CostModel([0.0, *interpolate(points, self.k_max)])
         return self.tables[key]
 
     def cost(self, batch_size: int, k: int, with_draft: bool) -> float:

@@ -73,13 +73,16 @@ class SlotCache:
         slots, capacity = self.num_slots, self.capacity
         if num_slots <= slots and length <= capacity:
             return
-        new_slots = max(num_slots, slots)
+        # Doubling in both directions: requests joining one by one do not regrow each time.
+        new_slots = slots if num_slots <= slots else max(num_slots, 2 * slots)
         new_capacity = capacity
         if length > capacity:
             new_capacity = max(length, 2 * capacity, MIN_CAPACITY)
         shape = (new_slots, new_capacity, self.kv_heads, self.head_dim)
         for store in (self.keys, self.values):
             for i in range(self.num_layers):
+                # Zeros, not empty: positions past a length are masked, and a masked score
+                # must never meet a NaN of uninitialised memory.
                 grown = torch.zeros(shape, dtype=self.dtype, device=self.device)
                 if store and slots and capacity:
                     grown[:slots, :capacity] = store[i]

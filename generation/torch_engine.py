@@ -18,7 +18,7 @@ import torch
 
 from generation.adaptive import AdaptiveK, CostModel, RecentAcceptance
 from generation.base import GenerationResult, check_prompt
-from generation.costs import measure_costs, time_batch_step
+from generation.costs import measure_costs, time_batch_steps
 from generation.engine_loop import EngineLoop, run_many
 from generation.forward import Forward, forward_for
 from generation.goodput import StepCosts
@@ -232,8 +232,8 @@ class SpeculativeEngine:
         if self._step_costs is None:
             target, draft = self._target_fwd, self._draft_fwd
 
-            def timer(batch_size: int, k: int, with_draft: bool) -> float:
-                return time_batch_step(target, draft if with_draft else None, batch_size, k)
+            def timer(batch_size: int, ks: list[int], with_draft: bool) -> dict[int, float]:
+                return time_batch_steps(target, draft if with_draft else None, batch_size, ks)
 
             self._step_costs = StepCosts(timer, self.max_speculative_tokens)
         return self._step_costs

@@ -145,8 +145,10 @@ def read_delta(
     rows: list[Any] = []
     for start in range(0, len(wanted), 5000):  # bounded IN lists
         batch = wanted[start : start + 5000]
+        # By primary key alone: the log names this collection's chunks (a join on documents
+        # made PostgreSQL scan every chunk; docs/benchmarks.md, "Scale-out").
         rows += session.execute(
-            _vectors_query(tenant, collection).where(Chunk.id.in_(batch)).order_by(Chunk.id)
+            select(Chunk.id, Chunk.embedding).where(Chunk.id.in_(batch)).order_by(Chunk.id)
         ).all()
     # An added chunk that is gone again is not found here: its later removal is in ``removed``.
     ids, vectors = _decode(rows, tenant, collection, state.dim)
@@ -208,7 +210,7 @@ def _vectors_query(tenant: str, collection: str):  # type: ignore[no-untyped-def
 
 def _binary_rows(session: Session, tenant: str, collection: str) -> list[Any]:
     """``(id, embedding)`` rows in chunk-id order, in PostgreSQL's binary format: bytea as raw
-    bytes instead of hex text, about twice as fast at 100k chunks (measured; docs/scaleout.md).
+    bytes instead of hex text, about twice as fast at 100k chunks (docs/benchmarks.md).
     Runs on the session's own connection, so inside its consistent view."""
     driver: Any = session.connection().connection.driver_connection
     with driver.cursor(binary=True) as cur:

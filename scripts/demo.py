@@ -3,7 +3,8 @@
 Steps: migrate the embedded SQLite database, ingest demo/corpus, start a real ``specrag worker``
 subprocess (embedded SQLAlchemy broker), serve the HTTP API on a loopback port, submit the demo
 question with the Python client exactly as the web backend does (API → database → queue →
-worker), wait, print the answer with its sources and decoding stats, and stop the worker.
+worker), print the answer as its stream delivers it, then its sources and decoding stats, and
+stop the worker.
 """
 
 from __future__ import annotations
@@ -69,13 +70,35 @@ def stop_worker(proc: subprocess.Popen[bytes]) -> None:
             proc.wait()
 
 
-def show(view: dict[str, Any], question: str) -> None:
-    """Print the answer, its sources and its stats for people."""
-    print(f"\nQuestion: {question}\n")
+def stream_answer(client: Any, query_id: str, question: str, quiet: bool) -> dict[str, Any]:
+    """Print the answer as the stream delivers it (GET /v1/queries/{id}/stream); the final view.
+
+    On the embedded broker the stream comes from the database: the whole answer in one event.
+    """
+    if not quiet:
+        print(f"\nQuestion: {question}\n\nAnswer: ", end="", flush=True)
+    for event in client.stream(query_id, timeout=600):
+        if event.event == "token" and not quiet:
+            print(event.data["text"], end="", flush=True)
+        elif event.event == "reset" and not quiet:
+            print("\n[the answer started over]\nAnswer: ", end="", flush=True)
+        elif event.event in ("done", "error"):
+            if not quiet:
+                print("\n")
+            return dict(event.data)
+    return client.get(query_id)
+
+
+def show(view: dict[str, Any], question: str, streamed: bool = False) -> None:
+    """Print the answer (unless it was streamed), its sources and its stats for people."""
+    if not streamed:
+        print(f"\nQuestion: {question}\n")
     if view["status"] != "succeeded":
         print(f"The query {view['status']}: {view.get('error')}")
         return
-    print(f"Answer:{view['answer'] if view['answer'].startswith(' ') else ' ' + view['answer']}\n")
+    if not streamed:
+        answer = view["answer"]
+        print(f"Answer:{answer if answer.startswith(' ') else ' ' + answer}\n")
     print("Sources:")
     for rank, src in enumerate(view.get("sources", []), start=1):
         print(f"  [{rank}] {src['document']} — {src.get('title') or ''} (score {src['score']:.3f})")
@@ -133,7 +156,7 @@ def main() -> None:
         with SpecragClient(f"http://127.0.0.1:{port}", key) as client:
             print("demo: submitting the question through the API and the queue ...", flush=True)
             query_id = client.submit(args.question, COLLECTION, max_tokens=args.max_tokens)
-            view = client.wait(query_id, timeout=600)
+            view = stream_answer(client, query_id, args.question, quiet=args.json)
         server.should_exit = True
         thread.join(10)
     finally:
@@ -141,7 +164,7 @@ def main() -> None:
     if args.json:
         print(json.dumps(view, indent=2))
     else:
-        show(view, args.question)
+        show(view, args.question, streamed=True)
     sys.exit(0 if view["status"] == "succeeded" else 1)
 
 

@@ -154,3 +154,24 @@ def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         tokenizer.save_pretrained(out)
         dirs[name] = out
     return dirs
+
+
+# What a test needs decides its marks, so that a new test cannot forget them: ``make test-fast``
+# runs what is left (`-m "not integration and not models"`), ``make test`` runs everything.
+LIVE_FIXTURES = {"pg_url", "migrated_pg_url", "redis_url", "private_redis", "pg_session_factory"}
+"""Fixtures that need a live PostgreSQL or Redis (every fixture built on them counts too)."""
+MODEL_FIXTURES = {"tiny_models", "embedder", "demo_dirs", "live"}
+"""Fixtures that load real weights: tiny random model pairs, MiniLM, the shipped demo pair."""
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark ``integration`` the tests that need live services, ``models`` those that load weights."""
+    for item in items:
+        names = set(getattr(item, "fixturenames", ()))
+        callspec = getattr(item, "callspec", None)
+        params = set(map(str, callspec.params.values())) if callspec is not None else set()
+        parts = Path(str(item.path)).relative_to(REPO_ROOT).parts
+        if names & LIVE_FIXTURES or "postgresql" in params or parts[:2] == ("tests", "integration"):
+            item.add_marker(pytest.mark.integration)
+        if names & MODEL_FIXTURES or parts[:2] in {("tests", "models"), ("tests", "generation")}:
+            item.add_marker(pytest.mark.models)

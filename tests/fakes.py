@@ -40,6 +40,7 @@ class RecordingDispatcher:
 
     sent: list[tuple[str, tuple[Any, ...]]] = field(default_factory=list)
     waiting: bool = False
+    depths: dict[str, int] = field(default_factory=dict)
 
     def send_query(self, query_id: uuid.UUID, queue: str = QueueName.ANSWER) -> None:
         """Record the query's send."""
@@ -66,6 +67,10 @@ class RecordingDispatcher:
     def answer_waiting(self) -> bool:
         """What the test set in ``waiting``."""
         return self.waiting
+
+    def queue_depths(self, queues: Any) -> dict[str, int]:
+        """What the test set in ``depths`` (0 for the other queues)."""
+        return {queue: self.depths.get(queue, 0) for queue in queues}
 
     def of(self, kind: str) -> list[tuple[Any, ...]]:
         """The recorded sends of one kind, in order."""

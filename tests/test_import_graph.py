@@ -11,6 +11,7 @@ packages Python also initialises, so a package's ``__init__`` re-exports do not 
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import pytest
@@ -94,8 +95,9 @@ def imports_of(module: str, path: Path, known: dict[str, Path]) -> set[tuple[str
     return edges
 
 
+@functools.cache
 def build_graph() -> dict[str, dict[str, int]]:
-    """module -> {imported module: first line that imports it}."""
+    """module -> {imported module: first line that imports it} (built once per test session)."""
     known = all_modules()
     graph: dict[str, dict[str, int]] = {}
     for module, path in known.items():

@@ -88,6 +88,10 @@ def worker(
     settings, processes = pool_concurrency(settings, concurrency)
     # Fail fast, before joining the queue, when the database is not migrated.
     prepare(settings)[0].dispose()
+    # Bound before joining the queues: a taken port stops the worker here, with the reason.
+    from app.metrics import start_worker_metrics
+
+    start_worker_metrics(settings)
     app = create_celery(settings)
     app.warm = {"answer": "answer" in names or "batch" in names, "ingest": "ingest" in names}
     if settings.worker_pool != "prefork":

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from celery import Celery, group
@@ -17,6 +17,7 @@ from celery.canvas import Signature
 from app.dispatch import TaskName
 from app.requests import QueueName
 from workers import priority
+from workers.queue_depth import queue_depths
 from workers.wakeup import announce
 
 BATCH_PRIORITY = 9
@@ -108,3 +109,7 @@ class CeleryDispatcher:
     def answer_waiting(self) -> bool:
         """Whether interactive answer messages wait in the broker."""
         return priority.waiting(self.app, QueueName.ANSWER)
+
+    def queue_depths(self, queues: Sequence[str]) -> dict[str, int]:
+        """Messages waiting per queue in the broker (all priority lists on Redis)."""
+        return queue_depths(self.app, queues)

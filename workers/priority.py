@@ -29,7 +29,7 @@ _last_warned = [0.0]
 @cache
 def _layout() -> tuple[str, tuple[int, ...]]:
     try:
-        from kombu.transport.redis import Channel
+        from kombu.transport.redis import Channel  # guarded: a kombu release may move it
 
         sep, steps = str(Channel.sep), tuple(int(s) for s in Channel.priority_steps)
     except (ImportError, AttributeError, TypeError, ValueError):

@@ -2,30 +2,32 @@
 
 from __future__ import annotations
 
+import logging
 import socket
 from typing import Any
 
 from celery import Celery, Task
 
 from app.dispatch import TaskName
+from app.outbox import admit
 from app.pipeline import answer_query as run
 from app.pipeline import loop_step
 from app.requests import QueryStatus
+from app.tenancy.deadline import time_limit
+from app.tenancy.ingest import delete_uploaded, ingest_uploaded
 from workers import runtime
 from workers.audit_tasks import send_shadow_if_sampled
+from workers.dispatcher import send_query
+
+log = logging.getLogger(__name__)
 
 
 def _admit_next(app: Celery, resources: Any) -> None:
     """A slot freed: send the next held queries in tenant round-robin (app/outbox.py admit)."""
-    from app.outbox import admit
-    from workers.dispatcher import send_query
-
     try:
         admit(resources.session_factory, resources.settings, lambda q, qu: send_query(app, q, qu))
     except Exception:  # the sweeper admits on its next round
-        import logging
-
-        logging.getLogger(__name__).exception("admission after an answer failed")
+        log.exception("admission after an answer failed")
 
 
 def register(app: Celery) -> None:
@@ -49,8 +51,6 @@ def register(app: Celery) -> None:
         self: Task, paths: list[str], collection: str, tenant: str = "default"
     ) -> dict[str, Any]:
         """Ingest files or folders into the tenant's collection; returns the ingest report."""
-        from app.tenancy.deadline import time_limit
-
         resources = runtime.resources(self.app)
         with time_limit(resources.settings.ingest_time_limit):
             report = resources.retrieval.ingest(paths, collection=collection, tenant=tenant)
@@ -65,13 +65,9 @@ def register(app: Celery) -> None:
         max_chars: int = 0,
     ) -> dict[str, Any]:
         """Ingest files uploaded over the API under their own names; records each file's state."""
-        from app.tenancy.ingest import ingest_uploaded
-
         return ingest_uploaded(runtime.resources(self.app), files, collection, tenant, max_chars)
 
     @app.task(name=TaskName.DELETE_DOCUMENT.value, bind=True, shared=False)
     def delete_document(self: Task, source: str, collection: str, tenant: str) -> bool:
         """Remove one document from the tenant's collection (database and index together)."""
-        from app.tenancy.ingest import delete_uploaded
-
         return delete_uploaded(runtime.resources(self.app), source, collection, tenant)

@@ -17,6 +17,9 @@ import logging
 import threading
 import time
 from typing import Any
+from urllib.parse import urlsplit
+
+import redis
 
 log = logging.getLogger(__name__)
 
@@ -35,8 +38,6 @@ def is_redis(url: str) -> bool:
 
 def channel(url: str) -> str:
     """The announcement channel of the broker at ``url`` (one per Redis database number)."""
-    from urllib.parse import urlsplit
-
     db = urlsplit(url).path.strip("/") or "0"
     return f"{CHANNEL}:{db}"
 
@@ -45,8 +46,6 @@ def redis_client(url: str) -> Any:
     """One redis-py client per broker URL, per process."""
     client = _clients.get(url)
     if client is None:
-        import redis
-
         client = _clients[url] = redis.Redis.from_url(url, socket_timeout=2)
     return client
 
@@ -82,8 +81,6 @@ class Wakeup:
             self._events.discard(event)
 
     def _run(self) -> None:
-        import redis
-
         while True:
             try:
                 client = redis.Redis.from_url(self._url, socket_timeout=None)

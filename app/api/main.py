@@ -9,7 +9,7 @@ from fastapi import FastAPI
 
 from app.api import errors
 from app.api.guard import RequestGuard
-from app.api.routes import admin, batches, documents, health, queries
+from app.api.routes import admin, batches, documents, health, queries, stream
 from app.db import prepare
 from app.dispatch import Dispatcher, NoQueue
 from app.outbox import Sweeper
@@ -38,6 +38,7 @@ def create_app(
         finally:
             if running is not None:
                 running.stop()
+            await stream.close_stream_source(app)
             engine.dispose()
 
     app = FastAPI(
@@ -57,7 +58,11 @@ def create_app(
     app.add_middleware(RequestGuard, max_bytes=settings.max_request_bytes)  # type: ignore[arg-type]
     app.include_router(health.router)
     app.include_router(queries.router)
+    app.include_router(stream.router)
     app.include_router(admin.router)
     app.include_router(batches.router)
     app.include_router(documents.router)
+    from app.metrics import install as install_metrics
+
+    install_metrics(app, session_factory, queue)
     return app

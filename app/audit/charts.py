@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
 
 def _figure(size: tuple[float, float]) -> Figure:
-    from matplotlib.figure import Figure
+    from matplotlib.figure import Figure  # heavy: matplotlib
 
     return Figure(figsize=size)
 
@@ -63,7 +63,7 @@ def acceptance_by_position(series: list[tuple[str, list[dict[str, Any]]]]) -> Fi
             label=label,
         )
     ax.set_xlabel("draft position")
-    from matplotlib.ticker import MaxNLocator
+    from matplotlib.ticker import MaxNLocator  # heavy: matplotlib
 
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel("share of drafts accepted")

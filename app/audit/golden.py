@@ -22,7 +22,9 @@ from app.audit.aggregate import EVAL_QUEUE
 from app.audit.metrics import exact_match, faithfulness, retrieval_recall, token_f1
 from app.audit.records import GoldenItem, GoldenRun
 from app.db.models import Answer, Query, utcnow
-from app.requests import DEFAULT_NUM_SPECULATIVE_TOKENS, Method
+from app.pipeline import answer_query
+from app.queries import get_or_create_tenant
+from app.requests import DEFAULT_NUM_SPECULATIVE_TOKENS, Method, validate_request
 
 REFERENCE_KEYS = ("reference", "reference_answer", "answer")
 
@@ -94,8 +96,6 @@ class Answered:
 
 
 def _ask(resources: Any, tenant: Any, spec: GoldenSpec, params: dict[str, Any]) -> Answered:
-    from app.pipeline import answer_query
-    from app.requests import validate_request
 
     request = validate_request(
         resources.settings, {"question": spec.question, "collection": spec.collection, **params}
@@ -141,7 +141,6 @@ def run_golden(
     max_tokens: int | None = None,
 ) -> dict[str, Any]:
     """Answer, score and store every item (speculative and baseline); returns the run summary."""
-    from app.queries import get_or_create_tenant
 
     s = resources.settings
     common = {"temperature": 0.0, "max_tokens": max_tokens or s.default_max_tokens}

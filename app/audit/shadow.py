@@ -108,7 +108,7 @@ def run_shadow(
     Returns "done", "violation" (outputs differ: logged as an error), "failed", or "skipped"
     (no pending run: already taken by another delivery of the task).
     """
-    from generation import SamplingParams
+    from generation import SamplingParams  # heavy: torch
 
     qid = query_id if isinstance(query_id, uuid.UUID) else uuid.UUID(str(query_id))
     with session_factory() as session:

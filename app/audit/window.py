@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
+from app.validation import check_time_range
+
 FORMATS = ("json", "csv", "html")
 GROUPINGS = (
     "tenant",
@@ -62,7 +64,6 @@ def parse_time(field: str, value: str | datetime) -> datetime:
             raise ValueError(
                 f"{field}: not an ISO 8601 time: {value!r} (e.g. 2026-11-29T12:00:00Z)"
             ) from None
-    from app.validation import check_time_range
 
     try:
         aware = parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed.astimezone(UTC)

@@ -11,12 +11,15 @@ wait, which says nothing about the model.
 
 from __future__ import annotations
 
+import json
 import uuid
 from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session, aliased, selectinload
 
+from app.audit.render import Section, html_report
+from app.audit.render import to_csv as rows_to_csv
 from app.batch.records import Batch, BatchItem
 from app.batch.views import batch_view
 from app.db.models import Answer, Query
@@ -167,14 +170,13 @@ def _item_row(
 
 def to_csv(report: dict[str, Any]) -> str:
     """One row per item (the CSV_FIELDS columns), written by app/audit's CSV renderer."""
-    from app.audit.render import to_csv as rows_to_csv
 
     return rows_to_csv(report["items"], CSV_FIELDS)
 
 
 def _figures(report: dict[str, Any]) -> tuple[Any, Any]:
     """(answer classes bar chart, per-item service time before vs after scatter)."""
-    from matplotlib.figure import Figure
+    from matplotlib.figure import Figure  # heavy: matplotlib
 
     classes = Figure(figsize=(8.0, 3.0))
     ax = classes.subplots()
@@ -203,7 +205,6 @@ def _figures(report: dict[str, Any]) -> tuple[Any, Any]:
 def to_html(report: dict[str, Any]) -> str:
     """A self-contained page from app/audit's HTML renderer: summary, changes, before/after,
     items, with a chart of the answer classes and a before/after service-time scatter."""
-    from app.audit.render import Section, html_report
 
     b = report["batch"]
     summary = [{"field": k, "value": v} for k, v in b.items() if not isinstance(v, dict)]
@@ -253,8 +254,6 @@ def to_html(report: dict[str, Any]) -> str:
 
 def render(session: Session, batch_id: uuid.UUID, fmt: str) -> tuple[str, str]:
     """(media type, body) of the batch's report in ``fmt`` (json, csv or html)."""
-    import json
-
     batch = session.get(Batch, batch_id)
     if batch is None:
         raise LookupError(f"no batch {batch_id}")

@@ -25,6 +25,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from app.batch.records import FINAL_BATCH, FINAL_ITEM, Batch, BatchItem
 from app.db.models import Query, utcnow
 from app.db.session import skip_fsync
+from app.pipeline import answer_query
 from app.resources import Resources
 from app.settings import Settings
 
@@ -251,7 +252,6 @@ def run_chunk(
     ``generate_step`` is the pipeline's (a worker's: ``loop_step``, whose handles a preemptor
     may cancel when interactive work needs the slot; the item is then re-queued).
     """
-    from app.pipeline import answer_query
 
     sf, settings = resources.session_factory, resources.settings
     if not start(sf, batch_id, epoch):

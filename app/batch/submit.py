@@ -20,10 +20,13 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from app.audit.privacy import stored_in_clear
 from app.batch.records import Batch, BatchItem
 from app.db.models import Query, Tenant, utcnow
 from app.requests import QueryRequest, RequestError, validate_request
 from app.settings import Settings
+from app.validation import check_time_range
+from retrieval.records import CollectionIndex
 
 log = logging.getLogger(__name__)
 
@@ -170,7 +173,6 @@ def select_stored(
         stmt = stmt.where(Tenant.name == flt.tenant)
     if flt.collection is not None:
         stmt = stmt.where(Query.collection == flt.collection)
-    from app.audit.privacy import stored_in_clear
 
     specs = []
     scrubbed = 0
@@ -204,7 +206,6 @@ def _describe(flt: StoredFilter) -> str:
 
 def check_collections(session: Session, specs: Sequence[ItemSpec]) -> None:
     """RequestError naming the first collection that has never been ingested for its tenant."""
-    from retrieval.records import CollectionIndex
 
     names = dict(session.execute(select(Tenant.id, Tenant.name)).tuples().all())
     wanted = sorted({(s.tenant_id, s.request.collection) for s in specs})
@@ -228,7 +229,6 @@ def parse_when(field: str, value: str | None) -> datetime | None:
         when = datetime.fromisoformat(value.replace("Z", "+00:00"))
     except ValueError:
         raise RequestError(field, f"not an ISO 8601 time: {value!r}") from None
-    from app.validation import check_time_range
 
     try:
         aware = when.astimezone(UTC) if when.tzinfo is not None else when.replace(tzinfo=UTC)

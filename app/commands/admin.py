@@ -5,6 +5,9 @@ from __future__ import annotations
 import click
 
 from app.commands.common import emit, get_settings, json_option, one_line_errors
+from app.db import make_engine, prepare, utcnow
+from app.db.schema import current_revision, downgrade, head_revision, upgrade
+from app.keys import create_key, list_keys, revoke_key
 
 
 @click.group("db")
@@ -18,8 +21,6 @@ def db() -> None:
 @one_line_errors
 def db_upgrade(revision: str, as_json: bool) -> None:
     """Apply the migrations up to REVISION on SPECRAG_DATABASE_URL."""
-    from app.db import make_engine
-    from app.db.schema import upgrade
 
     settings = get_settings()
     engine = make_engine(settings)
@@ -36,8 +37,6 @@ def db_upgrade(revision: str, as_json: bool) -> None:
 @one_line_errors
 def db_current(as_json: bool) -> None:
     """Print the database's schema revision and the code's head revision."""
-    from app.db import make_engine
-    from app.db.schema import current_revision, head_revision
 
     engine = make_engine(get_settings())
     current, head = current_revision(engine), head_revision()
@@ -51,8 +50,6 @@ def db_current(as_json: bool) -> None:
 @one_line_errors
 def db_downgrade(revision: str, as_json: bool) -> None:
     """Revert the migrations down to REVISION ("base" drops every table)."""
-    from app.db import make_engine
-    from app.db.schema import downgrade
 
     engine = make_engine(get_settings())
     new = downgrade(engine, revision)
@@ -77,9 +74,6 @@ def keys_create(tenant: str, admin: bool, expires_in_days: float | None, as_json
     """Create an API key and print it once; only its hash is stored."""
     from datetime import timedelta
 
-    from app.db import prepare, utcnow
-    from app.keys import create_key
-
     if not tenant.strip() or len(tenant) > 100:
         raise ValueError("--tenant: must be 1 to 100 characters")
     if expires_in_days is not None and not 0 < expires_in_days <= 3650:
@@ -100,8 +94,6 @@ def keys_create(tenant: str, admin: bool, expires_in_days: float | None, as_json
 @one_line_errors
 def keys_list(tenant: str | None, as_json: bool) -> None:
     """List keys by prefix (never the secret): tenant, admin, created, expiry, revoked, active."""
-    from app.db import prepare
-    from app.keys import list_keys
 
     engine, session_factory = prepare(get_settings())
     with session_factory() as session:
@@ -122,8 +114,6 @@ def keys_list(tenant: str | None, as_json: bool) -> None:
 @one_line_errors
 def keys_revoke(prefix: str, as_json: bool) -> None:
     """Revoke the key whose prefix `keys list` shows; it is refused (401) from now on."""
-    from app.db import prepare
-    from app.keys import revoke_key
 
     engine, session_factory = prepare(get_settings())
     try:

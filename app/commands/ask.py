@@ -7,6 +7,7 @@ from typing import Any
 
 import click
 
+from app.audit.hooks import install_hooks
 from app.commands.common import (
     CommandError,
     emit,
@@ -15,7 +16,12 @@ from app.commands.common import (
     json_option,
     one_line_errors,
 )
+from app.db import prepare
+from app.outbox import admit
+from app.pipeline import answer_query
+from app.queries import create_query, get_or_create_tenant, query_view, require_collection, wait_for
 from app.requests import DEFAULT_NUM_SPECULATIVE_TOKENS, validate_request
+from app.resources import Resources
 
 
 def _spec_tokens(value: str) -> int | str:
@@ -45,6 +51,9 @@ def _spec_tokens(value: str) -> int | str:
 @click.option("--seed", type=int, default=None, help="Seed for reproducible sampling.")
 @click.option("--local", is_flag=True, help="Answer in this process instead of through a worker.")
 @click.option(
+    "--stream", "stream", is_flag=True, help="Print the answer as it is generated (--json: events)."
+)
+@click.option(
     "--timeout", type=float, default=600.0, show_default=True, help="Seconds to wait for a worker."
 )
 @json_option
@@ -59,18 +68,11 @@ def ask(
     temperature: float | None,
     seed: int | None,
     local: bool,
+    stream: bool,
     timeout: float,
     as_json: bool,
 ) -> None:
     """Ask QUESTION about a collection; prints the answer, its sources and decoding stats."""
-    from app.db import prepare
-    from app.queries import (
-        create_query,
-        get_or_create_tenant,
-        query_view,
-        require_collection,
-        wait_for,
-    )
 
     settings = get_settings()
     request = validate_request(
@@ -91,31 +93,40 @@ def ask(
         require_collection(session, tenant, request.collection)
         query, _ = create_query(session, get_or_create_tenant(session, tenant), request)
     if local:
-        from app.audit.hooks import install_hooks
-        from app.pipeline import answer_query
-        from app.resources import Resources
-
         install_hooks()
-        answer_query(Resources(settings, session_factory), query.id)
-    else:
-        from app.outbox import send_and_mark
+        resources = Resources(settings, session_factory)
+        if stream:
+            import threading
 
+            # The answer is generated beside the stream reader, as a worker would.
+            threading.Thread(target=answer_query, args=(resources, query.id), daemon=True).start()
+        else:
+            answer_query(resources, query.id)
+    else:
         assert dispatcher is not None
-        send_and_mark(session_factory, query.id, query.queue, dispatcher.send_query)
-    try:
-        done = wait_for(session_factory, query.id, timeout=0 if local else timeout)
-    except TimeoutError as exc:
-        raise CommandError(str(exc)) from None
-    view = query_view(done)
-    emit(view, as_json, text=_human(view))
+        # Through admission like the API: the tenant's fair share holds for the CLI too.
+        admit(session_factory, settings, dispatcher.send_query, tenant_id=query.tenant_id)
+    if stream:
+        from app.commands.ask_stream import follow
+
+        view = follow(settings, session_factory, query.id, timeout=timeout, as_json=as_json)
+        emit(view, as_json, text=_human(view, with_answer=False))
+    else:
+        try:
+            done = wait_for(session_factory, query.id, timeout=0 if local else timeout)
+        except TimeoutError as exc:
+            raise CommandError(str(exc)) from None
+        view = query_view(done)
+        emit(view, as_json, text=_human(view))
     if view["status"] != "succeeded":
         raise CommandError(f"query {view['id']} failed: {view.get('error')}")
 
 
-def _human(view: dict[str, Any]) -> str:
+def _human(view: dict[str, Any], with_answer: bool = True) -> str:
     if view["status"] != "succeeded":
         return f"query {view['id']}: {view['status']}"
-    lines = [view["answer"] or "(empty answer)", "", "Sources:"]
+    lines = [view["answer"] or "(empty answer)", ""] if with_answer else []
+    lines.append("Sources:")
     for rank, src in enumerate(view.get("sources", []), start=1):
         lines.append(
             f"  [{rank}] {src['document']} (chunk {src['chunk_id']}, score {src['score']:.3f})"

@@ -7,9 +7,14 @@ from pathlib import Path
 
 import click
 
+from app.audit import render_report
+from app.audit.golden import compare_runs, read_golden, run_golden
+from app.audit.window import check_format, parse_group_by, parse_window
 from app.commands.common import emit, get_settings, json_option, one_line_errors
 from app.commands.retrieval import eval_group
+from app.db import prepare
 from app.requests import DEFAULT_NUM_SPECULATIVE_TOKENS, Method
+from app.resources import Resources
 
 
 @click.group("audit")
@@ -42,9 +47,6 @@ def report(
     as_json: bool,
 ) -> None:
     """The audit report over [since, until): requests, latency percentiles, acceptance, alerts."""
-    from app.audit import render_report
-    from app.audit.window import check_format, parse_group_by, parse_window
-    from app.db import prepare
 
     # Bad input is refused before the database is touched.
     check_format(fmt)
@@ -101,9 +103,6 @@ def eval_golden(
     as_json: bool,
 ) -> None:
     """Answer FILE.jsonl with speculation and without; score, store and print the run."""
-    from app.audit.golden import read_golden, run_golden
-    from app.db import prepare
-    from app.resources import Resources
 
     items = read_golden(file, collection)  # a malformed file is refused before any model loads
     settings = get_settings()
@@ -144,8 +143,6 @@ def _golden_text(s: dict) -> str:
 @one_line_errors
 def eval_compare(run_a: str, run_b: str, as_json: bool) -> None:
     """Compare golden run RUN_B against RUN_A (ids or unique id prefixes)."""
-    from app.audit.golden import compare_runs
-    from app.db import prepare
 
     engine, session_factory = prepare(get_settings())
     try:

@@ -7,7 +7,12 @@ from pathlib import Path
 from typing import Any
 
 import click
+from tqdm import tqdm
 
+from app.batch import submit as sub
+from app.batch.report import render
+from app.batch.runner import cancel as cancel_batch
+from app.batch.views import batch_view, get_batch, item_views, parse_id
 from app.commands.ask import _spec_tokens
 from app.commands.common import (
     CommandError,
@@ -17,6 +22,8 @@ from app.commands.common import (
     json_option,
     one_line_errors,
 )
+from app.db import prepare
+from app.queries import get_or_create_tenant
 
 
 @click.group("batch")
@@ -57,9 +64,6 @@ def submit(
     as_json: bool,
 ) -> None:
     """Submit a batch from a JSONL FILE (or golden set), or --stored with a filter; prints its id."""
-    from app.batch import submit as sub
-    from app.db import prepare
-    from app.queries import get_or_create_tenant
 
     if stored == (file is not None):
         raise CommandError("give either a JSONL FILE or --stored (with filter options), not both")
@@ -113,13 +117,11 @@ def submit(
 
 
 def _factory() -> Any:
-    from app.db import prepare
 
     return prepare(get_settings())[1]
 
 
 def _view(session_factory: Any, batch_id: str) -> dict[str, Any]:
-    from app.batch.views import batch_view, get_batch
 
     with session_factory() as session:
         batch = get_batch(session, batch_id, None)
@@ -140,7 +142,6 @@ def _load(batch_id: str) -> tuple[Any, dict[str, Any]]:
 @one_line_errors
 def status(batch_id: str, items: bool, as_json: bool) -> None:
     """Show a batch's status and counters (and its items with --items)."""
-    from app.batch.views import item_views, parse_id
 
     session_factory, view = _load(batch_id)
     if items:
@@ -166,8 +167,6 @@ def _line(view: dict[str, Any]) -> str:
 @one_line_errors
 def watch(batch_id: str, interval: float, timeout: float | None, as_json: bool) -> None:
     """Show a progress bar until the batch has finished; then its final status."""
-    from tqdm import tqdm
-
     session_factory, view = _load(batch_id)
     deadline = None if timeout is None else time.monotonic() + timeout
     with tqdm(total=view["total"], unit="item", disable=as_json, desc=view["id"][:8]) as bar:
@@ -190,8 +189,6 @@ def watch(batch_id: str, interval: float, timeout: float | None, as_json: bool) 
 @one_line_errors
 def cancel(batch_id: str, as_json: bool) -> None:
     """Cancel a batch: items not started are cancelled, the ones in flight finish."""
-    from app.batch.runner import cancel as cancel_batch
-    from app.batch.views import parse_id
 
     session_factory, _ = _load(batch_id)
     bid = parse_id(batch_id)
@@ -211,8 +208,6 @@ def cancel(batch_id: str, as_json: bool) -> None:
 @one_line_errors
 def report(batch_id: str, fmt: str, out: Path | None, as_json: bool) -> None:
     """How the batch's answers changed vs the originals; latency and acceptance before/after."""
-    from app.batch.report import render
-    from app.batch.views import parse_id
 
     session_factory, _ = _load(batch_id)
     bid = parse_id(batch_id)

@@ -10,7 +10,9 @@ from functools import wraps
 from typing import Any, TypeVar
 
 import click
+from sqlalchemy.exc import OperationalError
 
+from app.db.schema import SchemaNotCurrentError
 from app.dispatch import Dispatcher, DispatcherFactory
 from app.settings import Settings
 
@@ -71,10 +73,6 @@ def one_line_errors(func: F) -> F:
 
     @wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        from sqlalchemy.exc import OperationalError
-
-        from app.db.schema import SchemaNotCurrentError
-
         try:
             return func(*args, **kwargs)
         except (

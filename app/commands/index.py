@@ -7,6 +7,8 @@ from typing import Any
 import click
 
 from app.commands.common import emit, get_settings, json_option, one_line_errors
+from app.db import prepare
+from retrieval.records import CollectionIndex
 
 
 @click.group("index")
@@ -23,11 +25,9 @@ def backfill(collection: str | None, tenant: str | None, as_json: bool) -> None:
     """Store missing chunk vectors: from this host's index files, else embedded (counted)."""
     from sqlalchemy import select
 
-    from app.db import prepare
     from retrieval import Embedder
     from retrieval.backfill import backfill_collection
     from retrieval.index_store import IndexStore
-    from retrieval.records import CollectionIndex
 
     settings = get_settings()
     _, session_factory = prepare(settings)

@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from app.commands.common import CommandError, emit, get_settings, json_option, one_line_errors
+from app.db import prepare
+from retrieval import Embedder, RetrievalService
 
 if TYPE_CHECKING:
     from retrieval import RetrievalService
@@ -19,9 +21,6 @@ tenant_option = click.option("--tenant", default="default", show_default=True, h
 
 def _service() -> RetrievalService:
     """The retrieval service on the configured database (schema made current) and data dir."""
-    from app.db import prepare
-    from retrieval import Embedder, RetrievalService
-
     settings = get_settings()
     _, session_factory = prepare(settings)
     device = "cuda" if settings.device == "cuda" else "cpu"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from app.api import create_app
 from app.commands.common import get_dispatcher, get_settings, one_line_errors
 
 
@@ -17,8 +18,6 @@ from app.commands.common import get_dispatcher, get_settings, one_line_errors
 def api(host: str | None, port: int | None, as_json: bool) -> None:
     """Serve the HTTP API (FastAPI on uvicorn)."""
     import uvicorn  # server only
-
-    from app.api import create_app
 
     settings = get_settings()
     app = create_app(settings, get_dispatcher(settings))

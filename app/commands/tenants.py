@@ -8,6 +8,8 @@ from typing import Any
 import click
 
 from app.commands.common import emit, get_settings, json_option, one_line_errors
+from app.db import Tenant, prepare
+from app.tenancy.limits import set_limits, stored_limits
 
 
 @click.group("tenants")
@@ -28,9 +30,6 @@ def tenants() -> None:
 def limits(tenant: str, as_json: bool, **values: Any) -> None:
     """Print the tenant's limits in force; options given set them first (0 = no limit)."""
     from sqlalchemy import select
-
-    from app.db import Tenant, prepare
-    from app.tenancy.limits import set_limits, stored_limits
 
     settings = get_settings()
     engine, session_factory = prepare(settings)

@@ -16,6 +16,7 @@ A refusal is a ``LimitExceeded`` (429, or 413 for one over-sized request) with `
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 import time
@@ -29,6 +30,7 @@ from app.db.models import Query
 from app.settings import Settings
 from app.tenancy.records import TenantLimits
 
+log = logging.getLogger(__name__)
 CACHE_SECONDS = 5.0
 """An admin's change to a tenant's limits takes effect within this long on every API process."""
 COUNT_SECONDS = 1.0
@@ -111,9 +113,15 @@ class Enforcer:
 
         self.settings = settings
         broker = settings.resolved_broker_url
-        uri = broker if broker.startswith(("redis://", "rediss://")) else "memory://"
-        # Key prefix per deployment: the broker's Redis DB may be shared with other services.
-        self.storage = storage.storage_from_string(uri, key_prefix="specrag-limits")
+        options: dict[str, Any] = {"key_prefix": "specrag-limits"}
+        if broker.startswith(("redis://", "rediss://")):
+            uri = broker
+            # A dead broker must not hold a submit: it answers 202 and the outbox sends later.
+            timeout = settings.broker_timeout_seconds
+            options.update(socket_connect_timeout=timeout, socket_timeout=timeout)
+        else:
+            uri = "memory://"
+        self.storage = storage.storage_from_string(uri, **options)
         self.window = strategies.FixedWindowRateLimiter(self.storage)
         self._cache: dict[int, tuple[float, Limits]] = {}
         self._counts: dict[tuple[int, str], tuple[float, int]] = {}
@@ -193,7 +201,7 @@ class Enforcer:
             if size > daily:
                 raise LimitExceeded("documents", f"{size} bytes is over the daily {daily}")
             item = RateLimitItemPerDay(daily)
-            if not self.window.hit(item, "upload-bytes", str(tenant_id), cost=max(1, size)):
+            if not self._hit(item, "upload-bytes", str(tenant_id), cost=max(1, size)):
                 reset = self.window.get_window_stats(item, "upload-bytes", str(tenant_id))[0]
                 raise LimitExceeded(
                     "documents",
@@ -201,6 +209,18 @@ class Enforcer:
                     retry_after=math.ceil(reset - time.time()),
                 )
         return limits
+
+    def _hit(self, item: Any, *keys: str, cost: int = 1) -> bool:
+        """Count ``cost`` against ``item``; True (allowed) when the rate store cannot be reached.
+
+        Failing open: the store is the broker's Redis, and while it is down nothing can be queued
+        anyway; the submit is stored and answered 202, as the outbox promises.
+        """
+        try:
+            return bool(self.window.hit(item, *keys, cost=cost))
+        except Exception as exc:  # redis errors, timeouts: the limit waits for Redis
+            log.warning("rate limit store unreachable, request allowed: %s", exc)
+            return True
 
     def _rate(self, tenant_id: int, per_second: float) -> None:
         from limits import RateLimitItemPerSecond
@@ -212,7 +232,7 @@ class Enforcer:
             (math.floor(per_second), 1) if per_second >= 1 else (1, math.ceil(1 / per_second))
         )
         item = RateLimitItemPerSecond(amount, seconds)
-        if not self.window.hit(item, "submit", str(tenant_id)):
+        if not self._hit(item, "submit", str(tenant_id)):
             reset = self.window.get_window_stats(item, "submit", str(tenant_id))[0]
             raise LimitExceeded(
                 "Authorization",

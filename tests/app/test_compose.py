@@ -31,6 +31,8 @@ def test_services_and_healthchecks() -> None:
         "worker-cpu",
         "worker-gpu",
         "flower",
+        "prometheus",
+        "grafana",
     }
     for name, service in services.items():
         if name != "migrate":  # a one-shot job has nothing to check once it has exited

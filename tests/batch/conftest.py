@@ -4,9 +4,6 @@ live ``specrag worker`` subprocesses (real Celery, real broker, killable with SI
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -15,6 +12,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import DEMO_CORPUS, REPO_ROOT
+from workers import process
 
 COLLECTION = "demo"
 CORPUS_FILES = ("assert.md", "assignment.md", "async.md", "atom-identifiers.md")
@@ -98,48 +96,15 @@ def celery_app(settings: Any) -> Any:
     return create_celery(settings)
 
 
-class WorkerProcess:
-    """A ``specrag worker`` subprocess in its own process group (so SIGKILL takes it all)."""
+class WorkerProcess(process.WorkerProcess):
+    """A ``specrag worker`` subprocess on the batch tests' broker, started at once."""
 
     def __init__(self, env: dict[str, str], log_path: Path, queues: str = "answer,batch") -> None:
-        self.log_path = log_path
-        self._log = log_path.open("ab")
-        self.proc = subprocess.Popen(
-            [
-                str(Path(sys.executable).parent / "specrag"),
-                "worker",
-                "-Q",
-                queues,
-                "--loglevel",
-                os.environ.get("SPECRAG_TEST_WORKER_LOGLEVEL", "WARNING"),
-            ],
-            cwd=REPO_ROOT,
-            env={**os.environ, **env},
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
+        loglevel = os.environ.get("SPECRAG_TEST_WORKER_LOGLEVEL", "WARNING")
+        super().__init__(
+            {**os.environ, **env}, log_path, queues=queues, loglevel=loglevel, cwd=REPO_ROOT
         )
-
-    def kill(self) -> None:
-        """SIGKILL the worker's whole process group, at once, and reap it."""
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait(timeout=30)
-        self._log.close()
-
-    def stop(self) -> None:
-        """Warm shutdown (SIGTERM), then SIGKILL if it does not exit within 20 s."""
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                pass
-        self.kill()
-
-    def tail(self) -> str:
-        """The end of the worker's log (for assertion messages)."""
-        return self.log_path.read_text(errors="replace")[-3000:]
+        self.start()
 
 
 @pytest.fixture(scope="session")

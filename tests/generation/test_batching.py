@@ -155,3 +155,15 @@ def test_params_must_match_prompts() -> None:
     # One SamplingParams serves every prompt.
     results = engine.generate_many([[1, 2], [3, 4]], SamplingParams(max_new_tokens=3))
     assert [len(r.token_ids) for r in results] == [3, 3]
+
+
+def test_context_limit_caps_each_row() -> None:
+    target = build_model("llama", vocab_size=VOCAB, seed=2, max_positions=40)
+    engine = SpeculativeEngine(target, target, max_speculative_tokens=6)
+    prompts = [list(range(30)), [1, 2, 3], list(range(35, 0, -1))]
+    params = [SamplingParams(max_new_tokens=64, num_speculative_tokens=k) for k in (4, 6, 2)]
+    results = engine.generate_many(prompts, params)
+    refs = References(target)
+    for prompt, result in zip(prompts, results, strict=True):
+        assert len(result.token_ids) == engine.max_context - len(prompt)
+        check_greedy(target, prompt, result.token_ids, refs(prompt, len(result.token_ids)))

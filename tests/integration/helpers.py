@@ -3,17 +3,16 @@ private redis-server processes and ``specrag worker`` subprocesses."""
 
 from __future__ import annotations
 
-import json
-import os
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
 from app.settings import Settings
+from workers import process
+from workers.process import settings_env
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -23,18 +22,6 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
-
-
-def settings_env(settings: Settings) -> dict[str, str]:
-    """The environment that makes a subprocess build the same Settings."""
-    env = dict(os.environ)
-    for name, value in settings.model_dump().items():
-        if value is None:
-            continue
-        if isinstance(value, (list, tuple)):
-            value = json.dumps(list(value))
-        env[f"SPECRAG_{name.upper()}"] = str(value)
-    return env
 
 
 class ApiServer:
@@ -113,54 +100,9 @@ class RedisServer:
             self.proc = None
 
 
-class WorkerProcess:
-    """``specrag worker`` as a subprocess, with the environment of the given Settings."""
+class WorkerProcess(process.WorkerProcess):
+    """``specrag worker`` as a subprocess with the environment of the given Settings."""
 
     def __init__(self, settings: Settings, log: Path, name: str, queues: str = "answer") -> None:
-        self.settings, self.log, self.name, self.queues = settings, log, name, queues
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> WorkerProcess:
-        with open(self.log, "ab") as out:
-            self.proc = subprocess.Popen(
-                [
-                    str(Path(sys.executable).parent / "specrag"),
-                    "worker",
-                    "-Q",
-                    self.queues,
-                    "--loglevel",
-                    "INFO",
-                    "--hostname",
-                    f"{self.name}@%h",
-                ],
-                env=settings_env(self.settings),
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                cwd=REPO_ROOT,
-            )
-        return self
-
-    def wait_ready(self, timeout: float = 180) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            assert self.proc is not None and self.proc.poll() is None, self.log.read_text()[-3000:]
-            if " ready." in self.log.read_text():
-                return
-            time.sleep(0.2)
-        raise TimeoutError(
-            f"worker {self.name} not ready in {timeout} s: {self.log.read_text()[-2000:]}"
-        )
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(10)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+        super().__init__(settings_env(settings), log, queues=queues, name=name, cwd=REPO_ROOT)
+        self.settings = settings

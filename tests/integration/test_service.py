@@ -159,7 +159,10 @@ def test_tenants_see_only_their_own_queries_and_keys_are_required(
         f"{api.url}/v1/admin/audit", headers={"Authorization": f"Bearer {keys['acme']}"}
     )
     assert admin.status_code == 403
-    assert httpx.get(f"{api.url}/healthz").json() == {"status": "ok"}
+    assert httpx.get(f"{api.url}/healthz").json() == {
+        "status": "ok",
+        "components": {"database": "ok", "broker": "ok"},
+    }
     assert "/v1/queries" in httpx.get(f"{api.url}/openapi.json").json()["paths"]
 
 

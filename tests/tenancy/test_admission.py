@@ -110,6 +110,19 @@ def test_a_broker_outage_never_multiplies_the_queue(db: Any) -> None:
         sweep(sf, settings, lambda qid, queue: sent.append(qid))
     assert len(sent) == 3 * (1 + settings.max_resends)
     assert set(Counter(sent).values()) == {1 + settings.max_resends}
+    # Re-sends spent and still queued long after: the message may be lost for good, so these
+    # stop holding the tenant's slots; the next 3 go out, once each, and the old ones never again.
+    with sf() as session:
+        spent = settings.resend_after_seconds * (settings.max_resends + 1) + 1
+        session.execute(
+            update(Query)
+            .where(Query.enqueued_at.is_not(None))
+            .values(enqueued_at=utcnow() - timedelta(seconds=spent))
+        )
+        session.commit()
+    before = set(sent)
+    sweep(sf, settings, lambda qid, queue: sent.append(qid))
+    assert len(sent) == 3 * (1 + settings.max_resends) + 3 and not set(sent[-3:]) & before
 
 
 def test_a_failed_send_gives_the_queries_back(db: Any) -> None:

@@ -136,13 +136,21 @@ def test_question_limit_in_tokens(tenancy_pg: str, tmp_path, tiny_models) -> Non
     with make_api(tenancy_pg, tmp_path, target_model=tiny_models["target"],
                         max_question_tokens=20) as api:  # fmt: skip
         headers = api.key(_tenant())
-        # 40 characters, far under the character limit, but one token each.
+        # 119 characters, far under the 2000-character limit, but more than 20 tokens.
         long = " ".join(["\u4e2d\u6587"] * 40)
         response = api.post("/v1/queries", {"question": long, "collection": "docs"}, headers)
         assert response.status_code == 422, response.text
         assert "tokens" in response.json()["error"]["message"]
         ok = api.post("/v1/queries", {"question": "How?", "collection": "docs"}, headers)
         assert ok.status_code == 202
+        items = [
+            {"question": "How?", "collection": "docs"},
+            {"question": long, "collection": "docs"},
+        ]
+        batch = api.post("/v1/batches", {"questions": items}, headers)
+        assert batch.status_code == 422, batch.text
+        assert batch.json()["error"]["field"] == "questions"
+        assert "item 2" in batch.json()["error"]["message"]
 
 
 @pytest.mark.parametrize(

@@ -125,3 +125,22 @@ def test_limits_cli_refuses_bad_values(tenancy_pg: str, tmp_path: Path, value: s
             main, ["tenants", "limits", "--tenant", name, "--max-batch-items", value], env=env
         )
         assert result.exit_code != 0 and "max-batch-items" in result.output, result.output
+
+
+def test_rates_fail_open_and_fast_when_the_brokers_redis_is_down(
+    tenancy_pg: str, tmp_path: Path
+) -> None:
+    """A dead broker must not turn a submit into a 500 or a hang: it is stored and answered 202."""
+    import socket
+    import time
+
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    dead = f"redis://127.0.0.1:{port}/0"
+    with make_api(tenancy_pg, tmp_path, broker_url=dead, max_question_tokens=0) as api:
+        headers = api.key(_tenant())
+        assert _ask(api, headers, 1) == [202]  # the first request also warms the app up
+        started = time.monotonic()
+        assert _ask(api, headers, 2) == [202, 202]
+        assert time.monotonic() - started < 10  # seconds; each refused connect is ~ms

@@ -13,6 +13,7 @@ from fastapi.responses import Response
 
 from app.api.deps import AdminDep, SessionDep, SettingsDep
 from app.api.errors import ApiError
+from app.audit import render_report
 
 router = APIRouter(prefix="/v1/admin", tags=["admin"])
 log = logging.getLogger(__name__)
@@ -33,7 +34,6 @@ def audit(
     ),
 ) -> Response:
     """The audit report for [since, until) as JSON (schema in docs/audit.md), CSV or HTML."""
-    from app.audit import render_report
 
     asked = f"since={since} until={until} format={format} group_by={group_by}"
     try:

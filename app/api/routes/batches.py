@@ -17,7 +17,13 @@ from pydantic import BaseModel, ConfigDict, Field
 from app.api.deps import DispatcherDep, EnforcerDep, SessionDep, SettingsDep, TenantDep
 from app.api.errors import ApiError
 from app.api.schemas import ErrorOut
+from app.batch import submit as sub
+from app.batch.report import render
+from app.batch.runner import cancel
+from app.batch.views import batch_view, get_batch, item_views
 from app.db import Tenant
+from app.requests import RequestError
+from app.settings import Settings
 
 router = APIRouter(prefix="/v1/batches", tags=["batches"])
 ERRORS: dict[int | str, dict[str, Any]] = {
@@ -64,9 +70,9 @@ def submit_batch(
     settings: SettingsDep,
     dispatcher: DispatcherDep,
     enforcer: EnforcerDep,
+    request: Request,
 ) -> dict[str, Any]:
     """Validate and store the batch (all or nothing), queue it; returns its id."""
-    from app.batch import submit as sub
 
     sources = [body.jsonl is not None, body.questions is not None, body.filter is not None]
     if sum(sources) != 1:
@@ -92,6 +98,7 @@ def submit_batch(
             overrides=overrides,
             golden=body.golden,
         )
+        _check_tokens(request, settings, specs)
         source = "golden" if body.golden else "jsonl"
         detail: dict[str, Any] = {"items": len(specs)}
     else:
@@ -119,8 +126,19 @@ def submit_batch(
     return {"id": str(batch.id), "status": batch.status, "total": batch.total}
 
 
+def _check_tokens(request: Request, settings: Settings, specs: list[Any]) -> None:
+    """RequestError naming the first new question over the token limit (item numbers from 1)."""
+    from app.api.tokens import check_question_tokens, token_counter
+
+    counter = token_counter(request.app.state, settings)
+    for number, spec in enumerate(specs, start=1):
+        try:
+            check_question_tokens(counter, settings, spec.request.question)
+        except RequestError as exc:
+            raise RequestError("questions", f"item {number}: {exc}") from None
+
+
 def _owned(session: SessionDep, caller: TenantDep, batch_id: str) -> Any:
-    from app.batch.views import get_batch
 
     batch = get_batch(session, batch_id, None if caller.is_admin else caller.tenant_id)
     if batch is None:
@@ -137,7 +155,6 @@ def read_batch(
     items: bool = Query(default=False, description="Also list every item's status."),
 ) -> dict[str, Any]:
     """The batch's status and counters (total, done, failed, cancelled, per-item on request)."""
-    from app.batch.views import batch_view, item_views
 
     batch = _owned(session, caller, batch_id)
     view = batch_view(batch)
@@ -151,8 +168,6 @@ def cancel_batch(
     batch_id: str, caller: TenantDep, session: SessionDep, request: Request
 ) -> dict[str, Any]:
     """Cancel the batch: items not started are cancelled, in-flight ones finish."""
-    from app.batch.runner import cancel
-    from app.batch.views import batch_view
 
     batch = _owned(session, caller, batch_id)
     cancel(request.app.state.session_factory, batch.id)
@@ -168,7 +183,6 @@ def batch_report(
     format: Literal["json", "csv", "html"] = Query(default="json"),
 ) -> Response:
     """How the answers changed vs the originals, latency and acceptance before/after."""
-    from app.batch.report import render
 
     batch = _owned(session, caller, batch_id)
     media_type, body = render(session, batch.id, format)

@@ -16,6 +16,7 @@ from app.api.deps import DispatcherDep, EnforcerDep, SessionDep, SettingsDep, Te
 from app.api.errors import ApiError
 from app.api.schemas import ErrorOut
 from app.documents import list_documents, validate_uploads
+from app.tenancy.uploads import mark_pending, restore
 
 router = APIRouter(prefix="/v1/documents", tags=["documents"])
 ERRORS: dict[int | str, dict[str, Any]] = {
@@ -66,7 +67,6 @@ def upload(
     Each file is checked here (type, encoding, a PDF that opens), so a bad file is a 422 now;
     its state (pending, then indexed or failed with the reason) shows in ``GET``.
     """
-    from app.tenancy.uploads import mark_pending, restore
 
     uploads = validate_uploads(
         body.collection, [d.model_dump() for d in body.documents], settings.max_file_bytes

@@ -1,0 +1,215 @@
+"""Continuous batching benchmark on the shipped demo pair: the tables of docs/benchmarks.md.
+
+Parts (``--parts``, default all), each comparing its variants side by side in one run:
+
+- ``many``: 16 RAG-shaped prompts (~300 tokens, 64 new), ``generate_many`` vs the same
+  requests one by one through ``generate`` (draft model, k ``auto``), end to end including
+  prefill; answers must be identical. Also a batch of one vs ``generate``.
+- ``sweep``: tokens/s by batch size (1 .. 32) for none, fixed k = 1, 2, 4 and auto, and the
+  mean k goodput chose.
+- ``stall``: a long prompt arrives while rows decode: the longest gap between a running row's
+  rounds, per prefill chunk size.
+- ``memory``: KV bytes per slot and for the default batch.
+
+    SPECRAG_TORCH_THREADS=1 .venv/bin/python benchmarks/batching.py
+    .venv/bin/python benchmarks/batching.py --parts many --repeats 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from generation import SamplingParams, SpeculativeEngine  # noqa: E402
+from generation.engine_loop import EngineLoop  # noqa: E402
+from generation.loading import load_tokenizer  # noqa: E402
+from generation.slots import kv_bytes_per_token  # noqa: E402
+
+MAX_NEW = 64
+
+
+def rag_prompts(tokenizer: Any, count: int, length: int = 300) -> list[list[int]]:
+    """Return ``count`` RAG prompts in the product's format from the demo corpus (~``length``)."""
+    from retrieval.prompt import Passage, format_prompt
+
+    files = sorted(Path("demo/corpus").glob("*.md"))
+    prompts = []
+    for i in range(count):
+        docs = [files[(3 * i + j) % len(files)] for j in range(3)]
+        passages = [Passage(d.stem, " ".join(d.read_text().split()[:90])) for d in docs]
+        text = format_prompt(f"What is {docs[0].stem.replace('-', ' ')}?", passages)
+        prompts.append(tokenizer(text)["input_ids"][-length:])
+    return prompts
+
+
+def tokens_per_second(results: list[Any], seconds: float) -> float:
+    return sum(len(r.token_ids) for r in results) / seconds
+
+
+def timed(fn: Any) -> tuple[Any, float]:
+    start = time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - start
+
+
+def part_many(engine: SpeculativeEngine, prompts: list[list[int]], repeats: int) -> None:
+    params = SamplingParams(
+        max_new_tokens=MAX_NEW, method="draft_model", num_speculative_tokens="auto"
+    )
+    one, many, alone, single = [], [], [], []
+    same = True
+    for _ in range(repeats):
+        seq, t_seq = timed(lambda: [engine.generate(p, params) for p in prompts])
+        bat, t_bat = timed(lambda: engine.generate_many(prompts, params, max_batch_size=16))
+        same &= [r.token_ids for r in seq] == [r.token_ids for r in bat]
+        one.append(tokens_per_second(seq, t_seq))
+        many.append(tokens_per_second(bat, t_bat))
+        # A batch of one against generate, prompt by prompt, alternating.
+        for p in prompts[:8]:
+            g, t_g = timed(lambda p=p: [engine.generate(p, params)])
+            b, t_b = timed(lambda p=p: engine.generate_many([p], params))
+            alone.append(tokens_per_second(g, t_g))
+            single.append(tokens_per_second(b, t_b))
+    print(f"\n## many: {len(prompts)} prompts x {MAX_NEW} new tokens, draft_model k=auto")
+    print("| variant | tokens/s (median) | ratio |")
+    print("|---|---|---|")
+    base = statistics.median(one)
+    print(f"| generate, one by one | {base:.1f} | 1.00 |")
+    print(
+        f"| generate_many, max_batch_size=16 | {statistics.median(many):.1f} | {statistics.median(many) / base:.2f} |"
+    )
+    print(f"answers identical: {same}")
+    ratio = statistics.median(s / a for s, a in zip(single, alone, strict=True))
+    print(f"batch of one (generate_many([p])) / generate, median over prompts: {ratio:.3f}")
+
+
+def part_sweep(engine: SpeculativeEngine, prompts: list[list[int]], sizes: list[int]) -> None:
+    settings: list[tuple[str, str, int | str]] = [
+        ("none", "none", 1),
+        ("k=1", "draft_model", 1),
+        ("k=2", "draft_model", 2),
+        ("k=4", "draft_model", 4),
+        ("auto", "draft_model", "auto"),
+    ]
+    print(f"\n## sweep: tokens/s by batch size ({MAX_NEW} new tokens, max(16, B) prompts)")
+    print(
+        "| B | "
+        + " | ".join(name for name, _, _ in settings)
+        + " | auto / best fixed | auto's mean k |"
+    )
+    print("|---" * (len(settings) + 3) + "|")
+    for size in sizes:
+        batch = [prompts[i % len(prompts)] for i in range(max(16, size))]
+        rates, chosen = {}, 0.0
+        for name, method, k in settings:
+            params = SamplingParams(max_new_tokens=MAX_NEW, method=method, num_speculative_tokens=k)
+            results, seconds = timed(
+                lambda b=batch, p=params, s=size: engine.generate_many(b, p, max_batch_size=s)
+            )
+            rates[name] = tokens_per_second(results, seconds)
+            if k == "auto":
+                chosen = statistics.mean(r.stats.mean_chosen_k or 0.0 for r in results)
+        best = max(v for n, v in rates.items() if n != "auto")
+        cells = " | ".join(f"{rates[n]:.1f}" for n, _, _ in settings)
+        print(f"| {size} | {cells} | {rates['auto'] / best:.2f} | {chosen:.2f} |")
+
+
+def part_stall(engine: SpeculativeEngine, prompts: list[list[int]], chunks: list[int]) -> None:
+    long_prompt = [t for p in prompts for t in p][: engine.max_context - 80]
+    print(f"\n## stall: a {len(long_prompt)}-token prompt arrives while 8 rows decode")
+    print(
+        "| prefill chunk | median gap between a row's rounds (ms) | longest gap after arrival (ms) |"
+    )
+    print("|---|---|---|")
+    params = SamplingParams(max_new_tokens=120, method="draft_model", num_speculative_tokens=2)
+    for chunk in chunks:
+        loop = EngineLoop(engine, max_batch_size=9, prefill_chunk=chunk)
+        stamps: list[float] = []
+        started = threading.Event()
+
+        def mark(ids: list[int], stamps: list[float] = stamps, started: Any = started) -> None:
+            stamps.append(time.perf_counter())
+            if len(stamps) >= 20:
+                started.set()
+
+        handles = [loop.submit(prompts[0], params, on_delta=mark)]
+        handles += [loop.submit(p, params) for p in prompts[1:8]]
+        started.wait(300)
+        arrival = time.perf_counter()
+        handles.append(loop.submit(long_prompt, SamplingParams(max_new_tokens=4)))
+        for h in handles:
+            h.result(timeout=600)
+        loop.close()
+        before = [b - a for a, b in zip(stamps, stamps[1:], strict=False) if b < arrival]
+        after = [b - a for a, b in zip(stamps, stamps[1:], strict=False) if b >= arrival]
+        print(
+            f"| {chunk} | {1000 * statistics.median(before):.0f} | {1000 * max(after[:10]):.0f} |"
+        )
+
+
+def part_memory(engine: SpeculativeEngine) -> None:
+    print("\n## memory: KV cache bytes (float32 on CPU)")
+    print("| model | bytes per token | per slot at 512 positions | per slot at the full context |")
+    print("|---|---|---|---|")
+    for name, model in (("target", engine.target), ("draft", engine.draft)):
+        if model is None:
+            continue
+        per = kv_bytes_per_token(model.config, next(model.parameters()).dtype)
+        print(
+            f"| {name} | {per} | {per * 512 / 2**20:.1f} MiB | {per * engine.max_context / 2**20:.1f} MiB |"
+        )
+    total = sum(
+        kv_bytes_per_token(m.config, next(m.parameters()).dtype)
+        for m in (engine.target, engine.draft)
+        if m is not None
+    )
+    print(
+        f"default max_batch_size={engine.max_batch_size}: {total * 512 * engine.max_batch_size / 2**20:.0f} MiB "
+        f"at 512 positions per slot, {total * engine.max_context * engine.max_batch_size / 2**20:.0f} MiB at the full "
+        f"context of {engine.max_context}"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--target", default="models/demo/target")
+    parser.add_argument("--draft", default="models/demo/draft")
+    parser.add_argument("--parts", default="memory,many,sweep,stall")
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--sizes", default="1,2,4,8,16,32")
+    parser.add_argument("--chunks", default="4096,512,256,128")
+    args = parser.parse_args()
+    torch.set_num_threads(int(os.environ.get("SPECRAG_TORCH_THREADS", "1")))
+    engine = SpeculativeEngine.from_pretrained(args.target, args.draft, device="cpu")
+    tokenizer = load_tokenizer(args.target)
+    prompts = rag_prompts(tokenizer, 16)
+    print(f"prompt lengths: {min(map(len, prompts))}..{max(map(len, prompts))} tokens")
+    sizes = [int(s) for s in args.sizes.split(",")]
+    start = time.perf_counter()
+    engine.warmup(batch_sizes=tuple(sizes))
+    print(
+        f"warm-up (adaptive costs and T(B, k) for B in {sizes}): {time.perf_counter() - start:.1f} s"
+    )
+    parts = args.parts.split(",")
+    if "memory" in parts:
+        part_memory(engine)
+    if "many" in parts:
+        part_many(engine, prompts, args.repeats)
+    if "sweep" in parts:
+        part_sweep(engine, prompts, sizes)
+    if "stall" in parts:
+        part_stall(engine, prompts, [int(c) for c in args.chunks.split(",")])
+
+
+if __name__ == "__main__":
+    main()
