@@ -150,8 +150,11 @@ class Resources:
             # One encode loads the embedding model's weights and warms its kernels.
             self.retrieval.embedder.encode(["warm up"])
         if answer:
+            from app.serving import check_concurrency, worker_concurrency
             from generation import SamplingParams  # heavy: torch
 
+            # Refused before any warm-up measures batches of that size.
+            check_concurrency(self.engine, worker_concurrency(self.settings))
             ids = self.tokenizer.encode("Passages:\nwarm up", add_special_tokens=False)
             self.engine.generate(ids, SamplingParams(max_new_tokens=2))
             # The torch engine measures its adaptive-k costs once, here rather than in the
