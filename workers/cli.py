@@ -14,6 +14,7 @@ from app.api import create_app
 from app.cli import build_cli
 from app.commands.common import Wiring, get_settings, one_line_errors
 from app.db import prepare
+from app.metrics import start_worker_metrics
 from app.requests import QueueName
 from app.serving import pool_concurrency
 from app.settings import Settings
@@ -89,8 +90,6 @@ def worker(
     # Fail fast, before joining the queue, when the database is not migrated.
     prepare(settings)[0].dispose()
     # Bound before joining the queues: a taken port stops the worker here, with the reason.
-    from app.metrics import start_worker_metrics
-
     start_worker_metrics(settings)
     app = create_celery(settings)
     app.warm = {"answer": "answer" in names or "batch" in names, "ingest": "ingest" in names}

@@ -12,6 +12,7 @@ from app.api.guard import RequestGuard
 from app.api.routes import admin, batches, documents, health, queries, stream
 from app.db import prepare
 from app.dispatch import Dispatcher, NoQueue
+from app.metrics import install as install_metrics
 from app.outbox import Sweeper
 from app.settings import Settings
 from app.tenancy.limits import Enforcer
@@ -62,7 +63,5 @@ def create_app(
     app.include_router(admin.router)
     app.include_router(batches.router)
     app.include_router(documents.router)
-    from app.metrics import install as install_metrics
-
     install_metrics(app, session_factory, queue)
     return app

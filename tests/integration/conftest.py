@@ -37,6 +37,9 @@ def service_settings(
         stale_after_seconds=4.0,
         sweep_interval_seconds=0.5,
         outbox_grace_seconds=0.5,
+        # Bursts of concurrent submissions are what these tests are about; the per-tenant rate
+        # limit has its own tests (tests/tenancy/test_limits.py).
+        tenant_submissions_per_second=0,
     )
 
 
