@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import sys
 import time
 import uuid
 from collections.abc import Callable
@@ -38,11 +39,13 @@ from retrieval import build_prompt
 
 if TYPE_CHECKING:  # generation imports torch: loaded with the engine, not with this module
     from generation import GenerationResult, SamplingParams
-    from generation.base import DeltaCallback
+    from generation.base import DeltaCallback, RequestHandle
 
 log = logging.getLogger(__name__)
 
-Outcome = Literal["succeeded", "failed", "skipped", "duplicate", "missing"]
+Outcome = Literal["succeeded", "failed", "skipped", "duplicate", "missing", "released"]
+"""What happened to a query; "released": its request was cancelled in the engine loop (batch
+preemption, worker shutdown) and the query is queued again with nothing recorded."""
 MIN_PROMPT_BUDGET = 16
 """Fewest context tokens that must remain for the prompt after the answer's ``max_tokens``."""
 
@@ -101,6 +104,11 @@ def answer_query(
             stream.end(outcome)  # after the commit: readers then find the final state
             return outcome
         except BaseException as exc:
+            if _cancelled(exc):
+                # Cancelled at a step boundary (preempted, shut down): nothing was recorded.
+                release(sf, qid)
+                log.info("query %s cancelled in the engine loop; queued again", qid)
+                return "released"
             if not isinstance(exc, Exception):
                 # Shutdown or interrupt: not the query's fault, so it goes back on the outbox.
                 release(sf, qid)
@@ -198,6 +206,41 @@ def generate(
     if on_delta is not None and result.token_ids:
         on_delta(list(result.token_ids))
     return result
+
+
+def loop_step(
+    resources: Resources, on_submit: Callable[[RequestHandle], None] | None = None
+) -> GenerateStep:
+    """The generate step on the process's engine loop (``resources.loop``), shared by many queries.
+
+    The calling (task) thread waits while the loop generates for it and for the other requests
+    in flight; retrieval and recording happen in the task threads, beside the loop. ``on_submit``
+    gets the request's handle (a preemptor may cancel it: the query is then released). A request
+    still running at the soft time limit is cancelled, freeing its slot, and the query fails.
+    """
+
+    def step(built: BuiltRequest, on_delta: DeltaCallback | None) -> GenerationResult:
+        handle = resources.loop.submit(built.prompt_ids, built.sampling, on_delta=on_delta)
+        if on_submit is not None:
+            on_submit(handle)
+        limit = float(resources.settings.task_soft_time_limit)
+        try:
+            result: GenerationResult = handle.result(timeout=limit)
+        except TimeoutError:
+            handle.cancel()
+            raise TimeoutError(f"generation passed the {limit:.0f} s time limit") from None
+        except BaseException:
+            handle.cancel()  # an interrupted wait must not leave the request in the loop
+            raise
+        return result
+
+    return step
+
+
+def _cancelled(exc: BaseException) -> bool:
+    # generation (torch) is imported by whoever runs a loop; without it nothing was cancelled.
+    base = sys.modules.get("generation.base")
+    return base is not None and isinstance(exc, base.Cancelled)
 
 
 def answer_text(resources: Resources, token_ids: list[int]) -> str:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import TYPE_CHECKING, Protocol, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -17,6 +17,7 @@ from app.settings import Settings
 
 if TYPE_CHECKING:  # both import torch; they load with the models, not with this module
     from generation import Engine
+    from generation.base import GenerationLoop
     from retrieval import RetrievalService
 
 log = logging.getLogger(__name__)
@@ -43,6 +44,8 @@ class Resources:
         self._tokenizer: Tokenizer | None = None
         self._retrieval: RetrievalService | None = None
         self._tenants: dict[int, str] = {}
+        self._loop: GenerationLoop | None = None
+        self._loop_lock = threading.Lock()
 
     @property
     def engine(self) -> Engine:
@@ -66,6 +69,37 @@ class Resources:
                     s.vllm_options if s.engine == "vllm" else None,
                 )
             return self._engine
+
+    @property
+    def loop(self) -> GenerationLoop:
+        """The process's one engine loop (``GenerationLoop``), started on first use.
+
+        Its batch holds ``worker_concurrency`` requests; an engine that cannot hold that many is
+        refused here, with the reason, before any query is taken.
+        """
+        engine = self.engine
+        with self._loop_lock:
+            if self._loop is None:
+                from app.serving import check_concurrency, worker_concurrency
+
+                concurrency = worker_concurrency(self.settings)
+                check_concurrency(engine, concurrency)
+                start = getattr(engine, "start_loop", None)
+                if not callable(start):
+                    raise RuntimeError(
+                        f"engine: {type(engine).__name__} has no online loop (start_loop); "
+                        "a worker needs one to hold queries in flight"
+                    )
+                self._loop = cast("GenerationLoop", start(concurrency))
+                log.info("engine loop started: %s queries in flight", concurrency)
+            return self._loop
+
+    def close(self) -> None:
+        """Stop the engine loop, if one was started (what it holds is cancelled)."""
+        with self._loop_lock:
+            loop, self._loop = self._loop, None
+        if loop is not None:
+            loop.close()
 
     @property
     def tokenizer(self) -> Tokenizer:
@@ -116,15 +150,37 @@ class Resources:
             # One encode loads the embedding model's weights and warms its kernels.
             self.retrieval.embedder.encode(["warm up"])
         if answer:
+            from app.serving import check_concurrency, worker_concurrency
             from generation import SamplingParams  # heavy: torch
 
+            # Refused before any warm-up measures batches of that size.
+            check_concurrency(self.engine, worker_concurrency(self.settings))
             ids = self.tokenizer.encode("Passages:\nwarm up", add_special_tokens=False)
             self.engine.generate(ids, SamplingParams(max_new_tokens=2))
             # The torch engine measures its adaptive-k costs once, here rather than in the
             # first "auto" request; other engines have nothing to measure.
             warmup = getattr(self.engine, "warmup", None)
             if callable(warmup):
-                warmup()
+                warmup(**_batch_warmup(warmup, self.settings))
+            self.loop  # noqa: B018 - started (and its concurrency checked) before any query
+
+
+def _batch_warmup(warmup: Any, settings: Settings) -> dict[str, Any]:
+    """``batch_sizes`` for an engine warm-up that takes them: every batch size the loop can reach.
+
+    The batched engine measures its step costs per batch-size bucket (powers of two) the first
+    time a batch of that size runs; measured at start, no burst of queries waits on them.
+    """
+    import inspect
+
+    if "batch_sizes" not in inspect.signature(warmup).parameters:
+        return {}
+    from app.serving import worker_concurrency
+
+    top, sizes = worker_concurrency(settings), [1]
+    while sizes[-1] < top:
+        sizes.append(sizes[-1] * 2)
+    return {"batch_sizes": tuple(sizes)}
 
 
 def _device(device: str, engine: str) -> str:

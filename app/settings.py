@@ -184,8 +184,23 @@ class Settings(BaseSettings):
         description="Connect timeout when sending to the broker (submit must not hang).",
     )
     worker_pool: Literal["solo", "threads", "prefork"] = Field(
-        default="solo",
-        description="Celery pool; solo keeps one engine per process and never forks after CUDA init.",
+        default="threads",
+        description=(
+            "Celery pool; threads feeds the process's one engine loop with worker_concurrency "
+            "task threads (never forks after CUDA init); solo answers one query at a time."
+        ),
+    )
+    worker_concurrency: int | None = Field(
+        default=None,
+        description=(
+            "Queries one worker process holds in flight on its engine loop (None: per engine, "
+            "app/serving.py: 4 torch on CPU, 16 torch on CUDA, 32 vLLM); refused at start when "
+            "the engine cannot hold them."
+        ),
+    )
+    broker_polling_interval: float = Field(
+        default=0.05,
+        description="Seconds between polls of the embedded (SQLAlchemy) broker; Redis needs none.",
     )
     api_host: str = Field(default="127.0.0.1", description="Address `specrag api` binds.")
     api_port: int = Field(default=8000, description="Port `specrag api` binds.")

@@ -145,7 +145,7 @@ def bench_worker(settings: Any, key: str, n: int, max_tokens: int) -> list[float
             time.sleep(0.2)
         latencies = []
         questions = ["What does the assert statement do?", "How does del work?", "What is pass?"]
-        with api_process(settings) as base, SpecragClient(base, key) as client:
+        with api_process(settings) as base, SpecragClient(base, key, timeout=120) as client:
             for i in range(n):
                 qid = client.submit(questions[i % 3], "demo", max_tokens=max_tokens)
                 first: tuple[str, float] | None = None

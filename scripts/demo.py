@@ -153,7 +153,8 @@ def main() -> None:
         while not server.started:
             time.sleep(0.05)
         port = server.servers[0].sockets[0].getsockname()[1]
-        with SpecragClient(f"http://127.0.0.1:{port}", key) as client:
+        # The first submit builds the queue connection (seconds on a loaded machine).
+        with SpecragClient(f"http://127.0.0.1:{port}", key, timeout=120) as client:
             print("demo: submitting the question through the API and the queue ...", flush=True)
             query_id = client.submit(args.question, COLLECTION, max_tokens=args.max_tokens)
             view = stream_answer(client, query_id, args.question, quiet=args.json)

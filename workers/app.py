@@ -2,8 +2,9 @@
 
 Queues: ``answer`` (interactive questions, GPU workers), ``batch`` (the same task at lower
 priority), ``ingest`` (CPU work). Delivery is at-least-once: ``acks_late`` plus
-``reject_on_worker_lost`` put a task back when its worker dies, prefetch 1 keeps a slow answer
-from holding queued work hostage, and the pipeline's claim and unique keys make a second delivery
+``reject_on_worker_lost`` put a task back when its worker dies, prefetch 1 per task slot keeps a
+slow answer from holding queued work hostage (a threads-pool worker with N slots holds at most N
+unacknowledged messages, each a query in its engine loop), and the pipeline's claim and unique keys make a second delivery
 harmless.
 """
 
@@ -95,5 +96,20 @@ def _transport_options(broker: str, settings: Settings) -> dict[str, Any]:
         }
     if broker.startswith("sqla+sqlite"):
         # kombu hands these to create_engine: wait for SQLite's lock instead of failing at once.
+        _embedded_polling(settings.broker_polling_interval)
         return {"connect_args": {"timeout": 30}}
     return {}
+
+
+def _embedded_polling(interval: float) -> None:
+    """Make kombu's SQLAlchemy transport poll every ``interval`` seconds (its default is 1 s).
+
+    A lone query waited for that poll: most of its queue time in ``make demo``. The transport
+    reads ``polling_interval`` from the transport options, but its channel hands every option
+    on to ``create_engine``, which refuses the unknown keyword; so the class default is set
+    here, per process, when a Celery app on the embedded broker is built. A poll is one
+    indexed SELECT per queue on a local file.
+    """
+    from kombu.transport import sqlalchemy as kombu_sqla
+
+    kombu_sqla.Transport.polling_interval = interval

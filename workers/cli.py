@@ -15,7 +15,10 @@ from app.cli import build_cli
 from app.commands.common import Wiring, get_settings, one_line_errors
 from app.db import prepare
 from app.metrics import start_worker_metrics
+from app.requests import QueueName
+from app.serving import pool_concurrency
 from app.settings import Settings
+from workers import runtime
 from workers.app import QUEUES, create_celery
 from workers.dispatcher import CeleryDispatcher
 
@@ -45,10 +48,14 @@ def create_api(settings: Settings, *, sweeper: bool = True) -> FastAPI:
     "--pool",
     type=click.Choice(["solo", "threads", "prefork"]),
     default=None,
-    help="Celery pool (default from settings: solo).",
+    help="Celery pool (default from settings: threads).",
 )
 @click.option(
-    "--concurrency", type=int, default=1, show_default=True, help="Tasks at once (threads/prefork)."
+    "--concurrency",
+    type=int,
+    default=None,
+    help="Queries in flight (threads pool; default SPECRAG_WORKER_CONCURRENCY or per engine), "
+    "or processes (prefork).",
 )
 @click.option("--hostname", "-n", default=None, help="Worker node name (default: celery@host).")
 @click.option("--loglevel", default="INFO", show_default=True)
@@ -59,7 +66,7 @@ def create_api(settings: Settings, *, sweeper: bool = True) -> FastAPI:
 def worker(
     queues: str,
     pool: str | None,
-    concurrency: int,
+    concurrency: int | None,
     hostname: str | None,
     loglevel: str,
     as_json: bool,
@@ -74,14 +81,24 @@ def worker(
         )
     if pool is not None:
         settings = settings.model_copy(update={"worker_pool": pool})
+    elif "worker_pool" not in settings.model_fields_set and not (
+        {QueueName.ANSWER, QueueName.BATCH} & set(names)
+    ):
+        # Ingest only: no engine loop to feed, and ingest's time limit needs the main thread.
+        settings = settings.model_copy(update={"worker_pool": "solo"})
+    settings, processes = pool_concurrency(settings, concurrency)
     # Fail fast, before joining the queue, when the database is not migrated.
     prepare(settings)[0].dispose()
     # Bound before joining the queues: a taken port stops the worker here, with the reason.
     start_worker_metrics(settings)
     app = create_celery(settings)
     app.warm = {"answer": "answer" in names or "batch" in names, "ingest": "ingest" in names}
+    if settings.worker_pool != "prefork":
+        # Models load (and the loop's concurrency is checked) before joining the queue: an
+        # engine that cannot hold the concurrency is refused here, with the reason.
+        runtime.warm(app)
     argv = ["worker", "-Q", ",".join(names), "--pool", settings.worker_pool, "--loglevel", loglevel]
-    argv += ["--concurrency", str(concurrency), "--without-gossip", "--without-mingle"]
+    argv += ["--concurrency", str(processes), "--without-gossip", "--without-mingle"]
     if hostname:
         argv += ["--hostname", hostname]
     app.worker_main(argv)

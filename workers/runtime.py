@@ -23,6 +23,7 @@ log = logging.getLogger(__name__)
 
 _resources: dict[tuple[int, int], Resources] = {}
 _sweepers: dict[int, Sweeper] = {}
+_warmed: set[tuple[int, int]] = set()
 
 
 def resources(app: Celery) -> Resources:
@@ -36,16 +37,21 @@ def resources(app: Celery) -> Resources:
     return found
 
 
-def _warm(app: Celery) -> None:
+def warm(app: Celery) -> None:
+    """Load what this worker's queues need, once per process (engine loop started and checked)."""
+    key = (os.getpid(), id(app))
+    if key in _warmed:
+        return
+    _warmed.add(key)
     threads = app.settings.torch_threads  # type: ignore[attr-defined]
     if threads:
         import torch  # heavy
 
         torch.set_num_threads(threads)
-    warm = getattr(app, "warm", {QueueName.ANSWER: True, QueueName.INGEST: True})
-    log.info("loading worker resources (%s)", ", ".join(k for k, v in warm.items() if v))
+    kinds = getattr(app, "warm", {QueueName.ANSWER: True, QueueName.INGEST: True})
+    log.info("loading worker resources (%s)", ", ".join(k for k, v in kinds.items() if v))
     resources(app).warm(
-        answer=warm.get(QueueName.ANSWER, True), ingest=warm.get(QueueName.INGEST, True)
+        answer=kinds.get(QueueName.ANSWER, True), ingest=kinds.get(QueueName.INGEST, True)
     )
 
 
@@ -58,12 +64,12 @@ def connect_signals(app: Celery) -> None:
     @worker_init.connect(weak=False)
     def on_init(sender: Any = None, **_: Any) -> None:
         if mine(sender) and app.conf.worker_pool in (None, "solo", "threads"):
-            _warm(app)
+            warm(app)
 
     @worker_process_init.connect(weak=False)
     def on_process_init(**_: Any) -> None:
         if app.conf.worker_pool == "prefork":
-            _warm(app)
+            warm(app)
 
     @worker_ready.connect(weak=False)
     def on_ready(sender: Any = None, **_: Any) -> None:
@@ -79,3 +85,6 @@ def connect_signals(app: Celery) -> None:
         sweeper = _sweepers.pop(id(app), None)
         if sweeper is not None:
             sweeper.stop()
+        found = _resources.get((os.getpid(), id(app)))
+        if found is not None:
+            found.close()  # the loop cancels what it holds; their tasks release their queries

@@ -11,6 +11,7 @@ from celery import Celery, Task
 from app.dispatch import TaskName
 from app.outbox import admit
 from app.pipeline import answer_query as run
+from app.pipeline import loop_step
 from app.requests import QueryStatus
 from app.tenancy.deadline import time_limit
 from app.tenancy.ingest import delete_uploaded, ingest_uploaded
@@ -37,7 +38,8 @@ def register(app: Celery) -> None:
         """Answer the stored query ``query_id``; returns its id and what happened to it."""
         resources = runtime.resources(self.app)
         hostname = self.request.hostname or socket.gethostname()
-        outcome = run(resources, query_id, host=hostname)
+        # Generation joins the process's one engine loop with the other queries in flight.
+        outcome = run(resources, query_id, host=hostname, generate_step=loop_step(resources))
         if outcome in (QueryStatus.SUCCEEDED, QueryStatus.FAILED):
             _admit_next(self.app, resources)
         if outcome == QueryStatus.SUCCEEDED:

@@ -24,6 +24,7 @@ from typing import Any
 from sqlalchemy import (
     Column,
     FromClause,
+    Integer,
     MetaData,
     Select,
     String,
@@ -43,6 +44,8 @@ from app.audit.window import Window
 from app.db.models import Answer, GenerationStatsRecord, Query, Tenant
 
 LATENCY_METRICS = ("queue", "retrieval", "ttft", "generation", "total")
+BATCH_SIZE_BUCKETS = ((1, "1"), (2, "2"), (4, "3-4"), (8, "5-8"), (16, "9-16"), (32, "17-32"))
+"""(upper edge, label) of the ``batch_size`` grouping over mean_batch_size; above: "33+"."""
 EVAL_QUEUE = "eval"
 
 
@@ -87,6 +90,16 @@ def base_select(window: Window) -> Select[Any]:
     k = func.coalesce(
         s.c.num_speculative_tokens, cast(Query.params["num_speculative_tokens"].as_string(), String)
     )
+    batch = s.c.mean_batch_size
+    batch_bucket = case(
+        (batch.is_(None), None),
+        *((batch < edge + 0.5, label) for edge, label in BATCH_SIZE_BUCKETS),
+        else_=f"{BATCH_SIZE_BUCKETS[-1][0] + 1}+",
+    )
+    chosen_k = case(
+        (s.c.mean_chosen_k.is_(None), None),
+        else_=cast(cast(func.round(s.c.mean_chosen_k), Integer), String),
+    )
     cols = [
         q.c.id.label("query_id"),
         q.c.queued_at,
@@ -104,6 +117,10 @@ def base_select(window: Window) -> Select[Any]:
         s.c.num_accepted_tokens,
         s.c.accepted_per_position,
         *(s.c[f"{m}_ms"] for m in LATENCY_METRICS),
+        s.c.mean_batch_size,
+        s.c.mean_chosen_k,
+        batch_bucket.label("batch_size"),
+        chosen_k.label("chosen_k"),
         sh.c.status.label("shadow_status"),
         sh.c.baseline_generation_ms,
         sh.c.mismatched_tokens,
@@ -159,6 +176,10 @@ def counters(session: Session, b: FromClause, keys: Sequence[str]) -> dict[tuple
         "exactness_violations": _count(and_(shadow_done, b.c.mismatched_tokens > 0)),
         "mismatched_tokens": func.coalesce(_sum(b.c.mismatched_tokens, shadow_done), 0),
         "measured_loss": _count(and_(shadow_done, b.c.generation_ms > b.c.baseline_generation_ms)),
+        "batch_size_sum": _sum(b.c.mean_batch_size, answered),
+        "batch_size_n": _count(and_(answered, b.c.mean_batch_size.is_not(None))),
+        "chosen_k_sum": _sum(b.c.mean_chosen_k, answered),
+        "chosen_k_n": _count(and_(answered, b.c.mean_chosen_k.is_not(None))),
     }
     key_cols = [b.c[k] for k in keys]
     stmt = select(*key_cols, *(c.label(n) for n, c in cols.items())).group_by(*key_cols)
@@ -199,6 +220,10 @@ def summarize(c: dict[str, Any], pct: dict[str, dict], curve: list[int]) -> dict
         "acceptance_rate": _ratio(c["accepted_tokens"], c["draft_tokens"]),
         "mean_acceptance_length": None if mal is None else 1.0 + mal,
         "tokens_per_target_pass": _ratio(c["output_tokens"], c["target_forwards"]),
+        # Load and the engine's choice of k, beside acceptance: a slow group with a large batch
+        # is load; one alone with a small chosen k is draft quality.
+        "mean_batch_size": _ratio(c["batch_size_sum"], c["batch_size_n"]),
+        "mean_chosen_k": _ratio(c["chosen_k_sum"], c["chosen_k_n"]),
         "acceptance_curve": [
             {"position": i, "accepted": n, "rate": _ratio(n, drafts)}
             for i, n in enumerate(curve, start=1)

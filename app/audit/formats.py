@@ -36,6 +36,8 @@ def flat_row(row: dict[str, Any], keys: list[str]) -> dict[str, Any]:
         "acceptance_rate",
         "mean_acceptance_length",
         "tokens_per_target_pass",
+        "mean_batch_size",
+        "mean_chosen_k",
         "speculative_requests",
         "net_loss_share",
     ):

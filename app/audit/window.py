@@ -12,7 +12,16 @@ from datetime import UTC, datetime, timedelta
 from app.validation import check_time_range
 
 FORMATS = ("json", "csv", "html")
-GROUPINGS = ("tenant", "collection", "method", "model_pair", "num_speculative_tokens")
+GROUPINGS = (
+    "tenant",
+    "collection",
+    "method",
+    "model_pair",
+    "num_speculative_tokens",
+    "batch_size",
+    "chosen_k",
+)
+"""``batch_size``: buckets of mean_batch_size (load); ``chosen_k``: mean_chosen_k rounded."""
 DEFAULT_GROUP_BY = ("tenant", "collection", "method", "model_pair")
 DEFAULT_SPAN = timedelta(days=1)
 

@@ -1,37 +1,27 @@
-"""Preempting a batch item's generation when interactive work arrives on the same worker.
+"""Interactive before batch: batch requests leave a full engine loop when interactive work waits.
 
-Stopping between items still makes an interactive query wait for the item in flight, which is a
-whole answer's time: on a worker that serves both queues that roughly doubles interactive p95.
-So while a batch item *generates*, a watcher thread checks ``waiting()`` (every ``poll`` seconds,
-and at once when a ``Wakeup`` source announces interactive work: workers/wakeup.py) and, when it
-says yes,
-raises ``Preempted`` in the generating thread (``PyThreadState_SetAsyncExc``: delivered at the
-next Python bytecode, i.e. between the engine's forward passes). Only the generate call is armed:
-the pipeline's claim and record are never interrupted, so a preempted item leaves nothing
-behind. ``Preempted`` is a ``BaseException``: the pipeline treats it like a shutdown and puts the
-query back to queued (no failure recorded); the chunk task then re-queues the item and itself.
+A worker process holds ``capacity`` tasks in flight (its engine loop's batch); with all of them
+taken it fetches nothing more, so an interactive query waits in the broker until one ends. When
+that happens while batch items are generating, the ``Preemptor`` cancels the newest batch item's
+request in the loop (``RequestHandle.cancel``: it leaves at the next step boundary, its slot is
+freed, nothing is thrown into the engine). The pipeline then puts the query back to queued with
+nothing recorded, the chunk task re-queues the item and itself and returns, and the freed task
+slot takes the interactive message (the worker consumes ``answer`` before ``batch``).
+
+``waiting()`` (is interactive work queued?) is asked every ``poll`` seconds while the worker is
+full with a batch request in flight, and at once when a wake-up source announces interactive
+work (workers/wakeup.py), so the interactive query waits for one step, not for a poll.
 """
 
 from __future__ import annotations
 
-import ctypes
+import logging
 import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from app.resources import Resources
-
-
-class Preempted(BaseException):
-    """Raised inside a batch item's generation because interactive work is waiting."""
-
-
-def _inject(thread_id: int, exc: type[BaseException] | None) -> None:
-    # exc None clears an exception set earlier but not delivered yet.
-    ctypes.pythonapi.PyThreadState_SetAsyncExc(
-        ctypes.c_ulong(thread_id), ctypes.py_object(exc) if exc is not None else None
-    )
+log = logging.getLogger(__name__)
 
 
 class WakeupSource(Protocol):
@@ -42,104 +32,120 @@ class WakeupSource(Protocol):
     def unregister(self, event: threading.Event) -> None: ...
 
 
-@contextmanager
-def armed(
-    waiting: Callable[[], bool], poll: float, wakeup: WakeupSource | None = None
-) -> Iterator[None]:
-    """Within the block, ``Preempted`` is raised in this thread soon after ``waiting()`` is true.
+@dataclass(eq=False)
+class Slot:
+    """One task in flight on this worker: its kind and, for batch items, the request it runs."""
 
-    ``waiting()`` is checked every ``poll`` seconds and whenever ``wakeup`` announces work.
-    If the block ends before the exception is delivered, it is withdrawn: finished work is kept.
-    """
-    thread_id = threading.get_ident()
-    lock = threading.Lock()
-    state = {"armed": True, "fired": False}
-    stop = threading.Event()
-    signal = threading.Event()  # set by the wake-up source, and by the block's end
-    if wakeup is not None:
-        wakeup.register(signal)
-
-    def watch() -> None:
-        while True:
-            signal.wait(poll)
-            signal.clear()
-            if stop.is_set():
-                return
-            if waiting():
-                with lock:
-                    if state["armed"]:
-                        state["fired"] = True
-                        _inject(thread_id, Preempted)
-                return
-
-    watcher = threading.Thread(target=watch, name="specrag-batch-preempt", daemon=True)
-    watcher.start()
-    delivered = False
-    try:
-        yield
-    except Preempted:
-        delivered = True
-        raise
-    finally:
-        with lock:
-            state["armed"] = False
-            if state["fired"] and not delivered:
-                _inject(thread_id, None)
-        if wakeup is not None:
-            wakeup.unregister(signal)
-        stop.set()
-        signal.set()
-        watcher.join()
+    preemptible: bool
+    handle: Any = None
+    """The current item's ``RequestHandle`` (batch slots only)."""
+    preempted: bool = False
+    """Cancelled by the preemptor: its task is on its way out, its place counts as free."""
+    order: int = field(default=0)
 
 
-class _PreemptibleEngine:
-    """The engine, with every ``generate`` call armed for preemption."""
+class Preemptor:
+    """Counts this worker's tasks in flight and cancels batch requests for waiting interactive work."""
 
     def __init__(
         self,
-        engine: Any,
+        capacity: int,
         waiting: Callable[[], bool],
-        poll: float,
-        wakeup: WakeupSource | None,
-    ) -> None:
-        self._engine = engine
-        self._waiting = waiting
-        self._poll = poll
-        self._wakeup = wakeup
-
-    def generate(self, prompt_ids: Any, params: Any) -> Any:
-        with armed(self._waiting, self._poll, self._wakeup):
-            return self._engine.generate(prompt_ids, params)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._engine, name)
-
-
-class PreemptibleResources(Resources):
-    """``base``'s loaded models and services, with the engine's generate armed for preemption."""
-
-    def __init__(
-        self,
-        base: Resources,
-        waiting: Callable[[], bool],
+        *,
         poll: float = 0.02,
         wakeup: WakeupSource | None = None,
     ) -> None:
-        super().__init__(base.settings, base.session_factory)
-        self._base = base
-        self._engine_proxy = _PreemptibleEngine(base.engine, waiting, poll, wakeup)
+        self.capacity = capacity
+        self._waiting = waiting
+        self._poll = poll
+        self._wakeup = wakeup
+        self._lock = threading.Lock()
+        self._slots: dict[int, Slot] = {}  # by thread id: a task runs in one thread
+        self._counter = 0
+        self._signal = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.preemptions = 0
+        """Batch requests cancelled so far."""
 
-    @property
-    def engine(self) -> Any:
-        """The base engine behind a preemptible ``generate``."""
-        return self._engine_proxy
+    def enter(self, preemptible: bool) -> None:
+        """The calling thread starts a task (``preemptible``: a batch chunk)."""
+        with self._lock:
+            self._counter += 1
+            self._slots[threading.get_ident()] = Slot(preemptible, order=self._counter)
+        self._signal.set()
 
-    @property
-    def tokenizer(self) -> Any:
-        """The base resources' tokenizer."""
-        return self._base.tokenizer
+    def exit(self) -> None:
+        """The calling thread's task ended."""
+        with self._lock:
+            self._slots.pop(threading.get_ident(), None)
 
-    @property
-    def retrieval(self) -> Any:
-        """The base resources' retrieval service."""
-        return self._base.retrieval
+    def track(self, handle: Any) -> None:
+        """Make ``handle`` (submitted by the calling thread's batch task) the one to cancel."""
+        with self._lock:
+            slot = self._slots.get(threading.get_ident())
+            if slot is not None and slot.preemptible:
+                slot.handle, slot.preempted = handle, False
+        self._signal.set()
+
+    def full(self) -> bool:
+        """Whether every task slot is taken by a task that is not already leaving."""
+        with self._lock:
+            return sum(not s.preempted for s in self._slots.values()) >= self.capacity
+
+    def should_yield(self) -> bool:
+        """Between batch items: whether to stop because interactive work waits for a full worker."""
+        return self.full() and self._waiting()
+
+    def _victim(self) -> Slot | None:
+        with self._lock:
+            live = [s for s in self._slots.values() if not s.preempted]
+            if len(live) < self.capacity:
+                return None
+            running = [s for s in live if s.preemptible and s.handle is not None]
+            running = [s for s in running if not s.handle.done]
+            # The newest batch request has done the least work: cancelling it wastes the least.
+            return max(running, key=lambda s: s.order) if running else None
+
+    def check(self) -> bool:
+        """Cancel one batch request if the worker is full and interactive work waits; whether it did."""
+        victim = self._victim()
+        if victim is None or not self._waiting():
+            return False
+        with self._lock:
+            if victim.preempted or victim.handle is None:
+                return False
+            victim.preempted = True
+            handle = victim.handle
+        handle.cancel()
+        self.preemptions += 1
+        log.info("interactive work waits on a full worker: a batch request was cancelled")
+        return True
+
+    def start(self) -> Preemptor:
+        """Run the watcher thread; returns self."""
+        if self._wakeup is not None:
+            self._wakeup.register(self._signal)
+        self._thread = threading.Thread(target=self._run, name="specrag-preemptor", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop the watcher thread."""
+        self._stop.set()
+        self._signal.set()
+        if self._wakeup is not None:
+            self._wakeup.unregister(self._signal)
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._signal.wait(self._poll)
+            self._signal.clear()
+            if self._stop.is_set():
+                return
+            try:
+                self.check()
+            except Exception:  # a broker hiccup must not end the watcher
+                log.exception("preemption check failed")

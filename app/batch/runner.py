@@ -17,18 +17,20 @@ import time
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from sqlalchemy import delete, func, or_, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.batch.preempt import Preempted
 from app.batch.records import FINAL_BATCH, FINAL_ITEM, Batch, BatchItem
 from app.db.models import Query, utcnow
 from app.db.session import skip_fsync
 from app.pipeline import answer_query
 from app.resources import Resources
 from app.settings import Settings
+
+if TYPE_CHECKING:
+    from app.pipeline import GenerateStep
 
 ChunkOutcome = Literal["done", "more", "yield", "stopped"]
 SessionFactory = sessionmaker[Session]
@@ -241,11 +243,14 @@ def run_chunk(
     max_items: int,
     should_yield: Callable[[], bool] = lambda: False,
     host: str | None = None,
+    generate_step: GenerateStep | None = None,
 ) -> ChunkOutcome:
     """Answer up to ``max_items`` of the batch's items; says why it stopped.
 
     "more": items remain (re-queue the chunk); "yield": interactive work is waiting (re-queue);
     "done": nothing left to claim; "stopped": cancelled, finished, or superseded epoch.
+    ``generate_step`` is the pipeline's (a worker's: ``loop_step``, whose handles a preemptor
+    may cancel when interactive work needs the slot; the item is then re-queued).
     """
 
     sf, settings = resources.session_factory, resources.settings
@@ -269,10 +274,9 @@ def run_chunk(
             maybe_finish(sf, batch_id)
             return "done"
         item_id, query_id = claimed
-        try:
-            answer_query(resources, query_id, host=host)
-        except Preempted:
-            # The pipeline already put the query back to queued; the item waits for its turn.
+        if answer_query(resources, query_id, host=host, generate_step=generate_step) == "released":
+            # Cancelled in the loop for interactive work: the pipeline put the query back to
+            # queued with nothing recorded; the item waits for its turn.
             requeue_item(sf, item_id, query_id)
             return "yield"
         if finish_item(sf, item_id) not in FINAL_ITEM:

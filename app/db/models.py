@@ -205,6 +205,10 @@ class GenerationStatsRecord(Base):
     ttft_ms: Mapped[float | None] = mapped_column(Float)
     generation_ms: Mapped[float | None] = mapped_column(Float)
     total_ms: Mapped[float | None] = mapped_column(Float)
+    # Load beside draft quality: how many requests shared this one's target passes, and the k
+    # the engine chose per pass (null: recorded before migration 0006, or k not chosen per step).
+    mean_batch_size: Mapped[float | None] = mapped_column(Float)
+    mean_chosen_k: Mapped[float | None] = mapped_column(Float)
 
     query: Mapped[Query] = relationship(back_populates="stats")
 
@@ -224,6 +228,8 @@ class GenerationStatsRecord(Base):
         "queue_ms",
         "retrieval_ms",
         "total_ms",
+        "mean_batch_size",
+        "mean_chosen_k",
     )
 
     def to_dict(self) -> dict[str, Any]:

@@ -65,6 +65,8 @@ def seed(
     shadow baseline; every ``mismatch_every``-th of those differs by one token (0: none differ).
     """
     rng = np.random.default_rng(seed)
+    # Load figures from a stream of their own, so the other columns stay what they were.
+    load_rng = np.random.default_rng(seed + 10_000)
     tenants = _tenant_ids(engine)
     out = Seeded()
     shadows = 0
@@ -133,6 +135,13 @@ def seed(
                     "accepted_per_position": per_pos,
                     "acceptance_rate": accepted / (drafts * k) if drafts else None,
                     "mean_acceptance_length": 1 + accepted / drafts if drafts else None,
+                    # Some rows predate migration 0006 (null), the rest carry load and chosen k.
+                    "mean_batch_size": (
+                        None if load_rng.random() < 0.1 else float(load_rng.uniform(1.0, 20.0))
+                    ),
+                    "mean_chosen_k": (
+                        None if load_rng.random() < 0.2 else float(load_rng.uniform(0.0, 4.0))
+                    ),
                     **lat,
                 }
                 srows.append(stats)

@@ -71,6 +71,39 @@ def test_groups_partition_the_window_and_match_numpy(audit_db: AuditDB) -> None:
             assert g["net_loss_share"] is None
 
 
+def _batch_bucket(value: float | None) -> str | None:
+    """The report's batch_size label, computed independently of its SQL."""
+    if value is None:
+        return None
+    for edge, label in ((1, "1"), (2, "2"), (4, "3-4"), (8, "5-8"), (16, "9-16"), (32, "17-32")):
+        if value < edge + 0.5:
+            return label
+    return "33+"
+
+
+def test_groups_by_load_and_chosen_k_match_numpy(audit_db: AuditDB) -> None:
+    r = report(audit_db, MAIN, ("batch_size", "chosen_k"))
+    ok = [x for x in audit_db.main.rows if x["status"] == "succeeded"]
+    assert sum(g["requests"] for g in r["groups"]) == r["requests"]
+    labels = {g["batch_size"] for g in r["groups"]}
+    assert {"1", "2", "3-4", "5-8", "9-16", "17-32"} >= labels - {None} and None in labels
+    for g in r["groups"]:
+        rows = [
+            x
+            for x in ok
+            if _batch_bucket(x["mean_batch_size"]) == g["batch_size"]
+            and (None if x["mean_chosen_k"] is None else str(round(x["mean_chosen_k"])))
+            == g["chosen_k"]
+        ]
+        sizes = [x["mean_batch_size"] for x in rows if x["mean_batch_size"] is not None]
+        ks = [x["mean_chosen_k"] for x in rows if x["mean_chosen_k"] is not None]
+        assert g["succeeded"] == len(rows), (g["batch_size"], g["chosen_k"])
+        assert g["mean_batch_size"] == (pytest.approx(np.mean(sizes)) if sizes else None)
+        assert g["mean_chosen_k"] == (pytest.approx(np.mean(ks)) if ks else None)
+    sizes = [x["mean_batch_size"] for x in ok if x["mean_batch_size"] is not None]
+    assert r["mean_batch_size"] == pytest.approx(np.mean(sizes))
+
+
 def test_shadow_speedup_and_exactness(audit_db: AuditDB) -> None:
     clean = report(audit_db, MAIN, ("method",))
     shadows = [x for x in audit_db.main.rows if x.get("baseline_generation_ms")]

@@ -42,8 +42,12 @@ def query_status(session_factory: Any, query_id: uuid.UUID) -> Any:
 def worker(
     start_worker: Any, session_factory: Any, settings: Any, celery_app: Any, ingested: str
 ) -> Any:
-    """One live worker on answer,batch, warmed by an interactive query it answered."""
-    proc = start_worker()
+    """One live worker on answer,batch, warmed by an interactive query it answered.
+
+    One query in flight: a batch item holds the worker's only slot, so an interactive query can
+    only get in by the batch yielding or its request being cancelled in the loop (preemption).
+    """
+    proc = start_worker(SPECRAG_WORKER_CONCURRENCY="1")
     qid = ask(session_factory, settings, celery_app, "warm up: what is assert?")
     wait_until(
         lambda: query_status(session_factory, qid).status in ("succeeded", "failed"),

@@ -1,56 +1,177 @@
-"""Preemption of a batch item's generation (no services: plain threads and Python work)."""
+"""Cooperative preemption: a full worker cancels its newest batch request for waiting interactive work.
+
+Unit tests drive ``Preemptor`` with task threads and fake request handles; the Redis tests use the
+real announcement channel. Nothing is thrown into any thread: a preempted request is cancelled
+through its handle, and the task that owns it sees that at the request's end.
+"""
 
 from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
-import pytest
-
-from app.batch.preempt import Preempted, armed
-
-
-def busy(seconds: float) -> int:
-    """Python-level work (the exception can only land between bytecodes, as between forwards)."""
-    end, n = time.monotonic() + seconds, 0
-    while time.monotonic() < end:
-        n += 1
-    return n
+from app.batch.preempt import Preemptor
 
 
-def test_generation_is_preempted_soon_after_interactive_work_arrives() -> None:
-    flag = threading.Event()
-    threading.Timer(0.2, flag.set).start()
-    started = time.monotonic()
-    with pytest.raises(Preempted), armed(flag.is_set, poll=0.01):
-        busy(5.0)
-    assert time.monotonic() - started < 1.0
+class FakeHandle:
+    """A request in flight: records cancel(), never finishes by itself."""
+
+    def __init__(self) -> None:
+        self.cancelled = threading.Event()
+        self.finished = False
+
+    def cancel(self) -> None:
+        self.cancelled.set()
+
+    @property
+    def done(self) -> bool:
+        return self.finished
 
 
-def test_finished_work_is_kept_and_nothing_fires_later() -> None:
-    with armed(lambda: False, poll=0.01):
-        assert busy(0.1) > 0
-    # Waiting work that shows up after the block has ended must not hit this thread.
-    flag = threading.Event()
-    with armed(flag.is_set, poll=0.01):
-        busy(0.05)
-    flag.set()
-    busy(0.2)
+@contextmanager
+def tasks(preemptor: Preemptor, kinds: list[str]) -> Iterator[list[FakeHandle | None]]:
+    """One thread per kind holding a task slot ("batch" threads also submit a request)."""
+    handles: list[FakeHandle | None] = [None] * len(kinds)
+    entered = threading.Barrier(len(kinds) + 1)
+    leave = threading.Event()
+
+    def run(i: int, kind: str) -> None:
+        preemptor.enter(preemptible=kind == "batch")
+        if kind == "batch":
+            handles[i] = FakeHandle()
+            preemptor.track(handles[i])
+        entered.wait()
+        leave.wait(10)
+        preemptor.exit()
+
+    threads = []
+    for i, kind in enumerate(kinds):
+        # One at a time, so that the last one started is the newest.
+        ready = threading.Event()
+        t = threading.Thread(target=lambda i=i, k=kind, r=ready: (r.set(), run(i, k)))
+        t.start()
+        ready.wait(5)
+        time.sleep(0.01)
+        threads.append(t)
+    entered.wait(10)
+    try:
+        yield handles
+    finally:
+        leave.set()
+        for t in threads:
+            t.join(10)
 
 
-def test_an_exception_fired_at_the_very_end_is_withdrawn() -> None:
-    # waiting() is true at once, but the block is too short to see it delivered: either it is
-    # raised inside the block, or withdrawn; never later.
-    outcomes = []
-    for _ in range(30):
-        try:
-            with armed(lambda: True, poll=0.0005):
-                busy(0.0005)
-            outcomes.append("kept")
-        except Preempted:
-            outcomes.append("preempted")
-        busy(0.01)
-    assert set(outcomes) <= {"kept", "preempted"}
+def cancelled(handles: list[FakeHandle | None]) -> list[bool]:
+    return [h is not None and h.cancelled.is_set() for h in handles]
+
+
+def test_a_full_worker_cancels_its_newest_batch_request_for_waiting_interactive_work() -> None:
+    waiting = threading.Event()
+    preemptor = Preemptor(3, waiting.is_set)
+    with tasks(preemptor, ["batch", "batch", "answer"]) as handles:
+        assert preemptor.full()
+        assert not preemptor.check(), "nothing waits: nothing is cancelled"
+        waiting.set()
+        assert preemptor.should_yield()
+        assert preemptor.check()
+        assert cancelled(handles) == [False, True, False]
+        # The cancelled task is on its way out: its place counts as free, nothing more goes.
+        assert not preemptor.full() and not preemptor.check()
+        assert cancelled(handles) == [False, True, False]
+    assert preemptor.preemptions == 1
+
+
+def test_a_worker_with_a_free_slot_or_no_batch_request_preempts_nothing() -> None:
+    preemptor = Preemptor(3, lambda: True)
+    with tasks(preemptor, ["batch", "answer"]) as handles:
+        assert not preemptor.full() and not preemptor.should_yield()
+        assert not preemptor.check() and cancelled(handles) == [False, False]
+    with tasks(preemptor, ["answer", "answer", "answer"]):
+        assert preemptor.full() and not preemptor.check()
+
+
+def test_a_finished_batch_request_is_not_cancelled() -> None:
+    preemptor = Preemptor(2, lambda: True)
+    with tasks(preemptor, ["batch", "batch"]) as handles:
+        for h in handles:
+            assert h is not None
+            h.finished = True
+        assert not preemptor.check() and cancelled(handles) == [False, False]
+
+
+def test_the_watcher_cancels_within_a_poll_of_work_arriving() -> None:
+    waiting = threading.Event()
+    preemptor = Preemptor(1, waiting.is_set, poll=0.01).start()
+    try:
+        with tasks(preemptor, ["batch"]) as handles:
+            time.sleep(0.1)
+            assert cancelled(handles) == [False]
+            waiting.set()
+            assert handles[0] is not None and handles[0].cancelled.wait(2.0)
+    finally:
+        preemptor.stop()
+
+
+def test_an_announcement_preempts_long_before_the_next_poll(redis_url: str) -> None:
+    """Real Redis pub/sub: send_query on 'answer' announces; the watcher checks at once."""
+    import redis
+
+    from app.settings import Settings
+    from workers import create_celery, send_query
+    from workers.batch_tasks import answer_waiting
+    from workers.wakeup import listener
+
+    app = create_celery(Settings(broker_url=redis_url))
+    redis.Redis.from_url(redis_url).flushdb()
+    wake = listener(redis_url)
+    assert wake is not None and listener(redis_url) is wake  # one subscriber per process
+    time.sleep(0.3)  # the subscriber thread is connected
+    # A 10 s poll: only the announcement can make this cancel within the test.
+    preemptor = Preemptor(1, lambda: answer_waiting(app), poll=10.0, wakeup=wake).start()
+    delays = []
+    try:
+        for i in range(5):
+            with tasks(preemptor, ["batch"]) as handles:
+                handle = handles[0]
+                assert handle is not None
+                sent = time.monotonic()
+                send_query(app, f"00000000-0000-0000-0000-00000000000{i}", "answer")
+                assert handle.cancelled.wait(5.0), "the announcement did not preempt"
+                delays.append(time.monotonic() - sent)
+            redis.Redis.from_url(redis_url).flushdb()
+    finally:
+        preemptor.stop()
+    assert max(delays) < 0.25, delays
+
+
+def test_an_announcement_without_waiting_work_preempts_nothing(redis_url: str) -> None:
+    """Announced, but the message was already taken (queue empty): the item keeps running."""
+    from workers.wakeup import announce, listener
+
+    wake = listener(redis_url)
+    time.sleep(0.3)
+    checks: list[float] = []
+
+    def waiting() -> bool:
+        checks.append(time.monotonic())
+        return False
+
+    preemptor = Preemptor(1, waiting, poll=10.0, wakeup=wake).start()
+    try:
+        with tasks(preemptor, ["batch"]) as handles:
+            time.sleep(0.1)  # the watcher's look at the task's start is done
+            checks.clear()
+            announce(redis_url)
+            deadline = time.monotonic() + 5
+            while not checks and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert checks, "the announcement must make the watcher look"
+            assert cancelled(handles) == [False]
+    finally:
+        preemptor.stop()
 
 
 def test_answer_waiting_sees_interactive_messages_on_real_redis(redis_url: str) -> None:
@@ -70,50 +191,6 @@ def test_answer_waiting_sees_interactive_messages_on_real_redis(redis_url: str) 
     assert answer_waiting(app)
     client.flushdb()
     assert not answer_waiting(app)
-
-
-def test_an_announcement_preempts_long_before_the_next_poll(redis_url: str) -> None:
-    """Real Redis pub/sub: send_query on 'answer' announces; the watcher checks at once."""
-    import redis
-
-    from app.settings import Settings
-    from workers import create_celery, send_query
-    from workers.batch_tasks import answer_waiting
-    from workers.wakeup import listener
-
-    app = create_celery(Settings(broker_url=redis_url))
-    redis.Redis.from_url(redis_url).flushdb()
-    wake = listener(redis_url)
-    assert wake is not None and listener(redis_url) is wake  # one subscriber per process
-    time.sleep(0.3)  # the subscriber thread is connected
-    delays = []
-    for i in range(5):
-        timer = threading.Timer(
-            0.2, send_query, args=(app, f"00000000-0000-0000-0000-00000000000{i}", "answer")
-        )
-        timer.start()
-        started = time.monotonic()
-        # A 10 s poll: only the announcement can make this fire within the block.
-        with pytest.raises(Preempted), armed(lambda: answer_waiting(app), poll=10.0, wakeup=wake):
-            busy(5.0)
-        delays.append(time.monotonic() - started - 0.2)
-        redis.Redis.from_url(redis_url).flushdb()
-    assert max(delays) < 0.25, delays
-
-
-def test_an_announcement_without_waiting_work_preempts_nothing(redis_url: str) -> None:
-    """Announced, but the message was already taken (queue empty): the item keeps running."""
-    from workers.wakeup import announce, listener
-
-    wake = listener(redis_url)
-    time.sleep(0.3)
-    with armed(lambda: False, poll=10.0, wakeup=wake):
-        threading.Timer(0.05, announce, args=(redis_url,)).start()
-        assert busy(0.3) > 0
-    started = time.monotonic()
-    with armed(lambda: False, poll=10.0, wakeup=wake):
-        pass
-    assert time.monotonic() - started < 0.1, "the block's end must not wait for the poll"
 
 
 def test_each_redis_database_has_its_own_announcement_channel() -> None:

@@ -1,0 +1,43 @@
+"""Worker concurrency: defaults per engine, and refusal (with the reason) of what an engine cannot hold."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from app.serving import (
+    DEFAULT_CONCURRENCY,
+    check_concurrency,
+    kv_bytes_per_query,
+    worker_concurrency,
+)
+from app.settings import Settings
+
+
+def test_concurrency_defaults_per_engine_and_the_setting_wins() -> None:
+    assert worker_concurrency(Settings(device="cpu")) == DEFAULT_CONCURRENCY["torch-cpu"]
+    assert worker_concurrency(Settings(engine="vllm")) == DEFAULT_CONCURRENCY["vllm"]
+    assert worker_concurrency(Settings(device="cpu", worker_concurrency=7)) == 7
+
+
+def test_an_engine_is_refused_a_concurrency_it_cannot_hold(tiny_models: dict[str, Path]) -> None:
+    from generation import SpeculativeEngine
+
+    engine = SpeculativeEngine.from_pretrained(tiny_models["target"], tiny_models["draft"])
+    per_query = kv_bytes_per_query(engine)
+    assert per_query > 0
+    check_concurrency(engine, 4)  # the tiny pair holds a few easily
+    with pytest.raises(ValueError, match="SPECRAG_WORKER_CONCURRENCY: must be >= 1"):
+        check_concurrency(engine, 0)
+    with pytest.raises(ValueError, match=r"SPECRAG_WORKER_CONCURRENCY: .* MiB of KV cache"):
+        check_concurrency(engine, 10**9)
+
+
+def test_an_engine_that_states_its_limit_is_held_to_it() -> None:
+    class Limited:
+        max_concurrency = 8
+
+    check_concurrency(Limited(), 8)
+    with pytest.raises(ValueError, match="holds at most 8"):
+        check_concurrency(Limited(), 9)

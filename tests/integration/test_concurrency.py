@@ -1,0 +1,137 @@
+"""One worker process, many queries in flight on its engine loop (threads pool), real Redis and PostgreSQL.
+
+Each test starts its own ``specrag worker`` subprocesses on a private redis-server, so killing one
+cannot disturb the session's shared worker.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from sqlalchemy import func, select
+
+from app.client import SpecragClient
+from app.db import Answer, GenerationStatsRecord, Query, make_engine, make_session_factory
+from app.settings import Settings
+from tests.integration.helpers import ApiServer, RedisServer, WorkerProcess, settings_env
+
+pytestmark = pytest.mark.integration
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def _rows(settings: Settings, ids: list[str]) -> dict[str, tuple[str, str | None, int, int, int]]:
+    """Per query: (status, worker_host, attempts, answers stored, stats stored)."""
+    engine = make_engine(settings)
+    out = {}
+    with make_session_factory(engine)() as session:
+        for query_id in ids:
+            qid = uuid.UUID(query_id)
+            query = session.get(Query, qid)
+            assert query is not None
+            answers = session.scalar(
+                select(func.count()).select_from(Answer).where(Answer.query_id == qid)
+            )
+            stats = session.scalar(
+                select(func.count())
+                .select_from(GenerationStatsRecord)
+                .where(GenerationStatsRecord.query_id == qid)
+            )
+            out[query_id] = (
+                query.status,
+                query.worker_host,
+                query.attempts,
+                int(answers or 0),
+                int(stats or 0),
+            )
+    engine.dispose()
+    return out
+
+
+def _private(settings: Settings, redis: RedisServer, **update: object) -> Settings:
+    """``settings`` on the private Redis, with the threads pool and ``update``."""
+    return settings.model_copy(
+        update={"broker_url": redis.url(1), "worker_pool": "threads", **update}
+    )
+
+
+def test_sigkill_of_a_worker_holding_eight_queries_leaves_each_answered_once_by_another(
+    service_settings: Settings,
+    private_redis: RedisServer,
+    keys: dict[str, str],
+    ingested: str,
+    worker_process: Callable[..., WorkerProcess],
+) -> None:
+    settings = _private(service_settings, private_redis, worker_concurrency=8)
+    first = worker_process(settings, "first")
+    first.wait_ready()
+    with ApiServer(settings) as api, SpecragClient(api.url, keys["acme"]) as client:
+        ids = [
+            client.submit(f"What does assert do? ({i})", ingested, max_tokens=200, method="none")
+            for i in range(8)
+        ]
+        deadline = time.monotonic() + 60
+        while True:
+            rows = _rows(settings, ids)
+            held = [
+                r for r in rows.values() if r[0] == "running" and r[1] and r[1].startswith("first@")
+            ]
+            if len(held) == 8:
+                break
+            assert time.monotonic() < deadline, f"the worker never held all 8 at once: {rows}"
+            time.sleep(0.02)
+        first.kill()  # SIGKILL: 8 unacknowledged messages, 8 running queries, no clean-up
+        second = worker_process(settings, "second")
+        second.wait_ready()
+        done = [client.wait(query_id, timeout=180) for query_id in ids]
+    assert [d["status"] for d in done] == ["succeeded"] * 8, done
+    rows = _rows(settings, ids)
+    for query_id, (status, host, attempts, answers, stats) in rows.items():
+        assert (status, answers, stats) == ("succeeded", 1, 1), query_id
+        assert host is not None and host.startswith("second@") and attempts == 2, rows[query_id]
+    assert second.log.read_text().count("'outcome': 'succeeded'") == 8
+
+
+def test_a_burst_is_answered_once_each_with_greedy_answers_identical_to_one_at_a_time(
+    service_settings: Settings,
+    private_redis: RedisServer,
+    keys: dict[str, str],
+    ingested: str,
+    worker_process: Callable[..., WorkerProcess],
+) -> None:
+    settings = _private(service_settings, private_redis, worker_concurrency=4)
+    worker = worker_process(settings, "burst")
+    worker.wait_ready()
+    questions = [f"What does {w} do?" for w in ("assert", "pass", "del")] * 4
+    with ApiServer(settings) as api, SpecragClient(api.url, keys["acme"]) as client:
+        alone = {}
+        for q in dict.fromkeys(questions):
+            alone[q] = client.wait(client.submit(q, ingested, max_tokens=24), timeout=120)["answer"]
+        ids = [client.submit(q, ingested, max_tokens=24) for q in questions]
+        done = [client.wait(query_id, timeout=180) for query_id in ids]
+    assert [d["status"] for d in done] == ["succeeded"] * len(ids)
+    assert [d["answer"] for d in done] == [alone[q] for q in questions]
+    rows = _rows(settings, ids)
+    assert all(r[3:] == (1, 1) for r in rows.values()), rows
+    assert all(d["stats"]["mean_batch_size"] >= 1.0 for d in done)
+
+
+def test_a_worker_refuses_a_concurrency_its_engine_cannot_hold(service_settings: Settings) -> None:
+    env = settings_env(service_settings.model_copy(update={"worker_pool": "threads"}))
+    env["SPECRAG_WORKER_CONCURRENCY"] = str(10**9)
+    proc = subprocess.run(
+        [str(Path(sys.executable).parent / "specrag"), "worker", "-Q", "answer"],
+        env=env,
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert proc.returncode != 0
+    assert "error: SPECRAG_WORKER_CONCURRENCY:" in proc.stderr + proc.stdout, proc.stderr[-2000:]
