@@ -87,6 +87,17 @@ def claim_redis_db() -> int:
     raise SystemExit("no free Redis database number (1-15)")
 
 
+ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/test"
+
+
+def drop_database(name: str) -> None:
+    """Drop the benchmark's database ``name`` (made by ``setup``), closing its connections."""
+    import psycopg
+
+    with psycopg.connect(ADMIN_URL, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
 def setup(tmp: Path) -> tuple[dict[str, str], str]:
     """(SPECRAG_* environment, PostgreSQL admin URL of the maintenance DB) for a fresh database."""
     import psycopg
@@ -95,8 +106,7 @@ def setup(tmp: Path) -> tuple[dict[str, str], str]:
     from app.db.schema import upgrade
 
     name = f"specrag_bench_{uuid.uuid4().hex[:8]}"
-    admin = "postgresql://postgres@127.0.0.1:5432/test"
-    with psycopg.connect(admin, autocommit=True) as conn:
+    with psycopg.connect(ADMIN_URL, autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
     url = f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
     engine = create_engine(url)
@@ -316,10 +326,7 @@ def main() -> None:
     try:
         run(args, env, tmp)
     finally:
-        import psycopg
-
-        with psycopg.connect("postgresql://postgres@127.0.0.1:5432/test", autocommit=True) as c:
-            c.execute(f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)')
+        drop_database(dbname)
 
 
 def run(args: argparse.Namespace, env: dict[str, str], tmp: Path) -> None:

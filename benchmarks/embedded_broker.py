@@ -21,7 +21,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from benchmarks.batch import note, pct, start_worker, stop  # noqa: E402
+from benchmarks.batch import note, pct, start_worker  # noqa: E402
 
 
 def run(interval: float, queries: int, tmp: Path) -> list[float]:
@@ -62,7 +62,7 @@ def run(interval: float, queries: int, tmp: Path) -> list[float]:
                 stats = session.query(GenerationStatsRecord).filter_by(query_id=qid).one()
                 waits.append(float(stats.queue_ms))
     finally:
-        stop(worker)
+        worker.stop()
     return waits
 
 

@@ -39,11 +39,11 @@ sys.path.insert(0, str(REPO))
 from benchmarks.batch import (  # noqa: E402 - the path above makes the sibling importable
     FILES,
     QUESTIONS,
+    drop_database,
     note,
     pct,
     setup,
     start_worker,
-    stop,
     wait_query,
 )
 
@@ -169,10 +169,7 @@ def main() -> None:
     try:
         run(args, env, tmp)
     finally:
-        import psycopg
-
-        with psycopg.connect("postgresql://postgres@127.0.0.1:5432/test", autocommit=True) as c:
-            c.execute(f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)')
+        drop_database(dbname)
 
 
 def run(args: argparse.Namespace, env: dict[str, str], tmp: Path) -> None:
@@ -200,7 +197,7 @@ def run(args: argparse.Namespace, env: dict[str, str], tmp: Path) -> None:
                 wait_query(sf, send(sf, settings, celery, "warm up", 4), timeout=600)
                 bursts[label].append(burst(sf, settings, celery, args.burst, args.max_tokens))
             finally:
-                stop(worker)
+                worker.stop()
             note(f"round {r + 1} {label}: {wall_seconds(bursts[label][-1]):.1f} s")
     report_burst(args, bursts)
     if args.poisson_seconds <= 0:
@@ -228,7 +225,7 @@ def run(args: argparse.Namespace, env: dict[str, str], tmp: Path) -> None:
                 sf, settings, celery, rate, args.poisson_seconds, args.max_tokens, seed=7
             )
         finally:
-            stop(worker)
+            worker.stop()
     report_poisson(args, capacity, rate, loaded)
 
 
