@@ -2,8 +2,9 @@
 
 Each variant times ``Enforcer.submission`` (rate hit + active-queries count) and the request
 guard's body scan on a small query body, 2000 times after a warm-up, and prints p50/p95 in
-microseconds. Variants: rates in Redis (the broker) with the counts on PostgreSQL, and rates in
-memory with the counts on SQLite (the embedded default).
+microseconds. Variants: rates in Redis (the broker) with the counts on PostgreSQL; rates in the
+database (no Redis broker: app/tenancy/ratestore.py) on PostgreSQL, and on SQLite (the embedded
+default).
 
     SPECRAG_TORCH_THREADS=1 .venv/bin/python benchmarks/tenant_limits.py --n 2000
 
@@ -33,19 +34,17 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def time_variant(name: str, settings, n: int) -> dict[str, float]:  # type: ignore[no-untyped-def]
-    from sqlalchemy import create_engine
-
     from app.api.guard import _bad_json_text
-    from app.db import make_session_factory
+    from app.db import make_engine, make_session_factory
     from app.db.schema import upgrade
     from app.queries import get_or_create_tenant
     from app.tenancy.limits import Enforcer
 
     settings.data_dir.mkdir(parents=True, exist_ok=True)
-    engine = create_engine(settings.resolved_database_url)
+    engine = make_engine(settings)
     upgrade(engine)
     sf = make_session_factory(engine)
-    enforcer = Enforcer(settings)
+    enforcer = Enforcer(settings, engine)
     body = json.dumps({"question": "How do I rotate an API key?", "collection": "docs"}).encode()
     with sf() as session:
         tenant_id = get_or_create_tenant(session, f"bench-{uuid.uuid4().hex[:6]}").id
@@ -103,9 +102,13 @@ def main() -> None:
                 data_dir=Path(tmp) / "pg", broker_url=f"redis://127.0.0.1:6379/{number}",
                 database_url=f"postgresql+psycopg://postgres@127.0.0.1:5432/{dbname}", **common,
             ), args.n))  # fmt: skip
+            rows.append(time_variant("database: postgresql", Settings(
+                data_dir=Path(tmp) / "pg-db",
+                database_url=f"postgresql+psycopg://postgres@127.0.0.1:5432/{dbname}", **common,
+            ), args.n))  # fmt: skip
             rows.append(
                 time_variant(
-                    "memory + sqlite", Settings(data_dir=Path(tmp) / "lite", **common), args.n
+                    "database: sqlite", Settings(data_dir=Path(tmp) / "lite", **common), args.n
                 )  # fmt: skip
             )
     finally:
