@@ -25,11 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-
-def percentile(values: list[float], q: float) -> float:
-    """The q-th percentile (nearest rank) of ``values``."""
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * len(ordered) + 0.5) - 1))]
+from benchmarks.support import percentile  # noqa: E402
 
 
 def time_variant(name: str, settings, n: int) -> dict[str, float]:  # type: ignore[no-untyped-def]

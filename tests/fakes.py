@@ -18,7 +18,7 @@ def memory_session_factory() -> Any:
     from sqlalchemy import create_engine, event
     from sqlalchemy.pool import StaticPool
 
-    import app.db  # noqa: F401  (registers every table on the shared metadata)
+    import app.tables  # noqa: F401  (registers every table on the shared metadata)
     from app.db.models import Base
     from app.db.session import make_session_factory
 
