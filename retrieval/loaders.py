@@ -141,7 +141,7 @@ def _parse_markdown(path: Path, text: str) -> tuple[str, list[Section]]:
 
 
 def _parse_html(path: Path, text: str) -> tuple[str, list[Section]]:
-    from bs4 import BeautifulSoup
+    from bs4 import BeautifulSoup  # heavy: bs4
 
     soup = BeautifulSoup(text, "html.parser")
     title_tag = soup.find("title")
@@ -173,8 +173,8 @@ def _parse_html(path: Path, text: str) -> tuple[str, list[Section]]:
 
 
 def _parse_pdf(path: Path, data: bytes) -> tuple[str, list[Section]]:
-    from pypdf import PdfReader
-    from pypdf.errors import PdfReadError
+    from pypdf import PdfReader  # heavy: pypdf
+    from pypdf.errors import PdfReadError  # heavy: pypdf
 
     try:
         reader = PdfReader(io.BytesIO(data))
