@@ -9,6 +9,7 @@ Subclass ``EngineConformance`` in a ``Test*`` class and provide fixtures:
 
 from __future__ import annotations
 
+import inspect
 import random
 from collections.abc import Callable
 from typing import Any
@@ -61,6 +62,25 @@ def check_stats_invariants(stats: GenerationStats, num_tokens: int, max_new_toke
         assert data["mean_acceptance_length"] == 1 + stats.num_accepted_tokens / stats.num_drafts
     assert stats.ttft_ms is not None and stats.generation_ms is not None
     assert 0 <= stats.ttft_ms <= stats.generation_ms
+
+
+def check_engine_protocol(engine: Any) -> None:
+    """Assert ``engine`` has every member ``generation.base.Engine`` names, each method with the
+    protocol's parameters (names and kinds), not just something of that name."""
+    assert isinstance(engine, Engine), f"{type(engine).__name__} is not an Engine"
+    members = [name for name in vars(Engine) if not name.startswith("_")]
+    assert {"check_request", "generate", "generate_many", "start_loop"} <= set(members)
+    for name in members:
+        member = vars(Engine)[name]
+        assert hasattr(engine, name), f"{type(engine).__name__} lacks {name}"
+        if isinstance(member, property) or not callable(member):
+            continue
+        params = list(inspect.signature(member).parameters.values())[1:]  # less self
+        want = [(p.name, p.kind) for p in params]
+        got = [
+            (p.name, p.kind) for p in inspect.signature(getattr(engine, name)).parameters.values()
+        ]
+        assert got == want, f"{type(engine).__name__}.{name}: parameters {got}, protocol {want}"
 
 
 class EngineConformance:
@@ -122,7 +142,7 @@ class EngineConformance:
         assert len(others | {tuple(first)}) > 1, "different seeds should sample differently"
 
     def test_properties(self, engine: Engine) -> None:
-        assert isinstance(engine, Engine)
+        check_engine_protocol(engine)
         assert engine.vocab_size > 0 and engine.max_context > 0
         assert isinstance(engine.model_pair, str) and engine.model_pair
 
