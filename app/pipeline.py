@@ -209,7 +209,10 @@ def generate(
 
 
 def loop_step(
-    resources: Resources, on_submit: Callable[[RequestHandle], None] | None = None
+    resources: Resources,
+    on_submit: Callable[[RequestHandle], None] | None = None,
+    *,
+    background: bool = False,
 ) -> GenerateStep:
     """The generate step on the process's engine loop (``resources.loop``), shared by many queries.
 
@@ -217,10 +220,13 @@ def loop_step(
     in flight; retrieval and recording happen in the task threads, beside the loop. ``on_submit``
     gets the request's handle (a preemptor may cancel it: the query is then released). A request
     still running at the soft time limit is cancelled, freeing its slot, and the query fails.
+    ``background``: batch items, which the loop keeps behind interactive queries.
     """
 
     def step(built: BuiltRequest, on_delta: DeltaCallback | None) -> GenerationResult:
-        handle = resources.loop.submit(built.prompt_ids, built.sampling, on_delta=on_delta)
+        handle = resources.loop.submit(
+            built.prompt_ids, built.sampling, on_delta=on_delta, background=background
+        )
         if on_submit is not None:
             on_submit(handle)
         limit = float(resources.settings.task_soft_time_limit)

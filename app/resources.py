@@ -115,16 +115,19 @@ class Resources:
     @property
     def retrieval(self) -> RetrievalService:
         """The retrieval service with its embedder loaded."""
+        return self._open_retrieval(warm_collections=0)
+
+    def _open_retrieval(self, warm_collections: int) -> RetrievalService:
         with self._lock:
             if self._retrieval is None:
-                from retrieval import Embedder, RetrievalService  # heavy: faiss, torch
+                from retrieval import Embedder, open_retrieval  # heavy: faiss, torch
 
                 s = self.settings
-                embedder = Embedder(s.embedding_model, device="cpu")
-                self._retrieval = RetrievalService(
+                self._retrieval = open_retrieval(
                     self.session_factory,
                     s.index_dir,
-                    embedder,
+                    lambda: Embedder(s.embedding_model, device="cpu"),
+                    warm_collections=warm_collections,
                     chunk_tokens=s.chunk_tokens,
                     chunk_overlap=s.chunk_overlap,
                     max_file_bytes=s.max_file_bytes,
@@ -147,8 +150,10 @@ class Resources:
     def warm(self, *, answer: bool = True, ingest: bool = True) -> None:
         """Load now what the given kinds of work need (so the first task does not pay for it)."""
         if answer or ingest:
-            # One encode loads the embedding model's weights and warms its kernels.
-            self.retrieval.embedder.encode(["warm up"])
+            # An answer worker's recent indexes catch up while the embedding model loads; one
+            # encode then warms the model's kernels.
+            retrieval = self._open_retrieval(self.settings.warm_collections if answer else 0)
+            retrieval.embedder.encode(["warm up"])
         if answer:
             from generation import SamplingParams  # heavy: torch
 

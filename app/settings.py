@@ -135,6 +135,14 @@ class Settings(BaseSettings):
         default=200_000,
         description="Above this many chunks a collection uses an approximate index.",
     )
+    warm_collections: int = Field(
+        default=16,
+        ge=0,
+        description=(
+            "At an answer worker's start, the most recently written collections whose indexes "
+            "are brought up to date while the embedding model loads (0: none)."
+        ),
+    )
 
     # Workers.
     task_soft_time_limit: int = Field(

@@ -91,6 +91,34 @@ def part_many(engine: SpeculativeEngine, prompts: list[list[int]], repeats: int)
     print(f"answers identical: {same}")
     ratio = statistics.median(s / a for s, a in zip(single, alone, strict=True))
     print(f"batch of one (generate_many([p])) / generate, median over prompts: {ratio:.3f}")
+    # Where the time goes: both paths prefill every prompt (target and draft) one by one, and
+    # a prefill is arithmetic (hundreds of tokens a pass), which batching cannot share.
+    tokens = sum(len(r.token_ids) for r in seq)
+    t_one, t_many = tokens / base, tokens / statistics.median(many)
+    t_pre = statistics.median(prefill_seconds(engine, prompts) for _ in range(repeats))
+    print(
+        f"phases: prefill of the {len(prompts)} prompts (target + draft) {t_pre:.2f} s of "
+        f"{t_one:.2f} s one by one ({100 * t_pre / t_one:.0f} %) and of {t_many:.2f} s batched; "
+        f"decode alone one by one {t_one - t_pre:.2f} s vs batched {t_many - t_pre:.2f} s "
+        f"({(t_one - t_pre) / max(t_many - t_pre, 1e-9):.2f}x); ceiling if batched decode cost "
+        f"nothing: {t_one / t_pre:.2f}x"
+    )
+
+
+def prefill_seconds(engine: SpeculativeEngine, prompts: list[list[int]]) -> float:
+    """Seconds to prefill every prompt into a fresh slot, target and draft, as both paths do."""
+    from generation.model_runner import ModelRunner
+
+    runners = [ModelRunner(engine.target_forward, "target")]
+    if engine.draft_forward is not None:
+        runners.append(ModelRunner(engine.draft_forward, "draft"))
+    start = time.perf_counter()
+    with torch.inference_mode():
+        for prompt in prompts:
+            for runner in runners:
+                runner.clear(0)
+                runner.prefill(0, prompt)
+    return time.perf_counter() - start
 
 
 def part_sweep(engine: SpeculativeEngine, prompts: list[list[int]], sizes: list[int]) -> None:

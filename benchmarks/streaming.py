@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from benchmarks.support import claim_redis_db, free_port  # noqa: E402
+from benchmarks.support import claim_redis_db, free_port, release_redis_db  # noqa: E402
 from workers.process import WorkerProcess, settings_env  # noqa: E402
 
 
@@ -53,20 +53,6 @@ def row(name: str, ms: list[float]) -> str:
         f"| {name} | {len(ms)} | {pct(ms, 0.5):.1f} | {pct(ms, 0.95):.1f} | "
         f"{pct(ms, 0.99):.1f} | {max(ms):.1f} |"
     )
-
-
-def free_redis_db() -> str:
-    """A redis URL on an empty database number (claimed for an hour, flushed)."""
-    return f"redis://127.0.0.1:6379/{claim_redis_db()}"
-
-
-def release_redis_db(url: str) -> None:
-    """Flush and release the database number ``free_redis_db`` claimed."""
-    import redis
-
-    number = int(url.rsplit("/", 1)[1])
-    redis.Redis(host="127.0.0.1", port=6379, db=number).flushdb()
-    redis.Redis(host="127.0.0.1", port=6379).delete(f"specrag-test-db-claim:{number}")
 
 
 @contextmanager
@@ -223,7 +209,12 @@ def main() -> None:
     from app.settings import Settings
 
     tmp = Path(tempfile.mkdtemp(prefix="specrag-stream-bench-"))
-    settings = Settings(data_dir=tmp, broker_url=free_redis_db(), device="cpu", torch_threads=1)
+    settings = Settings(
+        data_dir=tmp,
+        broker_url=f"redis://127.0.0.1:6379/{claim_redis_db()}",
+        device="cpu",
+        torch_threads=1,
+    )
     _, factory = prepare(settings)
     with factory() as session:
         key = create_key(session, "default")
@@ -238,7 +229,7 @@ def main() -> None:
             ms = bench_transport(settings, key, n, args.bursts, args.interval)
             print(row(f"{n} open streams, every token event", ms), flush=True)
     finally:
-        release_redis_db(settings.broker_url or "")
+        release_redis_db(int((settings.broker_url or "").rsplit("/", 1)[1]))
 
 
 if __name__ == "__main__":

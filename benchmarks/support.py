@@ -90,6 +90,14 @@ def claim_redis_db() -> int:
     raise SystemExit("no free Redis database number (1-15)")
 
 
+def release_redis_db(number: int) -> None:
+    """Flush the Redis database ``claim_redis_db`` handed out and give its claim back."""
+    import redis
+
+    redis.Redis(host="127.0.0.1", port=6379, db=number).flushdb()
+    redis.Redis(host="127.0.0.1", port=6379, db=0).delete(f"specrag-test-db-claim:{number}")
+
+
 def free_port() -> int:
     """A TCP port nobody listens on right now."""
     with socket.socket() as sock:

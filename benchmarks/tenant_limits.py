@@ -2,8 +2,9 @@
 
 Each variant times ``Enforcer.submission`` (rate hit + active-queries count) and the request
 guard's body scan on a small query body, 2000 times after a warm-up, and prints p50/p95 in
-microseconds. Variants: rates in Redis (the broker) with the counts on PostgreSQL, and rates in
-memory with the counts on SQLite (the embedded default).
+microseconds. Variants: rates in Redis (the broker) with the counts on PostgreSQL; rates in the
+database (no Redis broker: app/tenancy/ratestore.py) on PostgreSQL, and on SQLite (the embedded
+default).
 
     SPECRAG_TORCH_THREADS=1 .venv/bin/python benchmarks/tenant_limits.py --n 2000
 
@@ -25,23 +26,28 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.support import percentile  # noqa: E402
+from benchmarks.support import (  # noqa: E402 - the path above makes the package importable
+    claim_redis_db,
+    create_database,
+    database_url,
+    drop_database,
+    percentile,
+    release_redis_db,
+)
 
 
 def time_variant(name: str, settings, n: int) -> dict[str, float]:  # type: ignore[no-untyped-def]
-    from sqlalchemy import create_engine
-
     from app.api.guard import _bad_json_text
-    from app.db import make_session_factory
+    from app.db import make_engine, make_session_factory
     from app.db.schema import upgrade
     from app.queries import get_or_create_tenant
     from app.tenancy.limits import Enforcer
 
     settings.data_dir.mkdir(parents=True, exist_ok=True)
-    engine = create_engine(settings.resolved_database_url)
+    engine = make_engine(settings)
     upgrade(engine)
     sf = make_session_factory(engine)
-    enforcer = Enforcer(settings)
+    enforcer = Enforcer(settings, engine)
     body = json.dumps({"question": "How do I rotate an API key?", "collection": "docs"}).encode()
     with sf() as session:
         tenant_id = get_or_create_tenant(session, f"bench-{uuid.uuid4().hex[:6]}").id
@@ -67,29 +73,13 @@ def time_variant(name: str, settings, n: int) -> dict[str, float]:  # type: igno
 
 def main() -> None:
     """Print one row per variant."""
-    import psycopg
-    import redis
-
     from app.settings import Settings
 
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--n", type=int, default=2000)
     args = parser.parse_args()
-    claims = redis.Redis(host="127.0.0.1", port=6379, db=0)
-    number = next(
-        (
-            i
-            for i in range(1, 16)
-            if claims.set(f"specrag-test-db-claim:{i}", "bench", nx=True, ex=600)
-        ),
-        None,
-    )
-    if number is None:
-        sys.exit("no free Redis DB number (1-15)")
-    dbname = f"specrag_bench_{uuid.uuid4().hex[:8]}"
-    admin = "postgresql://postgres@127.0.0.1:5432/postgres"
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{dbname}"')
+    number = claim_redis_db()
+    dbname = create_database()
     rows = []
     try:
         with tempfile.TemporaryDirectory() as tmp:
@@ -97,18 +87,20 @@ def main() -> None:
             common = {"tenant_submissions_per_second": 1e9, "tenant_max_active_queries": 10**9}
             rows.append(time_variant("redis + postgresql", Settings(
                 data_dir=Path(tmp) / "pg", broker_url=f"redis://127.0.0.1:6379/{number}",
-                database_url=f"postgresql+psycopg://postgres@127.0.0.1:5432/{dbname}", **common,
+                database_url=database_url(dbname), **common,
+            ), args.n))  # fmt: skip
+            rows.append(time_variant("database: postgresql", Settings(
+                data_dir=Path(tmp) / "pg-db",
+                database_url=database_url(dbname), **common,
             ), args.n))  # fmt: skip
             rows.append(
                 time_variant(
-                    "memory + sqlite", Settings(data_dir=Path(tmp) / "lite", **common), args.n
+                    "database: sqlite", Settings(data_dir=Path(tmp) / "lite", **common), args.n
                 )  # fmt: skip
             )
     finally:
-        with psycopg.connect(admin, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)')
-        redis.Redis(host="127.0.0.1", port=6379, db=number).flushdb()
-        claims.delete(f"specrag-test-db-claim:{number}")
+        drop_database(dbname)
+        release_redis_db(number)
     print(f"n={args.n} per variant (after 200 warm-up calls)")
     print("| variant | limits p50 µs | limits p95 µs | guard scan p50 µs | guard scan p95 µs |")
     print("|---|---|---|---|---|")

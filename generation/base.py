@@ -61,8 +61,14 @@ class GenerationLoop(Protocol):
         prompt_token_ids: list[int],
         params: SamplingParams,
         on_delta: DeltaCallback | None = None,
+        *,
+        background: bool = False,
     ) -> RequestHandle:
-        """Queue one request; it joins the batch at the next step."""
+        """Queue one request; it joins the batch at the next step.
+
+        ``background`` (batch jobs): the request takes a free slot only after every waiting
+        foreground request, and a loop whose extra rows cost real arithmetic (the torch engine
+        on a CPU) pauses it, slot and cache kept, while any foreground request runs."""
         ...
 
     def close(self) -> None:

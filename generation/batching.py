@@ -49,12 +49,13 @@ class BatchEngine:
         engine: SpeculativeEngine,
         max_batch_size: int,
         prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+        pause_background: bool = False,
     ) -> None:
         self.engine = engine
         self.target = ModelRunner(engine.target_forward, "target")
         draft_fwd = engine.draft_forward
         self.draft = None if draft_fwd is None else ModelRunner(draft_fwd, "draft")
-        self.scheduler = Scheduler(max_batch_size, prefill_chunk, self._move)
+        self.scheduler = Scheduler(max_batch_size, prefill_chunk, self._move, pause_background)
         self.costs: StepCosts = engine.step_costs()
         self._eos = set(engine.eos_token_ids)
         self._next_id = 0
@@ -69,8 +70,16 @@ class BatchEngine:
         """Whether any request is waiting or running."""
         return self.scheduler.has_work
 
-    def add(self, prompt: list[int], params: SamplingParams, handle: LoopHandle) -> bool:
-        """Queue a request; a bad one fails ``handle`` with the error instead (returns False)."""
+    def add(
+        self,
+        prompt: list[int],
+        params: SamplingParams,
+        handle: LoopHandle,
+        background: bool = False,
+    ) -> bool:
+        """Queue a request; a bad one fails ``handle`` with the error instead (returns False).
+
+        ``background``: a batch job's request (generation/scheduler.py)."""
         try:
             self.engine.check_request(prompt, params)
         except (TypeError, ValueError) as exc:
@@ -85,6 +94,7 @@ class BatchEngine:
             handle=handle,
             budget=min(params.max_new_tokens, engine.max_context - len(prompt)),
             generator=new_generator(params, engine.device),
+            background=background,
             stats=GenerationStats(
                 method=params.method, num_speculative_tokens=params.num_speculative_tokens
             ),

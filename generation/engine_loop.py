@@ -38,10 +38,16 @@ class EngineLoop:
         engine: SpeculativeEngine,
         max_batch_size: int,
         prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+        pause_background: bool | None = None,
     ) -> None:
-        self._batch = BatchEngine(engine, max_batch_size, prefill_chunk)
+        """``pause_background``: background requests sit out the steps while a foreground one
+        runs (default: on a CPU, where every extra row of a pass costs arithmetic; a GPU pass
+        carries them almost free, so there they share the steps)."""
+        if pause_background is None:
+            pause_background = engine.device.type == "cpu"
+        self._batch = BatchEngine(engine, max_batch_size, prefill_chunk, pause_background)
         self._wake = threading.Condition()
-        self._inbox: list[tuple[list[int], SamplingParams, LoopHandle]] = []
+        self._inbox: list[tuple[list[int], SamplingParams, LoopHandle, bool]] = []
         self._closed = False
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
         self._thread.start()
@@ -61,8 +67,12 @@ class EngineLoop:
         prompt_token_ids: list[int],
         params: SamplingParams,
         on_delta: DeltaCallback | None = None,
+        *,
+        background: bool = False,
     ) -> LoopHandle:
-        """Queue one request; it joins the batch at the next step (thread-safe, returns at once)."""
+        """Queue one request; it joins the batch at the next step (thread-safe, returns at once).
+
+        ``background``: a batch job's request, behind foreground ones (``pause_background``)."""
         handle = LoopHandle(on_delta)
         try:
             self._batch.engine.check_request(prompt_token_ids, params)
@@ -73,7 +83,7 @@ class EngineLoop:
             if self._closed:
                 handle.fail(Cancelled("the engine loop is closed"))
                 return handle
-            self._inbox.append((list(prompt_token_ids), params, handle))
+            self._inbox.append((list(prompt_token_ids), params, handle, background))
             self._wake.notify()
         return handle
 
@@ -99,8 +109,8 @@ class EngineLoop:
                 if self._closed:
                     break
                 arrived, self._inbox = self._inbox, []
-            for prompt, params, handle in arrived:
-                batch.add(prompt, params, handle)
+            for prompt, params, handle, background in arrived:
+                batch.add(prompt, params, handle, background)
             try:
                 batch.step()
             except Exception as exc:  # a failing step must not end the loop for later requests
@@ -108,7 +118,7 @@ class EngineLoop:
                 batch.fail_all(exc)
         with self._wake:
             arrived, self._inbox = self._inbox, []
-        for _, _, handle in arrived:
+        for _, _, handle, _ in arrived:
             handle.fail(Cancelled("the engine loop was closed"))
         batch.fail_all(Cancelled("the engine loop was closed"))
 

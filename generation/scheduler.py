@@ -7,6 +7,11 @@ leaving a hole every later step would have to gather around.
 
 A request whose prompt is long is prefilled in chunks of at most ``prefill_chunk`` tokens per
 step, so the rows already decoding are never stalled by more than one chunk's pass.
+
+Background requests (batch jobs) take free slots only after every waiting foreground request.
+With ``pause_background`` (where an extra row costs real arithmetic, as on a CPU) they also sit
+out every step while a foreground request runs: their slots and caches stay as they are and they
+go on where they stopped, so a foreground request runs as fast as it would alone.
 """
 
 from __future__ import annotations
@@ -23,7 +28,13 @@ SlotMove = Callable[[int, int], None]
 class Scheduler:
     """The waiting queue and the running batch of one batch engine."""
 
-    def __init__(self, max_batch_size: int, prefill_chunk: int, move: SlotMove) -> None:
+    def __init__(
+        self,
+        max_batch_size: int,
+        prefill_chunk: int,
+        move: SlotMove,
+        pause_background: bool = False,
+    ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size: must be >= 1, got {max_batch_size}")
         if prefill_chunk < 1:
@@ -32,6 +43,8 @@ class Scheduler:
         self.prefill_chunk = prefill_chunk
         """Most prompt tokens prefilled in one step (all prefilling requests together)."""
         self._move = move
+        self.pause_background = pause_background
+        """Whether background rows sit out the steps while a foreground request runs."""
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         """running[i] holds slot i."""
@@ -46,10 +59,12 @@ class Scheduler:
         self.waiting.append(seq)
 
     def admit(self) -> list[Sequence]:
-        """Give free slots to waiting requests (arrival order); return those admitted."""
+        """Give free slots to waiting requests (foreground first, each in arrival order);
+        return those admitted."""
         admitted = []
         while self.waiting and len(self.running) < self.max_batch_size:
-            seq = self.waiting.popleft()
+            seq = next((s for s in self.waiting if not s.background), self.waiting[0])
+            self.waiting.remove(seq)
             seq.slot = len(self.running)
             self.running.append(seq)
             admitted.append(seq)
@@ -59,7 +74,7 @@ class Scheduler:
         """Return (request, chunk length) pairs to prefill this step, oldest first."""
         plan = []
         budget = self.prefill_chunk
-        for seq in self.running:
+        for seq in self._stepping():
             left = len(seq.prompt) - seq.prefilled
             if left > 0 and budget > 0:
                 take = min(left, budget)
@@ -69,7 +84,13 @@ class Scheduler:
 
     def decoding(self) -> list[Sequence]:
         """Return the running requests whose prompt is in and that are not finished."""
-        return [s for s in self.running if s.prefilled == len(s.prompt) and not s.finished]
+        return [s for s in self._stepping() if s.prefilled == len(s.prompt) and not s.finished]
+
+    def _stepping(self) -> list[Sequence]:
+        """The running requests that take part in this step (see ``pause_background``)."""
+        if self.pause_background and any(not s.background and not s.finished for s in self.running):
+            return [s for s in self.running if not s.background]
+        return self.running
 
     def release(self, seq: Sequence) -> None:
         """Free ``seq``'s slot (the last running request moves into it)."""

@@ -131,6 +131,9 @@ class Sequence:
     ngram: NgramProposer | None = None
     adaptive: AdaptiveK | None = None
     finished: bool = False
+    background: bool = False
+    """A batch job's request: yields its slot order and, when the loop pauses background rows,
+    its steps to foreground requests."""
     batch_size_sum: int = 0
     chosen_k_sum: int = 0
 

@@ -13,7 +13,7 @@ from retrieval.errors import (
 )
 from retrieval.prompt import Passage, build_prompt, format_prompt
 from retrieval.results import FileResult, IngestReport, SearchHit
-from retrieval.service import RetrievalService
+from retrieval.service import RetrievalService, open_retrieval
 
 __all__ = [
     "DocumentError",
@@ -28,4 +28,5 @@ __all__ = [
     "UnknownCollectionError",
     "build_prompt",
     "format_prompt",
+    "open_retrieval",
 ]

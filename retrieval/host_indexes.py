@@ -32,7 +32,7 @@ from retrieval.changelog import (
 )
 from retrieval.index_store import IndexStore
 from retrieval.indexes import build
-from retrieval.records import IndexChange
+from retrieval.records import CollectionIndex, IndexChange
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +112,27 @@ class HostIndexes:
                 return None
             state, plan = got
             return self._apply(tenant, collection, state, held, plan)
+
+    def warm(self, limit: int | None = None) -> int:
+        """Bring the ``limit`` most recently written collections (all: None) up to date now.
+
+        A host start calls this beside the embedding model's load, so its first answers find
+        their indexes in memory. Never raises: a collection that cannot be caught up (legacy
+        rows without vectors, a transient database error) is logged and left to its first
+        search. Returns the number of collections held afterwards."""
+        with self.session_factory() as session:
+            query = select(CollectionIndex.tenant, CollectionIndex.collection).order_by(
+                CollectionIndex.updated_at.desc(), CollectionIndex.id.desc()
+            )
+            if limit is not None:
+                query = query.limit(limit)
+            keys = [(str(t), str(c)) for t, c in session.execute(query)]
+        for tenant, collection in keys:
+            try:
+                self.current(tenant, collection, fill=False)
+            except Exception:  # warming is an optimisation: the first search retries
+                log.warning("warming %s/%s failed", tenant, collection, exc_info=True)
+        return sum(1 for key in keys if self._get(key) is not None)
 
     def committed(self, tenant: str, collection: str, version: int) -> faiss.Index:
         """The (shared) index of ``version``, for a writer that holds the collection's lock, so

@@ -81,13 +81,18 @@ def read_bytes(path: Path, max_bytes: int) -> bytes:
     return data
 
 
-def load_document(path: str | Path, max_bytes: int) -> LoadedDocument:
-    """The parsed document; raises ``DocumentError`` naming the file and what is wrong."""
+def load_document(path: str | Path, max_bytes: int, max_chars: int = 0) -> LoadedDocument:
+    """The parsed document; raises ``DocumentError`` naming the file and what is wrong.
+
+    ``max_chars`` (0: none) bounds the text a document may extract to. Text formats hold at most
+    one character per byte, so they are checked once parsed; a PDF can extract to far more text
+    than its bytes (compressed streams), so its extraction stops as soon as it passes the limit.
+    """
     path = Path(path)
     data = read_bytes(path, max_bytes)
     suffix = path.suffix.lower()
     if suffix == ".pdf":
-        title, sections = _parse_pdf(path, data)
+        title, sections = _parse_pdf(path, data, max_chars)
     else:
         text = _decode_text(path, data)
         if suffix in (".html", ".htm"):
@@ -99,6 +104,9 @@ def load_document(path: str | Path, max_bytes: int) -> LoadedDocument:
     sections = [s for s in sections if s.text.strip()]
     if not sections:
         raise DocumentError(f"{path}: no text to index")
+    chars = sum(len(s.text) for s in sections)
+    if max_chars and chars > max_chars:
+        raise DocumentError(f"{path}: extracted {chars} characters; the limit is {max_chars}")
     return LoadedDocument(title[:512], sections, content_hash(data), len(data))
 
 
@@ -172,15 +180,50 @@ def _parse_html(path: Path, text: str) -> tuple[str, list[Section]]:
     return page_title or first_h1 or path.stem, sections
 
 
-def _parse_pdf(path: Path, data: bytes) -> tuple[str, list[Section]]:
+class _OverLimit(Exception):
+    """Raised from inside a PDF page's text extraction once the document passes its limit."""
+
+
+class _TextBudget:
+    """The characters a PDF may still extract to; ``visit`` (pypdf's ``visitor_text``) counts
+    each piece of text as the page's extraction produces it and stops it past the limit."""
+
+    def __init__(self, max_chars: int) -> None:
+        self.left = max_chars
+        self.over = False
+
+    def visit(self, text: str, *_: object) -> None:
+        self.left -= len(text)
+        if self.left < 0:
+            self.over = True
+            raise _OverLimit
+
+
+def _parse_pdf(path: Path, data: bytes, max_chars: int = 0) -> tuple[str, list[Section]]:
     from pypdf import PdfReader  # heavy: pypdf
     from pypdf.errors import PdfReadError  # heavy: pypdf
 
+    budget = _TextBudget(max_chars) if max_chars else None
+    pages: list[str] = []
     try:
         reader = PdfReader(io.BytesIO(data))
         if reader.is_encrypted and not reader.decrypt(""):
             raise DocumentError(f"{path}: PDF is encrypted")
-        pages = [page.extract_text() or "" for page in reader.pages]
+        count = len(reader.pages)
+        for number, page in enumerate(reader.pages, start=1):
+            if budget is None:
+                pages.append(page.extract_text() or "")
+                continue
+            try:
+                pages.append(page.extract_text(visitor_text=budget.visit) or "")
+            except _OverLimit:
+                pass
+            # pypdf swallows an exception raised inside a form XObject, hence the flag.
+            if budget.over:
+                raise DocumentError(
+                    f"{path}: extracted more than {max_chars} characters by page {number} of "
+                    f"{count} (extraction stopped there); the limit is {max_chars}"
+                )
         meta_title = reader.metadata.title if reader.metadata else None
     except DocumentError:
         raise

@@ -10,8 +10,9 @@ number of hosts with their own data directories serve the same versions without 
 from __future__ import annotations
 
 import sys
+import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -57,14 +58,20 @@ class RetrievalService:
         max_file_bytes: int = 20 * 1024 * 1024,
         approx_index_threshold: int = 200_000,
         max_query_chars: int = 2000,
+        indexes: HostIndexes | None = None,
     ) -> None:
+        """``indexes``: this host's indexes when already opened (``open_retrieval`` warms them
+        while the embedding model loads); by default opened here on ``index_dir``."""
         self.session_factory = session_factory
         self.embedder = embedder
         self.max_file_bytes = max_file_bytes
         self.max_query_chars = max_query_chars
-        self.store = IndexStore(index_dir)
+        if indexes is None:
+            indexes = HostIndexes(session_factory, IndexStore(index_dir))
+        self.store = indexes.store
         self.chunker = Chunker(embedder.tokenizer, chunk_tokens, chunk_overlap)
-        self.indexes = HostIndexes(session_factory, self.store, fill=self._backfill)
+        indexes.fill = self._backfill
+        self.indexes = indexes
         self.writer = CollectionWriter(
             session_factory, self.indexes, embedder.dim, approx_index_threshold
         )
@@ -141,12 +148,8 @@ class RetrievalService:
         """The loaded and chunked file (embedded later, with others), or None when it is
         unchanged or failed (and then reported)."""
         try:
-            doc = load_document(path, self.max_file_bytes)
-            chars = sum(len(section.text) for section in doc.sections)
-            if max_chars and chars > max_chars:
-                raise DocumentError(
-                    f"{source}: extracted {chars} characters; the limit is {max_chars}"
-                )
+            # The limit holds during extraction: a small PDF can expand to millions of characters.
+            doc = load_document(path, self.max_file_bytes, max_chars)
             if self._stored_hash(tenant, collection, source) == doc.content_hash:
                 report.files.append(FileResult(source, "unchanged"))
                 return None
@@ -300,3 +303,32 @@ def _search_one(index: faiss.Index, query: np.ndarray, k: int) -> tuple[np.ndarr
 
 def _unknown(tenant: str, collection: str) -> str:
     return f"collection {collection!r} does not exist for tenant {tenant!r}"
+
+
+def open_retrieval(
+    session_factory: sessionmaker[Session],
+    index_dir: str | Path,
+    load_embedder: Callable[[], Embedder],
+    *,
+    warm_collections: int | None = 16,
+    **options: Any,
+) -> RetrievalService:
+    """A host's retrieval, started in the time of the slower of its two independent parts.
+
+    The embedding model loads (``load_embedder``: imports and weights, seconds) while this
+    host's indexes of the ``warm_collections`` most recently written collections catch up from
+    the database (stored vectors or the change log, never the model). The index work is mostly
+    database reads and FAISS adds, which release the GIL, so it overlaps the load.
+    ``warm_collections=0`` skips warming (indexes then catch up at their first search).
+    ``options``: RetrievalService's keyword arguments."""
+    indexes = HostIndexes(session_factory, IndexStore(index_dir))
+    warmer = None
+    if warm_collections != 0:
+        warmer = threading.Thread(
+            target=indexes.warm, args=(warm_collections,), name="specrag-index-warm", daemon=True
+        )
+        warmer.start()
+    embedder = load_embedder()
+    if warmer is not None:
+        warmer.join()
+    return RetrievalService(session_factory, index_dir, embedder, indexes=indexes, **options)

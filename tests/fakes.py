@@ -175,13 +175,23 @@ class FakeLoop:
     def __init__(self, engine: FakeEngine) -> None:
         self.engine = engine
         self.closed = False
+        self.background: list[bool] = []
+        """Per submitted request, whether it came as background work (batch jobs)."""
 
-    def submit(self, prompt_token_ids: list[int], params: Any, on_delta: Any = None) -> Any:
-        """The request's handle, already finished (or failed)."""
+    def submit(
+        self,
+        prompt_token_ids: list[int],
+        params: Any,
+        on_delta: Any = None,
+        *,
+        background: bool = False,
+    ) -> Any:
+        """The request's handle, already finished (or failed); ``background`` is recorded."""
         from generation.sequence import LoopHandle
 
         if self.closed:
             raise RuntimeError("the loop is closed")
+        self.background.append(background)
         handle = LoopHandle(on_delta)
         try:
             result = self.engine.generate(prompt_token_ids, params)

@@ -8,11 +8,13 @@ import pytest
 
 from generation import GenerationLoop, SamplingParams
 from tests.fakes import FakeEngine
-from tests.generation.conformance import check_engine_protocol
+from tests.generation.conformance import check_engine_protocol, check_protocol
 
 
 def test_the_fake_engine_names_the_whole_engine_protocol() -> None:
-    check_engine_protocol(FakeEngine())
+    engine = FakeEngine()
+    check_engine_protocol(engine)
+    check_protocol(engine.start_loop(), GenerationLoop)
 
 
 def test_the_protocol_check_fails_on_a_missing_or_misnamed_member() -> None:
@@ -62,6 +64,8 @@ def test_the_fake_loop_streams_deltas_and_fails_only_the_bad_request() -> None:
     handle = loop.submit([4, 5, 6], SamplingParams(max_new_tokens=2), on_delta=seen.append)
     assert handle.done and handle.result(timeout=1).token_ids == [4, 5]
     assert seen == [[4], [5]] and list(handle.deltas()) == [[4], [5]]
+    loop.submit([7, 8], SamplingParams(max_new_tokens=1), background=True)
+    assert loop.background == [False, True]  # type: ignore[attr-defined]
     bad = loop.submit([], SamplingParams())
     with pytest.raises(ValueError, match="empty"):
         bad.result(timeout=1)

@@ -77,7 +77,9 @@ def register(app: Celery) -> None:
             should_yield=should_yield,
             host=self.request.hostname or socket.gethostname(),
             generate_step=loop_step(
-                resources, on_submit=preemptor.track if polite and preemptor is not None else None
+                resources,
+                on_submit=preemptor.track if polite and preemptor is not None else None,
+                background=polite,
             ),
         )
         if outcome in ("more", "yield"):

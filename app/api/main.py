@@ -54,7 +54,7 @@ def create_app(
     # /healthz reports the broker where the dispatcher can ping it (a process without a queue
     # has no broker to report).
     app.state.check_broker = getattr(queue, "ping", None)
-    app.state.enforcer = Enforcer(settings)
+    app.state.enforcer = Enforcer(settings, engine)
     errors.install(app)
     app.add_middleware(RequestGuard, max_bytes=settings.max_request_bytes)  # type: ignore[arg-type]
     app.include_router(health.router)

@@ -79,7 +79,10 @@ def to_csv(rows: Iterable[dict[str, Any]], columns: Sequence[str] | None = None)
     rows = list(rows)
     cols = list(columns) if columns is not None else (list(rows[0]) if rows else [])
     buf = io.StringIO()
-    writer = csv.writer(buf, lineterminator="\n")
+    # RFC 4180 line ends: the csv module quotes a cell only for the delimiter, the quote char and
+    # the characters of the line terminator, so with "\n" alone a bare CR went out unquoted and a
+    # reader split the row there. With "\r\n" every cell holding CR or LF is quoted.
+    writer = csv.writer(buf, lineterminator="\r\n")
     writer.writerow([csv_cell(c) for c in cols])
     for row in rows:
         # Numbers keep full precision in CSV; only structured values and None are reformatted.

@@ -65,7 +65,7 @@ def report(
         click.echo(body, nl=not body.endswith("\n"))
         return
     tmp = out.with_name(out.name + ".partial")
-    tmp.write_text(body, encoding="utf-8")
+    tmp.write_text(body, encoding="utf-8", newline="")  # CSV line ends are its own (CRLF)
     tmp.replace(out)  # never leave a half-written report behind
     summary = {"out": str(out), "format": fmt, "bytes": len(body.encode("utf-8"))}
     if fmt == "json":

@@ -215,7 +215,7 @@ def report(batch_id: str, fmt: str, out: Path | None, as_json: bool) -> None:
     with session_factory() as session:
         _, body = render(session, bid, "json" if as_json else fmt)
     if out is not None:
-        out.write_text(body, encoding="utf-8")
+        out.write_text(body, encoding="utf-8", newline="")  # CSV line ends are its own (CRLF)
         emit({"out": str(out), "format": fmt}, as_json, text=f"report written to {out}")
     else:
         click.echo(body)

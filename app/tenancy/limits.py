@@ -2,10 +2,10 @@
 
 Two kinds of limit, each kept where it is cheapest to keep right:
 
-- Rates (submissions per second, upload bytes per day) use the ``limits`` library: its Redis
-  storage where the broker is Redis (every API process shares one counter), its in-memory
-  storage on the embedded default (one API process on one host, so one counter is all there is;
-  a restart forgets the day's upload bytes, documented in docs/tenants.md).
+- Rates (submissions per second, upload bytes per day) use the ``limits`` library's fixed
+  windows: in its Redis storage where the broker is Redis, in the service's database on the
+  embedded default (``DatabaseStorage``, app/tenancy/ratestore.py). Either way every API process
+  shares one counter, and a restart forgets nothing.
 - Counts (queries queued or running, batch items in flight) are read from the database, so they
   are right on every deployment and need no second bookkeeping; a count is reused for a second
   with this process's own submissions added (``Enforcer._room``), so a busy tenant's request
@@ -24,11 +24,12 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from limits import RateLimitItemPerDay, RateLimitItemPerSecond, storage, strategies
-from sqlalchemy import func, select
+from sqlalchemy import Engine, func, select
 from sqlalchemy.orm import Session
 
 from app.db.models import Query, utcnow
 from app.settings import Settings
+from app.tenancy.ratestore import DatabaseStorage
 from app.tenancy.records import TenantLimits
 
 log = logging.getLogger(__name__)
@@ -105,20 +106,26 @@ def set_limits(session: Session, tenant_id: int, values: dict[str, Any]) -> None
 
 
 class Enforcer:
-    """The limit checks of one API process: limits cached briefly, rates in ``limits`` storage."""
+    """The limit checks of one API process: limits cached briefly, rates in ``limits`` storage.
 
-    def __init__(self, settings: Settings) -> None:
+    ``engine`` is the service's database: the rate windows live there unless the broker is Redis.
+    """
+
+    def __init__(self, settings: Settings, engine: Engine) -> None:
         self.settings = settings
         broker = settings.resolved_broker_url
-        options: dict[str, Any] = {"key_prefix": "specrag-limits"}
+        self.storage: storage.Storage
         if broker.startswith(("redis://", "rediss://")):
-            uri = broker
             # A dead broker must not hold a submit: it answers 202 and the outbox sends later.
             timeout = settings.broker_timeout_seconds
-            options.update(socket_connect_timeout=timeout, socket_timeout=timeout)
+            redis = storage.storage_from_string(
+                broker, key_prefix="specrag-limits",
+                socket_connect_timeout=timeout, socket_timeout=timeout,
+            )  # fmt: skip
+            assert isinstance(redis, storage.Storage)  # the synchronous one, for a redis:// URI
+            self.storage = redis
         else:
-            uri = "memory://"
-        self.storage = storage.storage_from_string(uri, **options)
+            self.storage = DatabaseStorage(engine)
         self.window = strategies.FixedWindowRateLimiter(self.storage)
         self._cache: dict[int, tuple[float, Limits]] = {}
         self._counts: dict[tuple[int, str], tuple[float, int]] = {}
@@ -209,7 +216,8 @@ class Enforcer:
         """Count ``cost`` against ``item``; True (allowed) when the rate store cannot be reached.
 
         Failing open: the store is the broker's Redis, and while it is down nothing can be queued
-        anyway; the submit is stored and answered 202, as the outbox promises.
+        anyway; the submit is stored and answered 202, as the outbox promises. (On the embedded
+        default the store is the database, and a submit cannot be stored without it either.)
         """
         try:
             return bool(self.window.hit(item, *keys, cost=cost))

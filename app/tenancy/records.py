@@ -1,4 +1,4 @@
-"""Tables of per-tenant limits and of uploaded documents' state (pending, indexed, failed).
+"""Tables of per-tenant limits, of rate windows, and of uploaded documents' state.
 
 They are declared on the shared metadata (gathered by ``app.tables``), so Alembic sees one schema.
 """
@@ -47,6 +47,18 @@ class TenantLimits(Base):
     max_upload_bytes_per_day: Mapped[int | None] = mapped_column(BigInteger)
     max_extracted_chars: Mapped[int | None] = mapped_column(BigInteger)
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class RateWindow(Base):
+    """One fixed rate window of the embedded default's limiter (app/tenancy/ratestore.py)."""
+
+    __tablename__ = "rate_windows"
+
+    name: Mapped[str] = mapped_column(String(255), primary_key=True)
+    """The ``limits`` key: what is limited, for whom, at which rate."""
+    hits: Mapped[int] = mapped_column(BigInteger)
+    expires_at: Mapped[float] = mapped_column(Float)
+    """When the window ends, in epoch seconds (the API process's clock)."""
 
 
 class DocumentUpload(Base):

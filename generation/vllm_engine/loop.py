@@ -217,8 +217,14 @@ class VLLMLoop:
         prompt_token_ids: list[int],
         params: SamplingParams,
         on_delta: DeltaCallback | None = None,
+        *,
+        background: bool = False,
     ) -> VLLMRequest:
-        """Queue one request; it joins vLLM's running batch at the next step (thread-safe)."""
+        """Queue one request; it joins vLLM's running batch at the next step (thread-safe).
+
+        ``background`` is accepted and not acted on: on a GPU a batch job's rows share the
+        steps almost free, and a full worker still cancels them for waiting interactive
+        queries (app/batch/preempt.py)."""
         request_id = f"specrag-{uuid.uuid4().hex}"
         llm = self.engine.llm
         handle = VLLMRequest(self._runner, request_id, on_delta, lambda: llm.abort(request_id))

@@ -128,3 +128,20 @@ def test_claim_is_atomic(resources: Resources) -> None:
     first = claim(resources.session_factory, qid, "a")
     assert first is not None and first.attempt == 1 and first.question == "What does assert do?"
     assert claim(resources.session_factory, qid, "b") is None
+
+
+def test_an_answer_worker_start_warms_the_indexes_on_sqlite(resources: Resources) -> None:
+    """Resources.warm(answer=True) opens retrieval with the recent indexes already held (the
+    embedded SQLite database, a fresh data directory: nothing from the first host's files)."""
+    settings = resources.settings.model_copy(
+        update={"data_dir": resources.settings.data_dir / "second-host"}
+    )
+    fresh = Resources(settings, resources.session_factory)
+    fresh._engine = resources.engine  # the pair is loaded once per module
+    fresh.warm(answer=True, ingest=False)
+    held = fresh.retrieval.indexes
+    assert held.held_version("acme", "docs") == resources.retrieval.index_version(
+        collection="docs", tenant="acme"
+    )
+    assert held.sources["build"] == 1
+    fresh.close()

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from generation import Engine, GenerationStats, SamplingParams
+from generation import Engine, GenerationLoop, GenerationStats, SamplingParams
 
 KS: tuple[int | str, ...] = (1, 2, 4, 8, "auto")
 MAX_NEW = 24
@@ -64,23 +64,30 @@ def check_stats_invariants(stats: GenerationStats, num_tokens: int, max_new_toke
     assert 0 <= stats.ttft_ms <= stats.generation_ms
 
 
-def check_engine_protocol(engine: Any) -> None:
-    """Assert ``engine`` has every member ``generation.base.Engine`` names, each method with the
-    protocol's parameters (names and kinds), not just something of that name."""
-    assert isinstance(engine, Engine), f"{type(engine).__name__} is not an Engine"
-    members = [name for name in vars(Engine) if not name.startswith("_")]
-    assert {"check_request", "generate", "generate_many", "start_loop"} <= set(members)
-    for name in members:
-        member = vars(Engine)[name]
-        assert hasattr(engine, name), f"{type(engine).__name__} lacks {name}"
+def check_protocol(obj: Any, protocol: type) -> None:
+    """Assert ``obj`` has every public member ``protocol`` names, each method with the protocol's
+    parameters (names, kinds and defaults), not just something of that name."""
+    name = type(obj).__name__
+    members = [m for m in vars(protocol) if not m.startswith("_")]
+    for member_name in members:
+        member = vars(protocol)[member_name]
+        assert hasattr(obj, member_name), f"{name} lacks {member_name}"
         if isinstance(member, property) or not callable(member):
             continue
         params = list(inspect.signature(member).parameters.values())[1:]  # less self
-        want = [(p.name, p.kind) for p in params]
+        want = [(p.name, p.kind, p.default) for p in params]
         got = [
-            (p.name, p.kind) for p in inspect.signature(getattr(engine, name)).parameters.values()
+            (p.name, p.kind, p.default)
+            for p in inspect.signature(getattr(obj, member_name)).parameters.values()
         ]
-        assert got == want, f"{type(engine).__name__}.{name}: parameters {got}, protocol {want}"
+        assert got == want, f"{name}.{member_name}: parameters {got}, protocol {want}"
+
+
+def check_engine_protocol(engine: Any) -> None:
+    """Assert ``engine`` is a whole ``generation.base.Engine`` (see ``check_protocol``)."""
+    assert isinstance(engine, Engine), f"{type(engine).__name__} is not an Engine"
+    assert {"check_request", "generate", "generate_many", "start_loop"} <= set(vars(Engine))
+    check_protocol(engine, Engine)
 
 
 class EngineConformance:
@@ -143,6 +150,11 @@ class EngineConformance:
 
     def test_properties(self, engine: Engine) -> None:
         check_engine_protocol(engine)
+        loop = engine.start_loop()
+        try:
+            check_protocol(loop, GenerationLoop)
+        finally:
+            loop.close()
         assert engine.vocab_size > 0 and engine.max_context > 0
         assert isinstance(engine.model_pair, str) and engine.model_pair
 

@@ -149,3 +149,92 @@ def test_result_times_out(loop: EngineLoop) -> None:
     gate.set()
     with pytest.raises(Cancelled):
         handle.result(timeout=WAIT)
+
+
+def _run_beside_background(
+    engine: SpeculativeEngine, pause: bool
+) -> tuple[list[str], list[int], list[int]]:
+    """A background request decodes; a foreground one arrives. Returns the order in which the
+    loop emitted their bursts ("b" / "f") and both requests' tokens."""
+    loop = EngineLoop(engine, max_batch_size=3, pause_background=pause)
+    events: list[str] = []
+    started, gate = threading.Event(), threading.Event()
+
+    def on_background(ids: list[int]) -> None:
+        events.append("b")
+        if not started.is_set():  # the loop waits here until the foreground request is queued
+            started.set()
+            gate.wait(WAIT)
+
+    try:
+        background = loop.submit(
+            [4, 5, 6, 7],
+            SamplingParams(max_new_tokens=60, num_speculative_tokens=2),
+            on_delta=on_background,
+            background=True,
+        )
+        assert started.wait(WAIT)
+        foreground = loop.submit(
+            [9, 8, 7],
+            SamplingParams(max_new_tokens=12, num_speculative_tokens=2),
+            on_delta=lambda ids: events.append("f"),
+        )
+        gate.set()
+        return (
+            events,
+            background.result(timeout=WAIT).token_ids,
+            foreground.result(timeout=WAIT).token_ids,
+        )
+    finally:
+        loop.close()
+
+
+def test_background_requests_sit_out_the_steps_of_a_foreground_one(
+    engine: SpeculativeEngine,
+) -> None:
+    refs = References(engine.target)
+    want_b, want_f = refs([4, 5, 6, 7], 60), refs([9, 8, 7], 12)
+    assert len(want_b) == 60 and len(want_f) == 12  # no EOS: both run their whole budget
+    events, got_b, got_f = _run_beside_background(engine, pause=True)
+    first, last = events.index("f"), len(events) - 1 - events[::-1].index("f")
+    # From the foreground's first token to its last, the background request took no step...
+    assert "b" not in events[first:last], events
+    assert events[-1] == "b"  # ...and then went on where it stopped,
+    check_greedy(engine.target, [4, 5, 6, 7], got_b, want_b)  # its answer unchanged
+    check_greedy(engine.target, [9, 8, 7], got_f, want_f)
+
+    # Sharing the steps (a GPU's default), the same two requests interleave.
+    events, got_b, got_f = _run_beside_background(engine, pause=False)
+    first, last = events.index("f"), len(events) - 1 - events[::-1].index("f")
+    assert "b" in events[first:last], events
+    check_greedy(engine.target, [4, 5, 6, 7], got_b, want_b)
+
+
+def test_foreground_requests_take_free_slots_before_background_ones(
+    engine: SpeculativeEngine,
+) -> None:
+    loop = EngineLoop(engine, max_batch_size=1, pause_background=False)
+    order: list[str] = []
+    started, gate = threading.Event(), threading.Event()
+
+    def hold(ids: list[int]) -> None:
+        if not started.is_set():
+            started.set()
+            gate.wait(WAIT)
+
+    try:
+        first = loop.submit([1, 2, 3], SamplingParams(max_new_tokens=4), on_delta=hold)
+        assert started.wait(WAIT)
+        params = SamplingParams(max_new_tokens=3)
+        later = [
+            loop.submit([2, 3], params, on_delta=lambda ids: order.append("b1"), background=True),
+            loop.submit([3, 4], params, on_delta=lambda ids: order.append("f"), background=False),
+            loop.submit([4, 5], params, on_delta=lambda ids: order.append("b2"), background=True),
+        ]
+        gate.set()
+        for handle in [first, *later]:
+            handle.result(timeout=WAIT)
+        # One slot: the foreground request, queued second, ran first; background in arrival order.
+        assert [o for i, o in enumerate(order) if i == 0 or order[i - 1] != o] == ["f", "b1", "b2"]
+    finally:
+        loop.close()

@@ -5,21 +5,42 @@ from __future__ import annotations
 from pathlib import Path
 
 
+def _escape(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("(", "\\(").replace(")", "\\)")
+
+
 def pdf_bytes(pages: list[str | None]) -> bytes:
     """A minimal valid PDF: one page per entry, with that text drawn (None: a page with no text)."""
+    streams = [
+        b"" if text is None else f"BT /F1 12 Tf 72 720 Td ({_escape(text)}) Tj ET".encode("latin-1")
+        for text in pages
+    ]
+    return pdf_from_streams(streams)
+
+
+def lines_stream(line: str, count: int) -> bytes:
+    """A page's content stream that draws ``line`` ``count`` times, one text line each."""
+    show = f"({_escape(line)}) Tj T*\n".encode("latin-1")
+    return b"BT /F1 12 Tf 14 TL 72 720 Td\n" + show * count + b"ET"
+
+
+def pdf_from_streams(streams: list[bytes], *, compress: bool = False) -> bytes:
+    """A minimal valid PDF with one page per content stream (Flate-compressed with ``compress``,
+    so that a small file can draw a great deal of text)."""
+    import zlib
+
     objects: list[bytes] = []
     kids = []
     font_id = 3
     objects.append(b"<< /Type /Catalog /Pages 2 0 R >>")
     objects.append(b"")  # pages, filled below
     objects.append(b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>")
-    for text in pages:
-        if text is None:
-            stream = b""
-        else:
-            escaped = text.replace("\\", "\\\\").replace("(", "\\(").replace(")", "\\)")
-            stream = f"BT /F1 12 Tf 72 720 Td ({escaped}) Tj ET".encode("latin-1")
-        objects.append(b"<< /Length %d >>\nstream\n%s\nendstream" % (len(stream), stream))
+    for stream in streams:
+        head = b"/Length %d" % len(stream)
+        if compress:
+            stream = zlib.compress(stream, 9)
+            head = b"/Length %d /Filter /FlateDecode" % len(stream)
+        objects.append(b"<< %s >>\nstream\n%s\nendstream" % (head, stream))
         content_id = len(objects)
         objects.append(
             b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents %d 0 R"

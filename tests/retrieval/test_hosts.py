@@ -226,3 +226,48 @@ def test_a_file_that_disagrees_with_the_database_is_rebuilt(
         assert answers(restarted, QUESTIONS, t, c) == want
     assert "rebuilding" in caplog.text and restarted.indexes.sources["build"] == 1
     assert restarted.embedder.texts == len(QUESTIONS)
+
+
+def test_a_host_start_warms_recent_indexes_while_the_model_loads(
+    pg_session_factory: sessionmaker[Session],
+    make_host: HostFactory,
+    embedder: Embedder,
+    names: dict[str, str],
+    tmp_path: Path,
+) -> None:
+    """open_retrieval: B's index is current before its first search, built from the database
+    (never the model) on another thread while the embedder loads; limits are respected."""
+    from retrieval import open_retrieval
+    from tests.retrieval.hosts import CountingEmbedder
+
+    a = make_host("a")
+    c, t = names["collection"], names["a"]
+    a.ingest([write(tmp_path / "fruit.md", FRUIT)], collection=c, tenant=t)
+    a.ingest([write(tmp_path / "engines.md", ENGINES)], collection=f"{c}-older", tenant=t)
+    a.ingest([write(tmp_path / "garden.md", GARDEN)], collection=f"{c}-newest", tenant=t)
+    before = row(a, t, c)
+    loader_threads: list[str] = []
+    counting = CountingEmbedder(embedder)
+
+    def load() -> Embedder:
+        loader_threads.append(threading.current_thread().name)
+        return counting  # type: ignore[return-value]
+
+    # warm_collections=2 in a database that other tests share: only what is newest is warmed.
+    b = open_retrieval(pg_session_factory, tmp_path / "b", load, warm_collections=2)
+    assert loader_threads == [threading.main_thread().name]
+    assert b.indexes.held_version(t, f"{c}-newest") == 1
+    assert b.indexes.held_version(t, c) is None  # third newest: left to its first search
+    assert b.indexes.sources["build"] == 2 and counting.texts == 0
+
+    b_all = open_retrieval(pg_session_factory, tmp_path / "b2", load, warm_collections=None)
+    for name in (c, f"{c}-older", f"{c}-newest"):
+        assert b_all.indexes.held_version(t, name) == 1
+    assert answers(b_all, QUESTIONS, t, c) == answers(a, QUESTIONS, t, c)
+    assert b_all.indexes.sources["memory"] >= len(QUESTIONS)  # served as warmed
+    assert b_all.indexes.sources["build"] >= 3  # no catch-up at search time
+    assert counting.texts == len(QUESTIONS)  # the questions only
+    assert row(a, t, c) == before  # warming moved no version
+
+    none = open_retrieval(pg_session_factory, tmp_path / "b3", load, warm_collections=0)
+    assert none.indexes.held_version(t, c) is None

@@ -116,5 +116,5 @@ def test_csv_cells_that_would_run_as_formulas_are_neutralised() -> None:
     cells = list(csv.reader(io.StringIO(text, newline="")))
     assert cells[1] == ['\'=HYPERLINK("http://evil","x")', "-3", "'+1", "'@SUM(A1)"]
     assert cells[2][0] == "'\tcmd" and cells[2][2] == "'-x"
-    assert ",'\rx" in text  # the CR cell too (the writer leaves a bare CR unquoted)
+    assert cells[2][3] == "'\rx"  # the CR cell too, quoted, so the row is not split there
     assert cells[-1] == ["plain", "0", "a=b", ""]  # numbers stay numbers, inner '=' is fine
