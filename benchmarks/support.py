@@ -1,4 +1,4 @@
-"""What the benchmarks share: scratch databases, Redis, worker subprocesses, a tiny tokenizer, rounding.
+"""What the benchmarks share: scratch databases, Redis, worker subprocesses, a tiny tokenizer.
 
 Benchmarks import this module and never ``tests/``: a test module may carry fixtures and
 side effects a script does not want, and the tests' layout is free to change. Where a test needs
