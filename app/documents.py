@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+import io
 import os
 import re
 from dataclasses import dataclass
@@ -128,9 +129,7 @@ def content_problem(suffix: str, content: bytes) -> str | None:
 
 
 def _pdf_problem(content: bytes) -> str | None:
-    import io
-
-    from pypdf import PdfReader
+    from pypdf import PdfReader  # heavy: pypdf
 
     if not content.lstrip()[:5] == b"%PDF-":
         return "is not a PDF (no %PDF- header)"

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any
+from typing import Any, Literal
 
+from pydantic import BaseModel
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, selectinload, sessionmaker
@@ -30,11 +31,13 @@ from retrieval.records import CollectionIndex
 
 # Re-exported: the request model and its validation used to live here.
 __all__ = [
+    "QueryOut",
     "QueryRequest",
     "RequestError",
     "create_query",
     "get_or_create_tenant",
     "get_query",
+    "query_json",
     "query_view",
     "require_collection",
     "validate_request",
@@ -129,6 +132,19 @@ def get_query(session: Session, query_id: str | uuid.UUID, tenant_id: int | None
     return session.scalar(stmt)
 
 
+class QueryOut(BaseModel):
+    """``GET /v1/queries/{id}``: the status, and the answer, sources and stats once known."""
+
+    id: str
+    status: Literal["queued", "running", "succeeded", "failed"]
+    answer: str | None = None
+    sources: list[dict[str, Any]] | None = None
+    stats: dict[str, Any] | None = None
+    error: str | None = None
+    model_pair: str | None = None
+    index_version: int | None = None
+
+
 def query_view(query: Query) -> dict[str, Any]:
     """The contract's JSON view: id and status, plus answer/sources/stats or error when known."""
     view: dict[str, Any] = {"id": str(query.id), "status": query.status}
@@ -142,6 +158,11 @@ def query_view(query: Query) -> dict[str, Any]:
     if query.error:
         view["error"] = query.error
     return view
+
+
+def query_json(query: Query) -> dict[str, Any]:
+    """The JSON of ``GET /v1/queries/{id}`` for ``query`` (the API's model and exclusions)."""
+    return QueryOut.model_validate(query_view(query)).model_dump(mode="json", exclude_none=True)
 
 
 def wait_for(

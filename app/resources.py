@@ -6,6 +6,7 @@ never loads anything here. A worker warms what its queues need at start (see wor
 
 from __future__ import annotations
 
+import inspect
 import logging
 import threading
 from typing import TYPE_CHECKING, Any, Protocol, cast
@@ -13,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.db import Tenant
+from app.serving import check_concurrency, worker_concurrency
 from app.settings import Settings
 
 if TYPE_CHECKING:  # both import torch; they load with the models, not with this module
@@ -80,8 +82,6 @@ class Resources:
         engine = self.engine
         with self._loop_lock:
             if self._loop is None:
-                from app.serving import check_concurrency, worker_concurrency
-
                 concurrency = worker_concurrency(self.settings)
                 check_concurrency(engine, concurrency)
                 start = getattr(engine, "start_loop", None)
@@ -155,7 +155,6 @@ class Resources:
             retrieval = self._open_retrieval(self.settings.warm_collections if answer else 0)
             retrieval.embedder.encode(["warm up"])
         if answer:
-            from app.serving import check_concurrency, worker_concurrency
             from generation import SamplingParams  # heavy: torch
 
             # Refused before any warm-up measures batches of that size.
@@ -176,12 +175,8 @@ def _batch_warmup(warmup: Any, settings: Settings) -> dict[str, Any]:
     The batched engine measures its step costs per batch-size bucket (powers of two) the first
     time a batch of that size runs; measured at start, no burst of queries waits on them.
     """
-    import inspect
-
     if "batch_sizes" not in inspect.signature(warmup).parameters:
         return {}
-    from app.serving import worker_concurrency
-
     top, sizes = worker_concurrency(settings), [1]
     while sizes[-1] < top:
         sizes.append(sizes[-1] * 2)

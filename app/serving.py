@@ -28,7 +28,7 @@ def _device_kind(settings: Settings) -> str:
         return "torch-cuda"
     if settings.device == "auto":
         try:
-            import torch
+            import torch  # heavy
 
             return "torch-cuda" if torch.cuda.is_available() else "torch-cpu"
         except ImportError:  # pragma: no cover - torch is a dependency
@@ -69,7 +69,7 @@ def free_memory_bytes(engine: Any) -> int | None:
     """Free memory on the engine's device (CUDA: the driver's figure; CPU: MemAvailable)."""
     device = getattr(engine, "device", None)
     if getattr(device, "type", None) == "cuda":
-        import torch
+        import torch  # heavy
 
         free, _ = torch.cuda.mem_get_info(device)
         return int(free)

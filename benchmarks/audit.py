@@ -1,6 +1,6 @@
 """Time the audit report over 100k stored requests (PostgreSQL, with SQLite beside it).
 
-Seeds a fresh database per dialect with bulk inserts (``tests/audit/seeding.py``): ``--rows``
+Seeds a fresh database per dialect with bulk inserts (``benchmarks/seeding.py``): ``--rows``
 queries in a one-day window (answers with two sources each, stats, shadow baselines on a few)
 plus a fifth as many in the previous day, so the alert queries have something to compare.
 Then times ``render_report`` per format (median of ``--repeat`` runs) and prints a table.
@@ -15,7 +15,6 @@ import statistics
 import sys
 import tempfile
 import time
-import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -26,11 +25,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from app.audit import render_report  # noqa: E402
 from app.db.schema import upgrade  # noqa: E402
-from tests.audit.seeding import seed  # noqa: E402
+from benchmarks.seeding import seed  # noqa: E402
+from benchmarks.support import scratch_database  # noqa: E402
 
 START = datetime(2026, 6, 1, tzinfo=UTC)
 DAY = timedelta(days=1)
-PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/test"
 
 
 def seed_db(engine: Engine, rows: int) -> float:
@@ -63,12 +62,13 @@ def main() -> None:
     ap.add_argument("--skip-sqlite", action="store_true")
     args = ap.parse_args()
 
-    import psycopg
+    with scratch_database("specrag_bench_audit", migrate=False) as url:
+        report(args, url)
 
-    name = f"specrag_bench_audit_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    engines = {"postgresql": create_engine(f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}")}
+
+def report(args: argparse.Namespace, url: str) -> None:
+    """Seed the database at ``url`` (and a SQLite file unless skipped) and print the table."""
+    engines = {"postgresql": create_engine(url)}
     tmp = tempfile.TemporaryDirectory()
     if not args.skip_sqlite:
         engines["sqlite"] = create_engine(f"sqlite:///{tmp.name}/audit.db")
@@ -87,8 +87,6 @@ def main() -> None:
     finally:
         for engine in engines.values():
             engine.dispose()
-        with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         tmp.cleanup()
 
 

@@ -32,10 +32,23 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import create_engine, select
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+
+from app.db.schema import upgrade  # noqa: E402
+from benchmarks.support import (  # noqa: E402 - the path above makes the package importable
+    claim_redis_db,
+    create_database,
+    database_url,
+    drop_database,
+    note,
+    pct,
+    start_worker,
+    train_tokenizer,
+)
+
 QUESTIONS = (
     "What exception does a failing assert raise?",
     "How does starred assignment collect the remaining items?",
@@ -50,9 +63,7 @@ def build_models(root: Path) -> dict[str, str]:
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-    from tests.conftest import _train_tokenizer
-
-    _train_tokenizer(root / "tok")
+    train_tokenizer(root / "tok")
     tok = AutoTokenizer.from_pretrained(root / "tok")
     out = {}
     for name, layers in (("target", 4), ("draft", 1)):
@@ -74,41 +85,10 @@ def build_models(root: Path) -> dict[str, str]:
     return out
 
 
-def claim_redis_db() -> int:
-    """A Redis database number no test session or other benchmark holds (tests/conftest.py's
-    claim keys), flushed; the claim expires by itself after an hour."""
-    import redis
-
-    client = redis.Redis(host="127.0.0.1", port=6379, db=0)
-    for number in range(15, 0, -1):
-        if client.set(f"specrag-test-db-claim:{number}", os.getpid(), nx=True, ex=3600):
-            redis.Redis(db=number).flushdb()
-            return number
-    raise SystemExit("no free Redis database number (1-15)")
-
-
-ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/test"
-
-
-def drop_database(name: str) -> None:
-    """Drop the benchmark's database ``name`` (made by ``setup``), closing its connections."""
-    import psycopg
-
-    with psycopg.connect(ADMIN_URL, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-
 def setup(tmp: Path) -> tuple[dict[str, str], str]:
-    """(SPECRAG_* environment, PostgreSQL admin URL of the maintenance DB) for a fresh database."""
-    import psycopg
-    from sqlalchemy import create_engine
-
-    from app.db.schema import upgrade
-
-    name = f"specrag_bench_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(ADMIN_URL, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    url = f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
+    """(SPECRAG_* environment, name) of a fresh migrated database; ``drop_database(name)`` ends it."""
+    name = create_database()
+    url = database_url(name)
     engine = create_engine(url)
     upgrade(engine)
     engine.dispose()
@@ -130,13 +110,6 @@ def setup(tmp: Path) -> tuple[dict[str, str], str]:
     }
     os.environ.update(env)
     return env, name
-
-
-def start_worker(env: dict[str, str], log: Path, **extra: str) -> Any:
-    """A ``specrag worker -Q answer,batch`` subprocess (workers/process.py)."""
-    from workers.process import WorkerProcess
-
-    return WorkerProcess({**os.environ, **env, **extra}, log, queues="answer,batch").start()
 
 
 def wait_query(sf: Any, qid: uuid.UUID, timeout: float = 300) -> Any:
@@ -285,16 +258,6 @@ def during_batch(
     while not batch_done(sf, bid):
         time.sleep(0.1)
     return out
-
-
-def note(message: str) -> None:
-    """Progress on stderr (the tables go to stdout)."""
-    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
-
-
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1))))]
 
 
 VARIANTS: tuple[tuple[str, dict[str, str]], ...] = (

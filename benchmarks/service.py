@@ -28,27 +28,23 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from benchmarks.support import (  # noqa: E402 - the path above makes the package importable
+    RedisServer,
+    create_database,
+    database_url,
+    drop_database,
+    percentile,
+    train_tokenizer,
+)
+
 
 def tiny_pair(out: Path) -> tuple[Path, Path]:
     """A seeded random-weight Llama target (2 layers) and draft (1 layer) with a small BPE."""
     import torch
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    files = sorted(str(p) for p in (ROOT / "demo" / "corpus").glob("*.md"))[:12]
-    tok.train(
-        files,
-        trainers.BpeTrainer(
-            vocab_size=512,
-            special_tokens=["<eos>"],
-            show_progress=False,
-            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        ),
-    )
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>")
+    train_tokenizer(out / "tok")
+    fast = PreTrainedTokenizerFast.from_pretrained(out / "tok")
     dirs = []
     for name, layers in (("target", 2), ("draft", 1)):
         torch.manual_seed(0)
@@ -69,14 +65,7 @@ def tiny_pair(out: Path) -> tuple[Path, Path]:
     return dirs[0], dirs[1]
 
 
-def percentile(values: list[float], q: float) -> float:
-    """The q-th percentile (nearest rank) of ``values``."""
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * len(ordered) + 0.5) - 1))]
-
-
 def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
-    import psycopg
     from sqlalchemy import func, select
 
     from app.db import Answer, Query, make_engine, make_session_factory
@@ -85,23 +74,20 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     from app.queries import create_query, get_or_create_tenant, validate_request
     from app.resources import Resources
     from app.settings import Settings
-    from tests.integration.helpers import RedisServer, WorkerProcess
     from workers import create_celery, send_query
+    from workers.process import WorkerProcess, settings_env
 
     target, draft = (
         (Path(args.target), Path(args.draft)) if args.target else tiny_pair(work / "models")
     )
-    dbname = f"specrag_bench_{uuid.uuid4().hex[:8]}"
-    admin = "postgresql://postgres@127.0.0.1:5432/test"
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{dbname}"')
+    dbname = create_database()
     redis = RedisServer(work)
     redis.start()
     worker = None
     try:
         settings = Settings(
             data_dir=work / "data",
-            database_url=f"postgresql+psycopg://postgres@127.0.0.1:5432/{dbname}",
+            database_url=database_url(dbname),
             broker_url=redis.url(0),
             target_model=target,
             draft_model=draft,
@@ -116,7 +102,9 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             collection="docs",
             tenant="bench",
         )
-        worker = WorkerProcess(settings, work / "worker.log", "bench").start()
+        worker = WorkerProcess(
+            settings_env(settings), work / "worker.log", name="bench", cwd=ROOT
+        ).start()
         worker.wait_ready()
         celery = create_celery(settings)
         request = validate_request(
@@ -188,8 +176,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         if worker is not None:
             worker.stop()
         redis.stop()
-        with psycopg.connect(admin, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)')
+        drop_database(dbname)
     overhead = [s["total_ms"] - s["retrieval_ms"] - s["generation_ms"] for s in stats]
     return {
         "overhead": overhead,

@@ -36,16 +36,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from benchmarks.batch import (  # noqa: E402 - the path above makes the sibling importable
-    FILES,
-    QUESTIONS,
-    drop_database,
-    note,
-    pct,
-    setup,
-    start_worker,
-    wait_query,
-)
+from benchmarks.batch import FILES, QUESTIONS, setup, wait_query  # noqa: E402
+from benchmarks.support import drop_database, note, pct, start_worker  # noqa: E402
 
 
 def send(sf: Any, settings: Any, celery: Any, question: str, max_tokens: int) -> uuid.UUID:

@@ -20,9 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -39,6 +37,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from benchmarks.support import claim_redis_db, free_port, release_redis_db  # noqa: E402
+from workers.process import WorkerProcess, settings_env  # noqa: E402
+
 
 def pct(values: list[float], q: float) -> float:
     """The q-quantile (0..1) of ``values``, nearest rank."""
@@ -54,46 +55,12 @@ def row(name: str, ms: list[float]) -> str:
     )
 
 
-def free_redis_db() -> str:
-    """A redis URL on an empty database number (claimed for an hour, flushed)."""
-    import redis
-
-    client = redis.Redis(host="127.0.0.1", port=6379)
-    for number in range(15, 0, -1):
-        if client.set(f"specrag-test-db-claim:{number}", os.getpid(), nx=True, ex=3600):
-            redis.Redis(host="127.0.0.1", port=6379, db=number).flushdb()
-            return f"redis://127.0.0.1:6379/{number}"
-    raise SystemExit("no free Redis database number")
-
-
-def release_redis_db(url: str) -> None:
-    """Flush and release the database number ``free_redis_db`` claimed."""
-    import redis
-
-    number = int(url.rsplit("/", 1)[1])
-    redis.Redis(host="127.0.0.1", port=6379, db=number).flushdb()
-    redis.Redis(host="127.0.0.1", port=6379).delete(f"specrag-test-db-claim:{number}")
-
-
-def settings_env(settings: Any) -> dict[str, str]:
-    """The environment that makes a subprocess build the same Settings."""
-    env = dict(os.environ)
-    for name, value in settings.model_dump().items():
-        if value is not None:
-            env[f"SPECRAG_{name.upper()}"] = (
-                json.dumps(list(value)) if isinstance(value, tuple) else str(value)
-            )
-    return env
-
-
 @contextmanager
 def api_process(settings: Any) -> Iterator[str]:
     """``specrag api`` as its own process on a free loopback port; its base URL."""
     import httpx
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     specrag = str(Path(sys.executable).parent / "specrag")
     with open(settings.data_dir / "api.log", "ab") as log:
         proc = subprocess.Popen(
@@ -131,18 +98,9 @@ def bench_worker(settings: Any, key: str, n: int, max_tokens: int) -> list[float
     from app.client import SpecragClient
     from app.streams import stream_key
 
-    env = settings_env(settings)
-    log = settings.data_dir / "worker.log"
-    specrag = str(Path(sys.executable).parent / "specrag")
-    with open(log, "wb") as out:
-        worker = subprocess.Popen(
-            [specrag, "worker", "-Q", "answer"], env=env, stdout=out, stderr=subprocess.STDOUT
-        )
+    worker = WorkerProcess(settings_env(settings), settings.data_dir / "worker.log").start()
     try:
-        deadline = time.monotonic() + 600
-        while " ready." not in log.read_text(errors="replace"):
-            assert worker.poll() is None and time.monotonic() < deadline, log.read_text()[-2000:]
-            time.sleep(0.2)
+        worker.wait_ready(timeout=600)
         latencies = []
         questions = ["What does the assert statement do?", "How does del work?", "What is pass?"]
         with api_process(settings) as base, SpecragClient(base, key, timeout=120) as client:
@@ -157,8 +115,7 @@ def bench_worker(settings: Any, key: str, n: int, max_tokens: int) -> list[float
                 latencies.append((first[1] - sent) * 1000)
         return latencies
     finally:
-        worker.terminate()
-        worker.wait(60)
+        worker.stop(timeout=60)
 
 
 async def _read(client: Any, url: str, got: dict[str, float], ready: asyncio.Event) -> None:
@@ -252,7 +209,12 @@ def main() -> None:
     from app.settings import Settings
 
     tmp = Path(tempfile.mkdtemp(prefix="specrag-stream-bench-"))
-    settings = Settings(data_dir=tmp, broker_url=free_redis_db(), device="cpu", torch_threads=1)
+    settings = Settings(
+        data_dir=tmp,
+        broker_url=f"redis://127.0.0.1:6379/{claim_redis_db()}",
+        device="cpu",
+        torch_threads=1,
+    )
     _, factory = prepare(settings)
     with factory() as session:
         key = create_key(session, "default")
@@ -267,7 +229,7 @@ def main() -> None:
             ms = bench_transport(settings, key, n, args.bursts, args.interval)
             print(row(f"{n} open streams, every token event", ms), flush=True)
     finally:
-        release_redis_db(settings.broker_url or "")
+        release_redis_db(int((settings.broker_url or "").rsplit("/", 1)[1]))
 
 
 if __name__ == "__main__":

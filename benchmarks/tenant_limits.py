@@ -26,11 +26,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-
-def percentile(values: list[float], q: float) -> float:
-    """The q-th percentile (nearest rank) of ``values``."""
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * len(ordered) + 0.5) - 1))]
+from benchmarks.support import (  # noqa: E402 - the path above makes the package importable
+    claim_redis_db,
+    create_database,
+    database_url,
+    drop_database,
+    percentile,
+    release_redis_db,
+)
 
 
 def time_variant(name: str, settings, n: int) -> dict[str, float]:  # type: ignore[no-untyped-def]
@@ -70,29 +73,13 @@ def time_variant(name: str, settings, n: int) -> dict[str, float]:  # type: igno
 
 def main() -> None:
     """Print one row per variant."""
-    import psycopg
-    import redis
-
     from app.settings import Settings
 
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--n", type=int, default=2000)
     args = parser.parse_args()
-    claims = redis.Redis(host="127.0.0.1", port=6379, db=0)
-    number = next(
-        (
-            i
-            for i in range(1, 16)
-            if claims.set(f"specrag-test-db-claim:{i}", "bench", nx=True, ex=600)
-        ),
-        None,
-    )
-    if number is None:
-        sys.exit("no free Redis DB number (1-15)")
-    dbname = f"specrag_bench_{uuid.uuid4().hex[:8]}"
-    admin = "postgresql://postgres@127.0.0.1:5432/postgres"
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{dbname}"')
+    number = claim_redis_db()
+    dbname = create_database()
     rows = []
     try:
         with tempfile.TemporaryDirectory() as tmp:
@@ -100,11 +87,11 @@ def main() -> None:
             common = {"tenant_submissions_per_second": 1e9, "tenant_max_active_queries": 10**9}
             rows.append(time_variant("redis + postgresql", Settings(
                 data_dir=Path(tmp) / "pg", broker_url=f"redis://127.0.0.1:6379/{number}",
-                database_url=f"postgresql+psycopg://postgres@127.0.0.1:5432/{dbname}", **common,
+                database_url=database_url(dbname), **common,
             ), args.n))  # fmt: skip
             rows.append(time_variant("database: postgresql", Settings(
                 data_dir=Path(tmp) / "pg-db",
-                database_url=f"postgresql+psycopg://postgres@127.0.0.1:5432/{dbname}", **common,
+                database_url=database_url(dbname), **common,
             ), args.n))  # fmt: skip
             rows.append(
                 time_variant(
@@ -112,10 +99,8 @@ def main() -> None:
                 )  # fmt: skip
             )
     finally:
-        with psycopg.connect(admin, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)')
-        redis.Redis(host="127.0.0.1", port=6379, db=number).flushdb()
-        claims.delete(f"specrag-test-db-claim:{number}")
+        drop_database(dbname)
+        release_redis_db(number)
     print(f"n={args.n} per variant (after 200 warm-up calls)")
     print("| variant | limits p50 µs | limits p95 µs | guard scan p50 µs | guard scan p95 µs |")
     print("|---|---|---|---|---|")

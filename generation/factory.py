@@ -26,7 +26,7 @@ def load_engine(
     if kind == "torch":
         if options:
             raise ValueError(f"engine options: the torch engine takes none, got {sorted(options)}")
-        from generation.torch_engine import SpeculativeEngine
+        from generation.torch_engine import SpeculativeEngine  # heavy: torch
 
         return SpeculativeEngine.from_pretrained(target_dir, draft_dir, device=device)
     if kind == "vllm":

@@ -10,10 +10,8 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import Connection, create_engine, pool
 
-import app.db.models  # noqa: F401  (registers the service's tables on the metadata)
-import retrieval.records  # noqa: F401  (documents, chunks, index versions)
 from app.settings import Settings
-from retrieval.records import metadata
+from app.tables import metadata  # every room's tables, on retrieval's shared metadata
 
 config = context.config
 target_metadata = metadata

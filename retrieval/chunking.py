@@ -59,7 +59,7 @@ class Chunker:
         backend = getattr(tokenizer, "backend_tokenizer", None)
         self._backend = None
         if backend is not None:
-            from tokenizers import Tokenizer
+            from tokenizers import Tokenizer  # optional: HF tokenizers
 
             # A private copy: the model's own tokenizer truncates (to 128 here) and is shared.
             self._backend = Tokenizer.from_str(backend.to_str())

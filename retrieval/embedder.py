@@ -35,8 +35,8 @@ class Embedder:
         # Never reach for a model hub, even when a config names a remote repository.
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-        from sentence_transformers import SentenceTransformer
-        from transformers.utils import logging as hf_logging
+        from sentence_transformers import SentenceTransformer  # heavy
+        from transformers.utils import logging as hf_logging  # heavy
 
         # Weight-loading progress bars would interleave with the CLI's own on stderr.
         hf_logging.disable_progress_bar()
@@ -91,7 +91,7 @@ def _torch_threads(threads: int | None) -> Iterator[None]:
     if threads is None:
         yield
         return
-    import torch
+    import torch  # heavy
 
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)

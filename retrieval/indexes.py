@@ -67,7 +67,7 @@ def set_search_params(index: faiss.Index) -> None:
 def all_vectors(index: faiss.Index) -> tuple[np.ndarray, np.ndarray]:
     """Every ``(ids [n], vectors [n, dim])`` the index holds, in no particular order."""
     if isinstance(index, faiss.IndexIVF):
-        from faiss.contrib.inspect_tools import get_invlist
+        from faiss.contrib.inspect_tools import get_invlist  # heavy: faiss.contrib
 
         id_parts, vec_parts = [], []
         for list_no in range(index.nlist):

@@ -149,7 +149,7 @@ def _parse_markdown(path: Path, text: str) -> tuple[str, list[Section]]:
 
 
 def _parse_html(path: Path, text: str) -> tuple[str, list[Section]]:
-    from bs4 import BeautifulSoup
+    from bs4 import BeautifulSoup  # heavy: bs4
 
     soup = BeautifulSoup(text, "html.parser")
     title_tag = soup.find("title")
@@ -200,8 +200,8 @@ class _TextBudget:
 
 
 def _parse_pdf(path: Path, data: bytes, max_chars: int = 0) -> tuple[str, list[Section]]:
-    from pypdf import PdfReader
-    from pypdf.errors import PdfReadError
+    from pypdf import PdfReader  # heavy: pypdf
+    from pypdf.errors import PdfReadError  # heavy: pypdf
 
     budget = _TextBudget(max_chars) if max_chars else None
     pages: list[str] = []

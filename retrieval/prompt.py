@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -45,8 +45,6 @@ def build_prompt(
     counts them); the first that does not fit is cut at a word boundary if enough of it fits,
     and it and every lower-ranked one are otherwise dropped.
     """
-    from dataclasses import replace
-
     bare = format_prompt(question, [])
     if count_tokens(bare) > budget_tokens:
         raise ValueError(

@@ -20,6 +20,7 @@ import faiss
 import numpy as np
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
+from tqdm import tqdm
 
 from retrieval.backfill import backfill_collection
 from retrieval.chunking import Chunker, embedding_text
@@ -94,8 +95,6 @@ class RetrievalService:
         ``sources`` renames files (normalised path -> the source name to store, e.g. an upload's
         own name rather than a worker's path); ``max_chars`` (0: none) fails a file whose text
         extracts to more characters."""
-        from tqdm import tqdm
-
         check_name("tenant", tenant)
         check_name("collection", collection)
         started = time.perf_counter()

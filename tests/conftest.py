@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.support import train_tokenizer
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEMO_CORPUS = REPO_ROOT / "demo" / "corpus"
 PG_HOST = os.environ.get("SPECRAG_TEST_PG_HOST", "127.0.0.1")
@@ -97,26 +99,6 @@ def redis_url() -> Iterator[str]:
     client.delete(f"specrag-test-db-claim:{claimed}")
 
 
-def _train_tokenizer(out_dir: Path, vocab_size: int = 512) -> None:
-    """A byte-level BPE tokenizer trained in seconds on a few demo corpus files."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    files = sorted(str(p) for p in DEMO_CORPUS.glob("*.md"))[:12]
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=["<eos>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train(files, trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>")
-    fast.save_pretrained(out_dir)
-
-
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """A tiny random-weight Llama target (2 layers) and draft (1 layer) sharing a BPE tokenizer.
@@ -129,7 +111,7 @@ def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
     root = tmp_path_factory.mktemp("tiny_models")
     tok_dir = root / "tokenizer"
-    _train_tokenizer(tok_dir)
+    train_tokenizer(tok_dir)
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(tok_dir)

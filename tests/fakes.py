@@ -18,7 +18,7 @@ def memory_session_factory() -> Any:
     from sqlalchemy import create_engine, event
     from sqlalchemy.pool import StaticPool
 
-    import app.db  # noqa: F401  (registers every table on the shared metadata)
+    import app.tables  # noqa: F401  (registers every table on the shared metadata)
     from app.db.models import Base
     from app.db.session import make_session_factory
 
@@ -101,7 +101,12 @@ class FakeTokenizer:
 
 @dataclass
 class FakeEngine:
-    """An ``Engine`` that answers every prompt with its own first ``max_new_tokens`` tokens."""
+    """An ``Engine`` that answers every prompt with its own first ``max_new_tokens`` tokens.
+
+    It names every member of ``generation.base.Engine`` (tests/test_fakes.py checks it against
+    the protocol): requests are checked as a real engine checks them, ``generate_many`` answers
+    in input order, and ``start_loop`` gives a ``FakeLoop`` that answers on the submitting thread.
+    """
 
     max_context: int = 512
     model_pair: str = "fake-target+fake-draft"
@@ -110,10 +115,17 @@ class FakeEngine:
     calls: list[tuple[list[int], Any]] = field(default_factory=list)
     fail_with: BaseException | None = None
 
+    def check_request(self, prompt_token_ids: list[int], params: Any) -> None:
+        """ValueError naming the problem, by the checks every engine shares."""
+        from generation.base import check_prompt
+
+        check_prompt(prompt_token_ids, params, self.vocab_size, self.max_context)
+
     def generate(self, prompt_token_ids: list[int], params: Any) -> Any:
         """The prompt's first tokens back, with stats as the torch engine reports them."""
         from generation import GenerationResult, GenerationStats
 
+        self.check_request(prompt_token_ids, params)
         self.calls.append((list(prompt_token_ids), params))
         if self.fail_with is not None:
             raise self.fail_with
@@ -127,6 +139,73 @@ class FakeEngine:
             generation_ms=2.0,
         )
         return GenerationResult(token_ids=tokens, stats=stats)
+
+    def generate_many(
+        self, prompts: list[list[int]], params: Any, *, max_batch_size: int | None = None
+    ) -> list[Any]:
+        """One ``generate`` result per prompt, in input order (``params``: one or one per prompt).
+
+        Every request is checked before any is answered; the first bad one raises ValueError
+        naming its index.
+        """
+        per_prompt = params if isinstance(params, list) else [params] * len(prompts)
+        if len(per_prompt) != len(prompts):
+            raise ValueError(f"params: {len(per_prompt)} given for {len(prompts)} prompts")
+        if max_batch_size is not None and max_batch_size < 1:
+            raise ValueError(f"max_batch_size: must be >= 1, got {max_batch_size}")
+        for index, (prompt, p) in enumerate(zip(prompts, per_prompt, strict=True)):
+            try:
+                self.check_request(prompt, p)
+            except (TypeError, ValueError) as exc:
+                raise ValueError(f"prompts[{index}]: {exc}") from exc
+        return [self.generate(prompt, p) for prompt, p in zip(prompts, per_prompt, strict=True)]
+
+    def start_loop(self, max_batch_size: int | None = None) -> FakeLoop:
+        """A ``GenerationLoop`` over this engine (see ``FakeLoop``)."""
+        return FakeLoop(self)
+
+
+class FakeLoop:
+    """A ``GenerationLoop`` that answers each request at once, on the submitting thread.
+
+    Its handles are the real engine loop's (``generation.sequence.LoopHandle``): deltas one token
+    at a time, then the result; a request the engine refuses fails its own handle.
+    """
+
+    def __init__(self, engine: FakeEngine) -> None:
+        self.engine = engine
+        self.closed = False
+        self.background: list[bool] = []
+        """Per submitted request, whether it came as background work (batch jobs)."""
+
+    def submit(
+        self,
+        prompt_token_ids: list[int],
+        params: Any,
+        on_delta: Any = None,
+        *,
+        background: bool = False,
+    ) -> Any:
+        """The request's handle, already finished (or failed); ``background`` is recorded."""
+        from generation.sequence import LoopHandle
+
+        if self.closed:
+            raise RuntimeError("the loop is closed")
+        self.background.append(background)
+        handle = LoopHandle(on_delta)
+        try:
+            result = self.engine.generate(prompt_token_ids, params)
+        except BaseException as exc:  # the request's own error, as a real loop reports it
+            handle.fail(exc)
+            return handle
+        for token in result.token_ids:
+            handle.emit([token])
+        handle.finish(result)
+        return handle
+
+    def close(self) -> None:
+        """Refuse further requests (nothing is ever in flight)."""
+        self.closed = True
 
 
 @dataclass

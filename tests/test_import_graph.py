@@ -3,9 +3,11 @@
 Walks ``app/``, ``workers/``, ``retrieval/`` and ``generation/`` with :mod:`ast` (nothing is
 imported), counting module-level AND function-local imports: a cycle hidden inside a function is
 still a cycle a reader has to untangle. Imports under ``if TYPE_CHECKING:`` never run and are left
-out. An edge goes to the module named (``from app.db import
-models`` names ``app.db.models``; ``from app.db import Query`` names ``app.db``), not to the parent
-packages Python also initialises, so a package's ``__init__`` re-exports do not count as cycles.
+out. An edge goes to the module named (``from app.db import models`` names ``app.db.models``;
+``from app.db import Query`` names ``app.db``) and also to every package above it that Python
+initialises first (``app.db.models`` runs ``app/db/__init__.py``), except the importer's own
+packages, which are already initialising when it runs. So a package ``__init__`` that re-exports
+a module which imports back into that package's importers is a cycle too.
 """
 
 from __future__ import annotations
@@ -90,9 +92,18 @@ def imports_of(module: str, path: Path, known: dict[str, Path]) -> set[tuple[str
             names = [f"{base}.{alias.name}" for alias in node.names]
         for name in names:
             target = _resolve(name, known)
-            if target is not None and target != module:
-                edges.add((target, node.lineno))
+            if target is None or target == module:
+                continue
+            edges.add((target, node.lineno))
+            edges.update((package, node.lineno) for package in _packages_run(target, module, known))
     return edges
+
+
+def _packages_run(target: str, importer: str, known: dict[str, Path]) -> list[str]:
+    # The packages above ``target`` whose ``__init__`` importing it runs, less the importer's own.
+    parts = target.split(".")
+    above = (".".join(parts[:i]) for i in range(1, len(parts)))
+    return [p for p in above if p in known and p != importer and not importer.startswith(p + ".")]
 
 
 @functools.cache
@@ -172,6 +183,34 @@ def test_the_walk_sees_function_local_and_relative_imports(tmp_path: Path) -> No
     assert imports_of("pkg.b", known["pkg.b"], known) == {("pkg.a", 1)}
     graph = {"pkg.a": {"pkg.b": 2}, "pkg.b": {"pkg.a": 1}, "pkg": {}}
     assert find_cycles(graph) == [["pkg.a", "pkg.b"]]
+
+
+def test_importing_a_module_runs_the_packages_above_it(tmp_path: Path) -> None:
+    # pkg/__init__ re-exports pkg.a, which imports other.b, which imports pkg.c: importing pkg.c
+    # runs pkg/__init__ first, so other.b -> pkg -> pkg.a -> other.b is a cycle that only the
+    # package edge shows (no module names a module that names it back).
+    known = {
+        "pkg": tmp_path / "pkg/__init__.py",
+        "pkg.a": tmp_path / "pkg/a.py",
+        "pkg.c": tmp_path / "pkg/c.py",
+        "other": tmp_path / "other/__init__.py",
+        "other.b": tmp_path / "other/b.py",
+    }
+    for path in known.values():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.touch()
+    known["pkg"].write_text("from pkg.a import f\n", encoding="utf-8")
+    known["pkg.a"].write_text("import other.b\nfrom pkg import c\n", encoding="utf-8")
+    known["other.b"].write_text("from pkg.c import g\n", encoding="utf-8")
+    assert imports_of("other.b", known["other.b"], known) == {("pkg.c", 1), ("pkg", 1)}
+    # pkg.a's own package is already initialising when pkg.a runs: no edge back to it.
+    assert imports_of("pkg.a", known["pkg.a"], known) == {
+        ("other.b", 1),
+        ("other", 1),
+        ("pkg.c", 2),
+    }
+    graph = {m: dict(imports_of(m, p, known)) for m, p in known.items()}
+    assert find_cycles(graph) == [["other.b", "pkg", "pkg.a"]]
 
 
 def test_no_import_cycles() -> None:

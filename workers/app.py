@@ -110,6 +110,6 @@ def _embedded_polling(interval: float) -> None:
     here, per process, when a Celery app on the embedded broker is built. A poll is one
     indexed SELECT per queue on a local file.
     """
-    from kombu.transport import sqlalchemy as kombu_sqla
+    from kombu.transport import sqlalchemy as kombu_sqla  # optional: embedded broker
 
     kombu_sqla.Transport.polling_interval = interval

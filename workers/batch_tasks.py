@@ -31,6 +31,7 @@ from app.batch.watchdog import Watchdog
 from app.dispatch import TaskName
 from app.pipeline import loop_step
 from app.requests import QueueName
+from app.serving import worker_concurrency
 from workers import priority, runtime
 from workers.dispatcher import chunk_signature, dispatch_batch
 from workers.wakeup import listener
@@ -110,8 +111,6 @@ def register(app: Celery) -> None:
             return
         if not (settings.batch_yield_to_interactive and settings.batch_preempt):
             return
-        from app.serving import worker_concurrency
-
         capacity = 1 if app.conf.worker_pool != "threads" else worker_concurrency(settings)
         _preemptors[id(app)] = Preemptor(
             capacity,

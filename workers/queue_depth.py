@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from celery import Celery
+from sqlalchemy import create_engine, inspect, text
 
 from workers import priority
 from workers.wakeup import is_redis, redis_client
@@ -41,8 +42,6 @@ def queue_depths(app: Celery, queues: Sequence[str]) -> dict[str, int]:
 
 
 def _sqla_depths(url: str, queues: Sequence[str]) -> dict[str, int]:
-    from sqlalchemy import create_engine, inspect, text
-
     engine = _engines.get(url)
     if engine is None:
         engine = _engines[url] = create_engine(url, pool_pre_ping=True)

@@ -5,9 +5,11 @@ The request body of ``POST /v1/queries`` is the one request model, ``app.request
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel
+
+from app.queries import QueryOut  # the stored query's JSON, shared with the event stream
 
 
 class QueryAccepted(BaseModel):
@@ -17,21 +19,11 @@ class QueryAccepted(BaseModel):
     status: str
 
 
-class QueryOut(BaseModel):
-    """``GET /v1/queries/{id}``: the status, and the answer, sources and stats once known."""
-
-    id: str
-    status: Literal["queued", "running", "succeeded", "failed"]
-    answer: str | None = None
-    sources: list[dict[str, Any]] | None = None
-    stats: dict[str, Any] | None = None
-    error: str | None = None
-    model_pair: str | None = None
-    index_version: int | None = None
-
-
 class ErrorOut(BaseModel):
     """Every 4xx body: which field is wrong and why."""
 
     error: dict[str, str]
     detail: list[dict[str, Any]] = []
+
+
+__all__ = ["ErrorOut", "QueryAccepted", "QueryOut"]

@@ -32,7 +32,7 @@ def token_counter(state: Any, settings: Settings) -> Counter | None:
 
 def _load(settings: Settings) -> Counter | None:
     try:
-        from transformers import AutoTokenizer
+        from transformers import AutoTokenizer  # heavy: transformers
 
         tokenizer = AutoTokenizer.from_pretrained(str(settings.target_model))
     except Exception as exc:  # no tokenizer shipped with the target: characters only

@@ -4,8 +4,8 @@ Submit (``app.batch.submit``) validates everything and stores the batch, its ite
 query per item in one transaction; chunk tasks (workers/batch_tasks.py) run ``app.batch.runner``;
 ``app.batch.report`` compares the new answers with the ones they re-ran.
 
-Only the tables and pure helpers are imported here: ``app.db`` imports this package to register
-the tables, so nothing here may import ``app.db`` itself (only ``app.db.models``).
+Only the tables and pure helpers are re-exported here; ``app.tables`` registers the tables on the
+shared metadata.
 """
 
 from app.batch.records import BATCH_STATUSES, ITEM_STATUSES, Batch, BatchItem

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import click
 
 from app.commands.common import emit, get_settings, json_option, one_line_errors
@@ -72,8 +74,6 @@ def keys() -> None:
 @one_line_errors
 def keys_create(tenant: str, admin: bool, expires_in_days: float | None, as_json: bool) -> None:
     """Create an API key and print it once; only its hash is stored."""
-    from datetime import timedelta
-
     if not tenant.strip() or len(tenant) > 100:
         raise ValueError("--tenant: must be 1 to 100 characters")
     if expires_in_days is not None and not 0 < expires_in_days <= 3650:

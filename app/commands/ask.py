@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import threading
 from typing import Any
 
 import click
 
 from app.audit.hooks import install_hooks
+from app.commands.ask_stream import follow
 from app.commands.common import (
     CommandError,
     emit,
@@ -96,8 +98,6 @@ def ask(
         install_hooks()
         resources = Resources(settings, session_factory)
         if stream:
-            import threading
-
             # The answer is generated beside the stream reader, as a worker would.
             threading.Thread(target=answer_query, args=(resources, query.id), daemon=True).start()
         else:
@@ -107,8 +107,6 @@ def ask(
         # Through admission like the API: the tenant's fair share holds for the CLI too.
         admit(session_factory, settings, dispatcher.send_query, tenant_id=query.tenant_id)
     if stream:
-        from app.commands.ask_stream import follow
-
         view = follow(settings, session_factory, query.id, timeout=timeout, as_json=as_json)
         emit(view, as_json, text=_human(view, with_answer=False))
     else:

@@ -11,6 +11,7 @@ from typing import Any
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.settings import Settings
+from app.streams import OPENED, StreamSource
 
 
 def follow(
@@ -36,8 +37,6 @@ async def _follow(
     timeout: float,
     as_json: bool,
 ) -> dict[str, Any]:
-    from app.streams import OPENED, StreamSource
-
     source = StreamSource(settings, session_factory)
     try:
         async with asyncio.timeout(timeout):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import click
+from sqlalchemy import select
 
 from app.commands.common import emit, get_settings, json_option, one_line_errors
 from app.db import prepare
@@ -23,11 +24,9 @@ def index_group() -> None:
 @one_line_errors
 def backfill(collection: str | None, tenant: str | None, as_json: bool) -> None:
     """Store missing chunk vectors: from this host's index files, else embedded (counted)."""
-    from sqlalchemy import select
-
-    from retrieval import Embedder
-    from retrieval.backfill import backfill_collection
-    from retrieval.index_store import IndexStore
+    from retrieval import Embedder  # heavy: faiss, torch
+    from retrieval.backfill import backfill_collection  # heavy: faiss
+    from retrieval.index_store import IndexStore  # heavy: faiss
 
     settings = get_settings()
     _, session_factory = prepare(settings)

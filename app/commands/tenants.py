@@ -6,6 +6,7 @@ from dataclasses import asdict
 from typing import Any
 
 import click
+from sqlalchemy import select
 
 from app.commands.common import emit, get_settings, json_option, one_line_errors
 from app.db import Tenant, prepare
@@ -29,8 +30,6 @@ def tenants() -> None:
 @one_line_errors
 def limits(tenant: str, as_json: bool, **values: Any) -> None:
     """Print the tenant's limits in force; options given set them first (0 = no limit)."""
-    from sqlalchemy import select
-
     settings = get_settings()
     engine, session_factory = prepare(settings)
     try:

@@ -1,4 +1,8 @@
-"""The service's records: SQLAlchemy models, engine and session factory, schema migrations."""
+"""The service's records: SQLAlchemy models, engine and session factory, schema migrations.
+
+Only the core tables are declared here; ``app.tables`` gathers every room's tables on the shared
+metadata (audit, batch and tenancy sit above ``app.db`` and import it, never the other way).
+"""
 
 from __future__ import annotations
 
@@ -17,12 +21,6 @@ from app.db.models import (
     utcnow,
 )
 from app.db.schema import SchemaNotCurrentError, check_current, upgrade
-
-# Audit's tables (shadow baselines, golden runs) live on the same metadata; importing them here
-# lets Alembic and create_all see one schema. They import only app.db.models, so no cycle.
-import app.audit.records  # noqa: E402, F401  isort: skip
-import app.batch.records  # noqa: E402, F401  isort: skip  (batches, batch items; same reason)
-import app.tenancy.records  # noqa: E402, F401  isort: skip  (tenant limits, uploads; same reason)
 from app.db.session import make_engine, make_session_factory
 from app.settings import Settings
 

@@ -19,6 +19,7 @@ from prometheus_client.registry import Collector
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
+from app.db import Query
 from app.requests import QueryStatus
 
 log = logging.getLogger(__name__)
@@ -69,8 +70,6 @@ class QueueCollector(Collector):
             "Queries the database holds as queued or running, per queue.",
             labels=["queue", "status"],
         )
-        from app.db import Query
-
         counts = {(q, str(s)): 0 for q in self.queues for s in PENDING_STATUSES}
         try:
             with self.session_factory() as session:

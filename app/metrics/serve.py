@@ -13,6 +13,9 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, start_http_server
 
+from app.hooks import register_after_answer
+from app.metrics.worker import WorkerMetrics
+
 
 class MetricsPortError(ValueError):
     """The metrics port cannot be served (taken, not allowed); the message says why."""
@@ -72,9 +75,6 @@ def start_worker_metrics(settings: Any) -> tuple[Any, MetricsServer] | None:
             "SPECRAG_METRICS_PORT: the prefork pool answers in child processes whose counters this "
             "port cannot serve; use the solo or threads pool (one engine per process anyway)"
         )
-    from app.hooks import register_after_answer
-    from app.metrics.worker import WorkerMetrics
-
     metrics = WorkerMetrics(tenant_label=settings.metrics_tenant_label)
     server = serve(metrics.registry, port, settings.metrics_host)
     register_after_answer(metrics)

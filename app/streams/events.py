@@ -30,6 +30,7 @@ from typing import Any
 import anyio
 from sqlalchemy.orm import Session, sessionmaker
 
+from app.queries import get_query, query_json
 from app.settings import Settings
 from app.streams.hub import StreamHub, parse_id
 from app.streams.publish import stream_key
@@ -70,10 +71,7 @@ def check_last_event_id(value: str | None) -> str | None:
 
 def view_json(query: Any) -> dict[str, Any]:
     """The JSON of ``GET /v1/queries/{id}`` for ``query`` (same model, same exclusions)."""
-    from app.api.schemas import QueryOut
-    from app.queries import query_view
-
-    return QueryOut.model_validate(query_view(query)).model_dump(mode="json", exclude_none=True)
+    return query_json(query)
 
 
 def final_event(view: dict[str, Any]) -> Event:
@@ -100,8 +98,6 @@ class StreamSource:
         return await anyio.to_thread.run_sync(self._view, query_id, tenant_id)
 
     def _view(self, query_id: uuid.UUID, tenant_id: int | None) -> dict[str, Any] | None:
-        from app.queries import get_query
-
         with self.session_factory() as session:
             query = get_query(session, query_id, tenant_id)
             return None if query is None else view_json(query)

@@ -43,7 +43,7 @@ class StreamHub:
     """Reads every subscribed stream with one XREAD loop; ``close`` stops it."""
 
     def __init__(self, url: str, block_ms: int = 10_000) -> None:
-        import redis.asyncio as aioredis
+        import redis.asyncio as aioredis  # optional: embedded broker
 
         # The reader's socket waits longer than its XREAD blocks; the pool serves XRANGE and pokes.
         self._reader = aioredis.Redis.from_url(

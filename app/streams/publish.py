@@ -131,7 +131,7 @@ class Publisher:
     """One thread per process writing queued stream entries to Redis, in order."""
 
     def __init__(self, url: str, maxlen: int, ttl_seconds: float) -> None:
-        import redis
+        import redis  # optional: embedded broker
 
         self._client = redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
         self._maxlen = maxlen

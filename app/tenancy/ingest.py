@@ -17,6 +17,7 @@ from typing import Any
 from app.documents import upload_dir, write_uploads
 from app.tenancy.deadline import IngestTimeLimit, time_limit
 from app.tenancy.uploads import forget, record_results
+from retrieval.sources import normalise_source
 
 log = logging.getLogger(__name__)
 
@@ -25,8 +26,6 @@ def ingest_uploaded(
     resources: Any, files: list[dict[str, str]], collection: str, tenant: str, max_chars: int = 0
 ) -> dict[str, Any]:
     """The ingest report of the uploaded ``files``; every file's state is recorded."""
-    from retrieval.sources import normalise_source
-
     settings = resources.settings
     root = settings.data_dir / "uploads"
     root.mkdir(parents=True, exist_ok=True)

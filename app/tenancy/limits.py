@@ -23,11 +23,13 @@ import time
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
+from limits import RateLimitItemPerDay, RateLimitItemPerSecond, storage, strategies
 from sqlalchemy import Engine, func, select
 from sqlalchemy.orm import Session
 
-from app.db.models import Query
+from app.db.models import Query, utcnow
 from app.settings import Settings
+from app.tenancy.ratestore import DatabaseStorage
 from app.tenancy.records import TenantLimits
 
 log = logging.getLogger(__name__)
@@ -98,8 +100,6 @@ def set_limits(session: Session, tenant_id: int, values: dict[str, Any]) -> None
             if value < 0:
                 raise ValueError(f"{name}: must be >= 0 (0 = no limit), got {value}")
             setattr(row, name, value)
-    from app.db.models import utcnow
-
     row.updated_at = utcnow()
     session.add(row)
     session.commit()
@@ -112,10 +112,6 @@ class Enforcer:
     """
 
     def __init__(self, settings: Settings, engine: Engine) -> None:
-        from limits import storage, strategies
-
-        from app.tenancy.ratestore import DatabaseStorage
-
         self.settings = settings
         broker = settings.resolved_broker_url
         self.storage: storage.Storage
@@ -194,8 +190,6 @@ class Enforcer:
 
     def upload(self, session: Session, tenant_id: int, size: int) -> Limits:
         """Count an upload of ``size`` bytes; LimitExceeded when over a request or daily quota."""
-        from limits import RateLimitItemPerDay
-
         limits = self.limits(session, tenant_id)
         self._rate(tenant_id, limits.submissions_per_second)
         if limits.max_upload_bytes and size > limits.max_upload_bytes:
@@ -232,8 +226,6 @@ class Enforcer:
             return True
 
     def _rate(self, tenant_id: int, per_second: float) -> None:
-        from limits import RateLimitItemPerSecond
-
         if per_second <= 0:
             return
         # A rate below 1/s becomes one submission per ceil(1/rate) seconds.

@@ -1,6 +1,6 @@
 """Tables of per-tenant limits, of rate windows, and of uploaded documents' state.
 
-They are declared on the shared metadata (imported by ``app.db``), so Alembic sees one schema.
+They are declared on the shared metadata (gathered by ``app.tables``), so Alembic sees one schema.
 """
 
 from __future__ import annotations

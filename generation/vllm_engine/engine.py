@@ -35,7 +35,7 @@ DEFAULT_MAX_NUM_SEQS = 64
 
 
 def _cuda_device_count() -> int:
-    import torch
+    import torch  # heavy
 
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 

@@ -10,7 +10,6 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import create_engine, inspect
 
-import app.db.models  # noqa: F401  (registers the service's tables)
 from app.db.schema import (
     SchemaNotCurrentError,
     alembic_config,
@@ -20,7 +19,7 @@ from app.db.schema import (
     head_revision,
     upgrade,
 )
-from retrieval.records import metadata
+from app.tables import metadata
 
 
 def test_one_head_and_file_names_follow_revision_ids() -> None:

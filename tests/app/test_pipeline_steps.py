@@ -16,7 +16,7 @@ from sqlalchemy import select
 from app import failures
 from app.db import Answer, GenerationStatsRecord, Query
 from app.hooks import Answered, register_after_answer, unregister_after_answer
-from app.pipeline import BuiltRequest, answer_query
+from app.pipeline import BuiltRequest, answer_query, loop_step
 from app.queries import create_query, get_or_create_tenant
 from app.requests import validate_request
 from app.settings import Settings
@@ -117,6 +117,24 @@ def test_the_generate_step_can_be_swapped_and_streams_deltas(resources: FakeReso
     assert outcome == "succeeded"
     assert [d[0] for d in deltas] == resources.engine.calls[0][0][:4]
     assert [hit.document for hit in asked[0].cited] == ["doc0.md"]
+
+
+def test_the_loop_step_runs_on_the_engine_loop_and_streams_its_deltas(
+    resources: FakeResources,
+) -> None:
+    qid = _submit(resources, max_tokens=3)
+    resources.loop = resources.engine.start_loop()  # type: ignore[attr-defined]
+    handles: list[Any] = []
+    deltas: list[list[int]] = []
+    step = loop_step(resources, on_submit=handles.append)  # type: ignore[arg-type]
+    outcome = answer_query(resources, qid, on_delta=deltas.append, generate_step=step)  # type: ignore[arg-type]
+    assert outcome == "succeeded" and len(handles) == 1 and handles[0].done
+    assert deltas == [[t] for t in resources.engine.calls[0][0][:3]]
+    with resources.session_factory() as session:
+        stats = session.scalar(
+            select(GenerationStatsRecord).where(GenerationStatsRecord.query_id == qid)
+        )
+        assert stats is not None and stats.num_output_tokens == 3
 
 
 def test_the_default_generate_step_hands_its_tokens_to_on_delta_at_once(

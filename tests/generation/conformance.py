@@ -9,13 +9,14 @@ Subclass ``EngineConformance`` in a ``Test*`` class and provide fixtures:
 
 from __future__ import annotations
 
+import inspect
 import random
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 
-from generation import Engine, GenerationStats, SamplingParams
+from generation import Engine, GenerationLoop, GenerationStats, SamplingParams
 
 KS: tuple[int | str, ...] = (1, 2, 4, 8, "auto")
 MAX_NEW = 24
@@ -61,6 +62,32 @@ def check_stats_invariants(stats: GenerationStats, num_tokens: int, max_new_toke
         assert data["mean_acceptance_length"] == 1 + stats.num_accepted_tokens / stats.num_drafts
     assert stats.ttft_ms is not None and stats.generation_ms is not None
     assert 0 <= stats.ttft_ms <= stats.generation_ms
+
+
+def check_protocol(obj: Any, protocol: type) -> None:
+    """Assert ``obj`` has every public member ``protocol`` names, each method with the protocol's
+    parameters (names, kinds and defaults), not just something of that name."""
+    name = type(obj).__name__
+    members = [m for m in vars(protocol) if not m.startswith("_")]
+    for member_name in members:
+        member = vars(protocol)[member_name]
+        assert hasattr(obj, member_name), f"{name} lacks {member_name}"
+        if isinstance(member, property) or not callable(member):
+            continue
+        params = list(inspect.signature(member).parameters.values())[1:]  # less self
+        want = [(p.name, p.kind, p.default) for p in params]
+        got = [
+            (p.name, p.kind, p.default)
+            for p in inspect.signature(getattr(obj, member_name)).parameters.values()
+        ]
+        assert got == want, f"{name}.{member_name}: parameters {got}, protocol {want}"
+
+
+def check_engine_protocol(engine: Any) -> None:
+    """Assert ``engine`` is a whole ``generation.base.Engine`` (see ``check_protocol``)."""
+    assert isinstance(engine, Engine), f"{type(engine).__name__} is not an Engine"
+    assert {"check_request", "generate", "generate_many", "start_loop"} <= set(vars(Engine))
+    check_protocol(engine, Engine)
 
 
 class EngineConformance:
@@ -122,7 +149,12 @@ class EngineConformance:
         assert len(others | {tuple(first)}) > 1, "different seeds should sample differently"
 
     def test_properties(self, engine: Engine) -> None:
-        assert isinstance(engine, Engine)
+        check_engine_protocol(engine)
+        loop = engine.start_loop()
+        try:
+            check_protocol(loop, GenerationLoop)
+        finally:
+            loop.close()
         assert engine.vocab_size > 0 and engine.max_context > 0
         assert isinstance(engine.model_pair, str) and engine.model_pair
 

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from app.api.deps import DispatcherDep, EnforcerDep, SessionDep, SettingsDep, TenantDep
 from app.api.errors import ApiError
 from app.api.schemas import ErrorOut
+from app.api.tokens import check_question_tokens, token_counter
 from app.batch import submit as sub
 from app.batch.report import render
 from app.batch.runner import cancel
@@ -128,8 +129,6 @@ def submit_batch(
 
 def _check_tokens(request: Request, settings: Settings, specs: list[Any]) -> None:
     """RequestError naming the first new question over the token limit (item numbers from 1)."""
-    from app.api.tokens import check_question_tokens, token_counter
-
     counter = token_counter(request.app.state, settings)
     for number, spec in enumerate(specs, start=1):
         try:

@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from app.api.deps import Caller, bearer, get_caller
 from app.api.errors import ApiError
 from app.api.schemas import ErrorOut
+from app.queries import get_query
 from app.streams import END_ID, OPENED, StreamSource, check_last_event_id
 
 router = APIRouter(prefix="/v1/queries", tags=["queries"])
@@ -51,8 +52,6 @@ def _authorize(
     credentials: HTTPAuthorizationCredentials | None,
     query_id: str,
 ) -> tuple[Caller, uuid.UUID]:
-    from app.queries import get_query
-
     # Its own short session, not SessionDep: a dependency's session would stay checked out
     # for as long as the response streams, and the pool would run dry at a few dozen streams.
     with session_factory() as session:

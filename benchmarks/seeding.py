@@ -1,4 +1,4 @@
-"""Synthetic stored traffic for audit tests and the audit benchmark, inserted in bulk.
+"""Synthetic stored traffic for the audit benchmark and the audit tests, inserted in bulk.
 
 Rows are drawn from a seeded generator and returned as plain arrays, so a test can compute what
 the report must say (percentiles with numpy) without reading the database back.
