@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from generation.base import Cancelled, DeltaCallback, GenerationResult
-from generation.batching import DEFAULT_PREFILL_CHUNK, BatchEngine
+from generation.batching import BACKGROUND_PREFILL_CHUNK, DEFAULT_PREFILL_CHUNK, BatchEngine
 from generation.params import SamplingParams
 from generation.sequence import LoopHandle
 
@@ -41,11 +41,17 @@ class EngineLoop:
         pause_background: bool | None = None,
     ) -> None:
         """``pause_background``: background requests sit out the steps while a foreground one
-        runs (default: on a CPU, where every extra row of a pass costs arithmetic; a GPU pass
-        carries them almost free, so there they share the steps)."""
+        runs, and prefill in short chunks (default: on a CPU, where every extra row of a pass
+        costs arithmetic; a GPU pass carries them almost free, so there they share the steps)."""
         if pause_background is None:
             pause_background = engine.device.type == "cpu"
-        self._batch = BatchEngine(engine, max_batch_size, prefill_chunk, pause_background)
+        self._batch = BatchEngine(
+            engine,
+            max_batch_size,
+            prefill_chunk,
+            pause_background,
+            background_chunk=BACKGROUND_PREFILL_CHUNK if pause_background else None,
+        )
         self._wake = threading.Condition()
         self._inbox: list[tuple[list[int], SamplingParams, LoopHandle, bool]] = []
         self._closed = False

@@ -11,7 +11,9 @@ step, so the rows already decoding are never stalled by more than one chunk's pa
 Background requests (batch jobs) take free slots only after every waiting foreground request.
 With ``pause_background`` (where an extra row costs real arithmetic, as on a CPU) they also sit
 out every step while a foreground request runs: their slots and caches stay as they are and they
-go on where they stopped, so a foreground request runs as fast as it would alone.
+go on where they stopped, so a foreground request runs as fast as it would alone. Their
+prompts are prefilled in chunks of at most ``background_chunk`` tokens, so a foreground request
+that arrives while one is being prefilled waits for a short pass, not a long one.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ class Scheduler:
         prefill_chunk: int,
         move: SlotMove,
         pause_background: bool = False,
+        background_chunk: int | None = None,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size: must be >= 1, got {max_batch_size}")
@@ -45,6 +48,8 @@ class Scheduler:
         self._move = move
         self.pause_background = pause_background
         """Whether background rows sit out the steps while a foreground request runs."""
+        self.background_chunk = background_chunk or prefill_chunk
+        """Most prompt tokens of a background request prefilled in one step."""
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         """running[i] holds slot i."""
@@ -77,7 +82,7 @@ class Scheduler:
         for seq in self._stepping():
             left = len(seq.prompt) - seq.prefilled
             if left > 0 and budget > 0:
-                take = min(left, budget)
+                take = min(left, budget, self.background_chunk if seq.background else budget)
                 plan.append((seq, take))
                 budget -= take
         return plan

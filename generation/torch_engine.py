@@ -11,6 +11,8 @@ pass (same weights, same operations, less overhead), others on transformers' for
 from __future__ import annotations
 
 import time
+from collections.abc import Collection
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +35,7 @@ from generation.loading import (
 from generation.params import SamplingParams
 from generation.proposers import Draft, DraftModelProposer, NgramProposer, Proposer
 from generation.rejection_sampler import greedy_verify, rejection_sample, sample_from_logits
+from generation.sequence import new_generator
 from generation.stats import GenerationStats
 
 
@@ -77,7 +80,7 @@ def speculative_decode(
     return accepted, host[2 : 2 + accepted] + [host[1]], next_token
 
 
-def cut_at_eos(emitted: list[int], eos: set[int]) -> tuple[list[int], bool]:
+def cut_at_eos(emitted: list[int], eos: Collection[int]) -> tuple[list[int], bool]:
     """Return the tokens up to and including the first end-of-sequence token, and whether one was."""
     for i, token in enumerate(emitted):
         if token in eos:
@@ -92,6 +95,25 @@ def _label(model: Any) -> str:
 
 DEFAULT_MAX_BATCH_SIZE = 16
 """Requests one engine runs in a step by default (KV memory: docs/benchmarks.md, batching)."""
+
+
+@dataclass
+class _Run:
+    """One ``generate`` call's state between rounds: what a round reads and advances."""
+
+    started: float
+    temperature: float
+    generator: torch.Generator | None
+    cache: Any  # the target's KV cache (generation/kv_cache.py)
+    budget: int  # most new tokens: max_new_tokens, within the context
+    proposer: Proposer | None
+    adaptive: AdaptiveK | None  # None: a fixed k
+    fixed_k: int
+    stats: GenerationStats
+    tokens: list[int]  # prompt + output
+    output: list[int]
+    last_token: torch.Tensor  # the newest token, not yet in the cache
+    finished: bool
 
 
 class SpeculativeEngine:
@@ -274,75 +296,90 @@ class SpeculativeEngine:
 
     @torch.inference_mode()
     def generate(self, prompt_token_ids: list[int], params: SamplingParams) -> GenerationResult:
-        """Generate up to ``params.max_new_tokens`` tokens after ``prompt_token_ids``."""
+        """Generate up to ``params.max_new_tokens`` tokens after ``prompt_token_ids``.
+
+        Prefill and the first token, then speculative rounds (``_round``) until EOS or the
+        budget; the adaptive policy's acceptance is folded into the method's recent average.
+        """
         self.check_request(prompt_token_ids, params)
-        prompt_token_ids = [int(t) for t in prompt_token_ids]
+        run = self._start([int(t) for t in prompt_token_ids], params)
+        while not run.finished:
+            self._round(run)
+        if run.adaptive is not None:
+            self._recent[params.method].update(run.adaptive.request_alpha())
+        run.stats.generation_ms = (time.perf_counter() - run.started) * 1000.0
+        return GenerationResult(token_ids=run.output, stats=run.stats)
+
+    def _start(self, prompt: list[int], params: SamplingParams) -> _Run:
+        """Prefill ``prompt`` and sample the first token: the state the rounds advance."""
         started = time.perf_counter()
+        generator = new_generator(params, self.device)
+        cache = self._target_fwd.new_cache()
+        ids = torch.tensor([prompt], dtype=torch.long, device=self.device)
         temperature = float(params.temperature)
-        generator = None
-        if temperature > 0:
-            generator = torch.Generator(device=self.device)
-            if params.seed is None:
-                generator.seed()
-            else:
-                generator.manual_seed(params.seed)
+        last = sample_from_logits(prefill(self._target_fwd, ids, cache), temperature, generator)
+        output = last.tolist()
         stats = GenerationStats(
             method=params.method, num_speculative_tokens=params.num_speculative_tokens
         )
-        budget = min(params.max_new_tokens, self.max_context - len(prompt_token_ids))
-        eos = set(self._eos)
-
-        cache = self._target_fwd.new_cache()
-        prompt = torch.tensor([prompt_token_ids], dtype=torch.long, device=self.device)
-        last_token = sample_from_logits(
-            prefill(self._target_fwd, prompt, cache), temperature, generator
-        )
-        output = last_token.tolist()
         stats.ttft_ms = (time.perf_counter() - started) * 1000.0
         stats.num_output_tokens = 1
-        tokens = prompt_token_ids + output
-        finished = output[0] in eos or budget == 1
-
-        method = params.method
-        proposer = self._proposer(method)
-        adaptive = (
-            self._adaptive(method) if proposer and params.num_speculative_tokens == "auto" else None
+        budget = min(params.max_new_tokens, self.max_context - len(prompt))
+        proposer = self._proposer(params.method)
+        auto = proposer is not None and params.num_speculative_tokens == "auto"
+        run = _Run(
+            started=started,
+            temperature=temperature,
+            generator=generator,
+            cache=cache,
+            budget=budget,
+            proposer=proposer,
+            adaptive=self._adaptive(params.method) if auto else None,
+            fixed_k=(
+                params.num_speculative_tokens
+                if isinstance(params.num_speculative_tokens, int)
+                else 0
+            ),
+            stats=stats,
+            tokens=prompt + output,
+            output=output,
+            last_token=last,
+            finished=output[0] in self._eos or budget == 1,
         )
-        fixed_k = (
-            params.num_speculative_tokens if isinstance(params.num_speculative_tokens, int) else 0
+        if proposer is not None and not run.finished:
+            proposer.begin(run.tokens)
+        return run
+
+    def _round(self, run: _Run) -> None:
+        """One round: draft k tokens (k from the policy), verify them in one target pass,
+        emit the accepted ones and the target's next token, stop at EOS or the budget."""
+        round_started = time.perf_counter()
+        proposer, adaptive = run.proposer, run.adaptive
+        k = adaptive.next_k() if adaptive is not None else run.fixed_k
+        # Never draft past the budget: a round emits at most k + 1 tokens.
+        k = min(k, run.budget - len(run.output) - 1) if proposer is not None else 0
+        draft = (
+            proposer.propose(run.tokens, k, run.temperature, run.generator)
+            if proposer is not None and k
+            else None
         )
-        if proposer is not None and not finished:
-            proposer.begin(tokens)
-
-        while not finished:
-            round_started = time.perf_counter()
-            remaining = budget - len(output)
-            k = adaptive.next_k() if adaptive is not None else fixed_k
-            # Never draft past the budget: a round emits at most k + 1 tokens.
-            k = min(k, remaining - 1) if proposer is not None else 0
-            draft = proposer.propose(tokens, k, temperature, generator) if proposer and k else None
-            num_draft = 0 if draft is None else int(draft.token_ids.shape[0])
-            if draft is None or num_draft == 0:
-                logits = decode_one_token(self._target_fwd, last_token, cache)
-                last_token = sample_from_logits(logits, temperature, generator)
-                accepted, emitted = 0, last_token.tolist()
-            else:
-                accepted, emitted, last_token = speculative_decode(
-                    self._target_fwd, cache, last_token, draft, temperature, generator
-                )
-            if num_draft and adaptive is not None:
-                adaptive.observe(num_draft, accepted)
-                assert adaptive.cost is not None
-                adaptive.cost.observe(num_draft, time.perf_counter() - round_started)
-            emitted, finished = cut_at_eos(emitted, eos)
-            stats.record_round(num_draft, min(accepted, len(emitted)), len(emitted))
-            output.extend(emitted)
-            tokens.extend(emitted)
-            finished = finished or len(output) >= budget
-            if proposer is not None and num_draft and not finished:
-                proposer.rollback(tokens, num_draft, accepted)
-
-        if adaptive is not None:
-            self._recent[method].update(adaptive.request_alpha())
-        stats.generation_ms = (time.perf_counter() - started) * 1000.0
-        return GenerationResult(token_ids=output, stats=stats)
+        num_draft = 0 if draft is None else int(draft.token_ids.shape[0])
+        if draft is None or num_draft == 0:
+            logits = decode_one_token(self._target_fwd, run.last_token, run.cache)
+            run.last_token = sample_from_logits(logits, run.temperature, run.generator)
+            accepted, emitted = 0, run.last_token.tolist()
+        else:
+            accepted, emitted, run.last_token = speculative_decode(
+                self._target_fwd, run.cache, run.last_token, draft, run.temperature, run.generator
+            )
+        if num_draft and adaptive is not None:
+            adaptive.observe(num_draft, accepted)
+            assert adaptive.cost is not None
+            adaptive.cost.observe(num_draft, time.perf_counter() - round_started)
+        emitted, eos = cut_at_eos(emitted, self._eos)
+        run.stats.record_round(num_draft, min(accepted, len(emitted)), len(emitted))
+        run.output.extend(emitted)
+        run.tokens.extend(emitted)
+        run.finished = eos or len(run.output) >= run.budget
+        if proposer is not None and num_draft and not run.finished:
+            proposer.rollback(run.tokens, num_draft, accepted)

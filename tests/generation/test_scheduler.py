@@ -1,0 +1,63 @@
+"""Scheduler: slots in arrival order, foreground before background, chunked prefill plans."""
+
+from __future__ import annotations
+
+from generation.params import SamplingParams
+from generation.scheduler import Scheduler
+from generation.sequence import LoopHandle, Sequence
+from generation.stats import GenerationStats
+
+
+def _seq(request_id: int, prompt_len: int, background: bool = False) -> Sequence:
+    return Sequence(
+        request_id=request_id,
+        prompt=list(range(1, prompt_len + 1)),
+        params=SamplingParams(max_new_tokens=8),
+        handle=LoopHandle(),
+        budget=8,
+        generator=None,
+        stats=GenerationStats(method="draft_model", num_speculative_tokens=4),
+        background=background,
+    )
+
+
+def _scheduler(**kwargs: object) -> Scheduler:
+    return Scheduler(4, 512, lambda src, dst: None, **kwargs)  # type: ignore[arg-type]
+
+
+def test_foreground_requests_are_admitted_before_background_ones() -> None:
+    scheduler = Scheduler(2, 512, lambda src, dst: None)
+    b1, f1, b2, f2 = _seq(0, 5, True), _seq(1, 5), _seq(2, 5, True), _seq(3, 5)
+    for seq in (b1, f1, b2, f2):
+        scheduler.add(seq)
+    assert scheduler.admit() == [f1, f2]  # two slots: both foreground, in arrival order
+    scheduler.release(f1)
+    scheduler.release(f2)
+    assert scheduler.admit() == [b1, b2]
+
+
+def test_background_prompts_are_prefilled_in_short_chunks() -> None:
+    scheduler = _scheduler(background_chunk=128)
+    background, foreground = _seq(0, 300, True), _seq(1, 300)
+    scheduler.add(background)
+    scheduler.admit()
+    assert [(s.request_id, n) for s, n in scheduler.prefill_plan()] == [(0, 128)]
+    scheduler.add(foreground)
+    scheduler.admit()
+    # Without pausing, both share the step's budget; the background one only a short chunk.
+    assert [(s.request_id, n) for s, n in scheduler.prefill_plan()] == [(0, 128), (1, 300)]
+
+
+def test_paused_background_rows_take_no_prefill_or_decode_while_foreground_runs() -> None:
+    scheduler = _scheduler(pause_background=True, background_chunk=128)
+    background, foreground = _seq(0, 300, True), _seq(1, 50)
+    scheduler.add(background)
+    scheduler.admit()
+    background.prefilled = 128
+    scheduler.add(foreground)
+    scheduler.admit()
+    assert [(s.request_id, n) for s, n in scheduler.prefill_plan()] == [(1, 50)]
+    foreground.prefilled = 50
+    assert scheduler.decoding() == [foreground]
+    foreground.finished = True  # it leaves: the background request goes on where it stopped
+    assert [(s.request_id, n) for s, n in scheduler.prefill_plan()] == [(0, 128)]
