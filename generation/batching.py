@@ -72,6 +72,19 @@ class BatchEngine:
         if self.draft is not None:
             self.draft.move(src, dst)
 
+    def preallocate(self) -> None:
+        """Reserve every slot's KV cache for the full context now (an online loop's start).
+
+        Otherwise the caches grow by doubling when a longer request joins, and a growth copies
+        every running row's keys and values: about a second for 9 slots growing to 2,048
+        positions on the demo target, a stall for every row (docs/benchmarks.md, "stall").
+        ``app.serving.check_concurrency`` has already checked that this much memory is there.
+        """
+        length = self.engine.max_context + self.engine.max_speculative_tokens + 1
+        for runner in (self.target, self.draft):
+            if runner is not None:
+                runner.cache.reserve(self.scheduler.max_batch_size, length)
+
     @property
     def has_work(self) -> bool:
         """Whether any request is waiting or running."""

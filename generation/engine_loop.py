@@ -52,6 +52,8 @@ class EngineLoop:
             pause_background,
             background_chunk=BACKGROUND_PREFILL_CHUNK if pause_background else None,
         )
+        with torch.inference_mode():
+            self._batch.preallocate()
         self._wake = threading.Condition()
         self._inbox: list[tuple[list[int], SamplingParams, LoopHandle, bool]] = []
         self._closed = False
