@@ -25,8 +25,9 @@ lint: venv
 typecheck: venv
 	$(VENV)/bin/mypy
 
+# --durations: the slowest tests are printed at the end, for whoever speeds the suite up.
 pytest: venv services
-	HF_HUB_OFFLINE=1 $(VENV)/bin/pytest -ra $(PYTEST_ARGS)
+	HF_HUB_OFFLINE=1 $(VENV)/bin/pytest -ra --durations=15 $(PYTEST_ARGS)
 
 test: lint typecheck pytest
 
