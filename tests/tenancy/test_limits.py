@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session
 
 from app.cli import main
 from app.db import Query, Tenant
+from app.tenancy.ratestore import DatabaseStorage
 from tests.tenancy.conftest import make_api
 
 
@@ -55,17 +56,25 @@ def test_active_query_quota_and_admin_override(tenancy_pg: str, tmp_path: Path) 
         assert _ask(api, headers, 3) == [202, 202, 429]
 
 
-def test_submission_rate_limit_is_shared_through_redis(
-    tenancy_pg: str, redis_url: str, tmp_path: Path
+@pytest.mark.parametrize("broker", ["redis", "embedded"])
+def test_submission_rate_limit_is_shared_between_api_processes(
+    broker: str, tenancy_pg: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
-    # 0.2/s: one submission per 5-second window. Eight requests alternate between two API
-    # processes' worth of apps and take well under 5 s, so they span at most two windows: with
-    # one shared counter at most 2 pass; with a counter per process up to 4 would.
-    overrides = {"broker_url": redis_url, "tenant_submissions_per_second": 0.2}
+    """Where Redis is the broker the window lives in Redis; on the embedded broker, in the
+    database (app/tenancy/ratestore.py). Either way two API processes share it.
+
+    0.2/s: one submission per 5-second window. Eight requests alternate between two API
+    processes' worth of apps and take well under 5 s, so they span at most two windows: with
+    one shared counter at most 2 pass; with a counter per process up to 4 would."""
+    overrides: dict[str, object] = {"tenant_submissions_per_second": 0.2}
+    if broker == "redis":
+        overrides["broker_url"] = request.getfixturevalue("redis_url")
     with (
         make_api(tenancy_pg, tmp_path / "a", **overrides) as first,
         make_api(tenancy_pg, tmp_path / "b", **overrides) as second,
     ):
+        storage = first.client.app.state.enforcer.storage
+        assert isinstance(storage, DatabaseStorage) == (broker == "embedded")
         headers = first.key(_tenant())
         responses = [
             app.client.post(

@@ -1,7 +1,8 @@
 """Rate windows on the embedded default live in the database, so API processes share them.
 
 Each "process" here is an ``Enforcer`` (or an app) with its own engine, hence its own connections
-and no Python state in common with the other: all they share is the database.
+and no Python state in common with the other: all they share is the database. The same over
+HTTP, two API apps on each broker: tests/tenancy/test_limits.py.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ from app.queries import get_or_create_tenant
 from app.settings import Settings
 from app.tenancy.limits import Enforcer, LimitExceeded
 from app.tenancy.ratestore import DatabaseStorage
-from tests.tenancy.conftest import make_api
 
 
 @contextmanager
@@ -137,29 +137,3 @@ def test_an_expired_window_restarts_and_is_swept(
     finally:
         store.clear(key)
         engine.dispose()
-
-
-def test_two_api_apps_on_the_embedded_broker_share_the_rate(
-    tenancy_pg: str, tmp_path: Path
-) -> None:
-    """Over HTTP: 0.2/s, eight requests alternating between two apps (well under 5 s, so at most
-    two windows): with one shared counter at most 2 pass; with one per process up to 4 would."""
-    overrides = {"tenant_submissions_per_second": 0.2}
-    with (
-        make_api(tenancy_pg, tmp_path / "a", **overrides) as first,
-        make_api(tenancy_pg, tmp_path / "b", **overrides) as second,
-    ):
-        assert isinstance(first.client.app.state.enforcer.storage, DatabaseStorage)
-        headers = first.key(f"t-{uuid.uuid4().hex[:8]}")
-        responses = [
-            app.client.post(
-                "/v1/queries", json={"question": f"q{i}?", "collection": "docs"}, headers=headers
-            )
-            for i in range(4)
-            for app in (first, second)
-        ]
-        codes = [r.status_code for r in responses]
-        assert 1 <= codes.count(202) <= 2 and codes.count(429) >= 6, codes
-        refused = next(r for r in responses if r.status_code == 429)
-        assert 1 <= int(refused.headers["Retry-After"]) <= 5
-        assert refused.json()["error"]["field"] == "Authorization"
