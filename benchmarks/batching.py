@@ -121,7 +121,10 @@ def prefill_seconds(engine: SpeculativeEngine, prompts: list[list[int]]) -> floa
     return time.perf_counter() - start
 
 
-def part_sweep(engine: SpeculativeEngine, prompts: list[list[int]], sizes: list[int]) -> None:
+def part_sweep(
+    engine: SpeculativeEngine, prompts: list[list[int]], sizes: list[int], repeats: int = 1
+) -> None:
+    """Each cell is the median of ``repeats`` runs; the settings alternate within a repeat."""
     settings: list[tuple[str, str, int | str]] = [
         ("none", "none", 1),
         ("k=1", "draft_model", 1),
@@ -129,7 +132,9 @@ def part_sweep(engine: SpeculativeEngine, prompts: list[list[int]], sizes: list[
         ("k=4", "draft_model", 4),
         ("auto", "draft_model", "auto"),
     ]
-    print(f"\n## sweep: tokens/s by batch size ({MAX_NEW} new tokens, max(16, B) prompts)")
+    print(
+        f"\n## sweep: tokens/s by batch size ({MAX_NEW} new tokens, max(16, B) prompts, median of {repeats})"
+    )
     print(
         "| B | "
         + " | ".join(name for name, _, _ in settings)
@@ -138,15 +143,23 @@ def part_sweep(engine: SpeculativeEngine, prompts: list[list[int]], sizes: list[
     print("|---" * (len(settings) + 3) + "|")
     for size in sizes:
         batch = [prompts[i % len(prompts)] for i in range(max(16, size))]
-        rates, chosen = {}, 0.0
-        for name, method, k in settings:
-            params = SamplingParams(max_new_tokens=MAX_NEW, method=method, num_speculative_tokens=k)
-            results, seconds = timed(
-                lambda b=batch, p=params, s=size: engine.generate_many(b, p, max_batch_size=s)
-            )
-            rates[name] = tokens_per_second(results, seconds)
-            if k == "auto":
-                chosen = statistics.mean(r.stats.mean_chosen_k or 0.0 for r in results)
+        runs: dict[str, list[float]] = {name: [] for name, _, _ in settings}
+        chosen_runs: list[float] = []
+        for _ in range(repeats):
+            for name, method, k in settings:
+                params = SamplingParams(
+                    max_new_tokens=MAX_NEW, method=method, num_speculative_tokens=k
+                )
+                results, seconds = timed(
+                    lambda b=batch, p=params, s=size: engine.generate_many(b, p, max_batch_size=s)
+                )
+                runs[name].append(tokens_per_second(results, seconds))
+                if k == "auto":
+                    chosen_runs.append(
+                        statistics.mean(r.stats.mean_chosen_k or 0.0 for r in results)
+                    )
+        rates = {name: statistics.median(v) for name, v in runs.items()}
+        chosen = statistics.mean(chosen_runs)
         best = max(v for n, v in rates.items() if n != "auto")
         cells = " | ".join(f"{rates[n]:.1f}" for n, _, _ in settings)
         print(f"| {size} | {cells} | {rates['auto'] / best:.2f} | {chosen:.2f} |")
@@ -234,7 +247,7 @@ def main() -> None:
     if "many" in parts:
         part_many(engine, prompts, args.repeats)
     if "sweep" in parts:
-        part_sweep(engine, prompts, sizes)
+        part_sweep(engine, prompts, sizes, args.repeats)
     if "stall" in parts:
         part_stall(engine, prompts, [int(c) for c in args.chunks.split(",")])
 
