@@ -55,13 +55,19 @@ class BatchEngine:
         prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
         pause_background: bool = False,
         background_chunk: int | None = None,
+        max_background_pause: float = 1.0,
     ) -> None:
         self.engine = engine
         self.target = ModelRunner(engine.target_forward, "target")
         draft_fwd = engine.draft_forward
         self.draft = None if draft_fwd is None else ModelRunner(draft_fwd, "draft")
         self.scheduler = Scheduler(
-            max_batch_size, prefill_chunk, self._move, pause_background, background_chunk
+            max_batch_size,
+            prefill_chunk,
+            self._move,
+            pause_background,
+            background_chunk,
+            max_background_pause,
         )
         self.costs: StepCosts = engine.step_costs()
         self._eos = set(engine.eos_token_ids)
@@ -151,7 +157,9 @@ class BatchEngine:
                 if runner is not None:
                     runner.cache.reserve(self.scheduler.max_batch_size, need)
                     runner.clear(seq.slot)
+        now = time.perf_counter()
         for seq, count in self.scheduler.prefill_plan():
+            seq.last_step = now
             self._prefill(seq, count)
         for seq in [s for s in self.scheduler.running if s.finished]:
             self._finish(seq)
@@ -186,6 +194,8 @@ class BatchEngine:
         if not rows:
             return
         started = time.perf_counter()
+        for seq in rows:
+            seq.last_step = started
         plans = [self._plan(seq) for seq in rows]
         batch_k = choose_k(plans, self.costs)
         ks = [row_k(plan, batch_k) for plan in plans]

@@ -39,10 +39,13 @@ class EngineLoop:
         max_batch_size: int,
         prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
         pause_background: bool | None = None,
+        max_background_pause: float = 1.0,
     ) -> None:
         """``pause_background``: background requests sit out the steps while a foreground one
         runs, and prefill in short chunks (default: on a CPU, where every extra row of a pass
-        costs arithmetic; a GPU pass carries them almost free, so there they share the steps)."""
+        costs arithmetic; a GPU pass carries them almost free, so there they share the steps).
+        ``max_background_pause``: seconds a paused background request waits at most before it
+        takes part in a step anyway (a stream of foreground requests cannot starve it)."""
         if pause_background is None:
             pause_background = engine.device.type == "cpu"
         self._batch = BatchEngine(
@@ -51,6 +54,7 @@ class EngineLoop:
             prefill_chunk,
             pause_background,
             background_chunk=BACKGROUND_PREFILL_CHUNK if pause_background else None,
+            max_background_pause=max_background_pause,
         )
         with torch.inference_mode():
             self._batch.preallocate()

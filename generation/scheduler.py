@@ -11,13 +11,16 @@ step, so the rows already decoding are never stalled by more than one chunk's pa
 Background requests (batch jobs) take free slots only after every waiting foreground request.
 With ``pause_background`` (where an extra row costs real arithmetic, as on a CPU) they also sit
 out every step while a foreground request runs: their slots and caches stay as they are and they
-go on where they stopped, so a foreground request runs as fast as it would alone. Their
+go on where they stopped, so a foreground request runs as fast as it would alone; so that a
+steady stream of foreground requests cannot starve them, a background request paused for
+``max_background_pause`` seconds takes part in the next step. Their
 prompts are prefilled in chunks of at most ``background_chunk`` tokens, so a foreground request
 that arrives while one is being prefilled waits for a short pass, not a long one.
 """
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Callable
 
@@ -37,6 +40,7 @@ class Scheduler:
         move: SlotMove,
         pause_background: bool = False,
         background_chunk: int | None = None,
+        max_background_pause: float = 1.0,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size: must be >= 1, got {max_batch_size}")
@@ -50,6 +54,8 @@ class Scheduler:
         """Whether background rows sit out the steps while a foreground request runs."""
         self.background_chunk = background_chunk or prefill_chunk
         """Most prompt tokens of a background request prefilled in one step."""
+        self.max_background_pause = max_background_pause
+        """Longest a paused background request waits before it takes part in a step anyway."""
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         """running[i] holds slot i."""
@@ -71,6 +77,7 @@ class Scheduler:
             seq = next((s for s in self.waiting if not s.background), self.waiting[0])
             self.waiting.remove(seq)
             seq.slot = len(self.running)
+            seq.last_step = time.perf_counter()  # a paused wait counts from admission
             self.running.append(seq)
             admitted.append(seq)
         return admitted
@@ -94,7 +101,8 @@ class Scheduler:
     def _stepping(self) -> list[Sequence]:
         """The running requests that take part in this step (see ``pause_background``)."""
         if self.pause_background and any(not s.background and not s.finished for s in self.running):
-            return [s for s in self.running if not s.background]
+            due = time.perf_counter() - self.max_background_pause
+            return [s for s in self.running if not s.background or s.last_step <= due]
         return self.running
 
     def release(self, seq: Sequence) -> None:

@@ -134,6 +134,9 @@ class Sequence:
     background: bool = False
     """A batch job's request: yields its slot order and, when the loop pauses background rows,
     its steps to foreground requests."""
+    last_step: float = field(default_factory=time.perf_counter)
+    """When the request last took part in a step (or joined): how long a paused background
+    request has waited."""
     batch_size_sum: int = 0
     chosen_k_sum: int = 0
 

@@ -156,7 +156,8 @@ def _run_beside_background(
 ) -> tuple[list[str], list[int], list[int]]:
     """A background request decodes; a foreground one arrives. Returns the order in which the
     loop emitted their bursts ("b" / "f") and both requests' tokens."""
-    loop = EngineLoop(engine, max_batch_size=3, pause_background=pause)
+    # A long enough pause limit that the background request never steps in out of turn here.
+    loop = EngineLoop(engine, max_batch_size=3, pause_background=pause, max_background_pause=600)
     events: list[str] = []
     started, gate = threading.Event(), threading.Event()
 

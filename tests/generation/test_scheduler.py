@@ -61,3 +61,15 @@ def test_paused_background_rows_take_no_prefill_or_decode_while_foreground_runs(
     assert scheduler.decoding() == [foreground]
     foreground.finished = True  # it leaves: the background request goes on where it stopped
     assert [(s.request_id, n) for s, n in scheduler.prefill_plan()] == [(0, 128)]
+
+
+def test_a_background_row_paused_too_long_takes_part_in_the_next_step() -> None:
+    scheduler = _scheduler(pause_background=True, max_background_pause=5.0)
+    background, foreground = _seq(0, 10, True), _seq(1, 10)
+    for seq in (background, foreground):
+        scheduler.add(seq)
+    scheduler.admit()
+    background.prefilled = foreground.prefilled = 10
+    assert scheduler.decoding() == [foreground]  # paused: it stepped (joined) just now
+    background.last_step -= 6.0  # six seconds without a step: due
+    assert scheduler.decoding() == [foreground, background]
