@@ -55,7 +55,7 @@ class BatchEngine:
         prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
         pause_background: bool = False,
         background_chunk: int | None = None,
-        max_background_pause: float = 1.0,
+        max_background_pause: float = 5.0,
     ) -> None:
         self.engine = engine
         self.target = ModelRunner(engine.target_forward, "target")

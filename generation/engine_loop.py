@@ -39,7 +39,7 @@ class EngineLoop:
         max_batch_size: int,
         prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
         pause_background: bool | None = None,
-        max_background_pause: float = 1.0,
+        max_background_pause: float = 5.0,
     ) -> None:
         """``pause_background``: background requests sit out the steps while a foreground one
         runs, and prefill in short chunks (default: on a CPU, where every extra row of a pass

@@ -40,7 +40,7 @@ class Scheduler:
         move: SlotMove,
         pause_background: bool = False,
         background_chunk: int | None = None,
-        max_background_pause: float = 1.0,
+        max_background_pause: float = 5.0,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size: must be >= 1, got {max_batch_size}")
