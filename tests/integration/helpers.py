@@ -7,8 +7,12 @@ from __future__ import annotations
 
 import threading
 import time
+import uuid
 from pathlib import Path
 
+from sqlalchemy import func, select
+
+from app.db import Answer, GenerationStatsRecord, Query, make_engine, make_session_factory
 from app.settings import Settings
 from benchmarks.support import RedisServer, free_port
 from workers import process
@@ -55,3 +59,25 @@ class WorkerProcess(process.WorkerProcess):
     def __init__(self, settings: Settings, log: Path, name: str, queues: str = "answer") -> None:
         super().__init__(settings_env(settings), log, queues=queues, name=name, cwd=REPO_ROOT)
         self.settings = settings
+
+
+def stored_rows(settings: Settings, query_ids: list[str]) -> dict[str, tuple[Query, int, int]]:
+    """Per query id: (the stored query, answers stored for it, stats rows stored for it)."""
+    engine = make_engine(settings)
+    out = {}
+    with make_session_factory(engine)() as session:
+        for query_id in query_ids:
+            qid = uuid.UUID(query_id)
+            query = session.get(Query, qid)
+            assert query is not None, query_id
+            answers = session.scalar(
+                select(func.count()).select_from(Answer).where(Answer.query_id == qid)
+            )
+            stats = session.scalar(
+                select(func.count())
+                .select_from(GenerationStatsRecord)
+                .where(GenerationStatsRecord.query_id == qid)
+            )
+            out[query_id] = (query, int(answers or 0), int(stats or 0))
+    engine.dispose()
+    return out

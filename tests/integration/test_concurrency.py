@@ -9,17 +9,20 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from sqlalchemy import func, select
 
 from app.client import SpecragClient
-from app.db import Answer, GenerationStatsRecord, Query, make_engine, make_session_factory
 from app.settings import Settings
-from tests.integration.helpers import ApiServer, RedisServer, WorkerProcess, settings_env
+from tests.integration.helpers import (
+    ApiServer,
+    RedisServer,
+    WorkerProcess,
+    settings_env,
+    stored_rows,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -28,30 +31,10 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 def _rows(settings: Settings, ids: list[str]) -> dict[str, tuple[str, str | None, int, int, int]]:
     """Per query: (status, worker_host, attempts, answers stored, stats stored)."""
-    engine = make_engine(settings)
-    out = {}
-    with make_session_factory(engine)() as session:
-        for query_id in ids:
-            qid = uuid.UUID(query_id)
-            query = session.get(Query, qid)
-            assert query is not None
-            answers = session.scalar(
-                select(func.count()).select_from(Answer).where(Answer.query_id == qid)
-            )
-            stats = session.scalar(
-                select(func.count())
-                .select_from(GenerationStatsRecord)
-                .where(GenerationStatsRecord.query_id == qid)
-            )
-            out[query_id] = (
-                query.status,
-                query.worker_host,
-                query.attempts,
-                int(answers or 0),
-                int(stats or 0),
-            )
-    engine.dispose()
-    return out
+    return {
+        query_id: (query.status, query.worker_host, query.attempts, answers, stats)
+        for query_id, (query, answers, stats) in stored_rows(settings, ids).items()
+    }
 
 
 def _private(settings: Settings, redis: RedisServer, **update: object) -> Settings:

@@ -7,37 +7,21 @@ cannot disturb the session's shared worker.
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Callable
 
 import pytest
 import redis
-from sqlalchemy import func, select
 
 from app.client import SpecragClient
-from app.db import Answer, GenerationStatsRecord, Query, make_engine, make_session_factory
+from app.db import Query
 from app.settings import Settings
-from tests.integration.helpers import ApiServer, RedisServer, WorkerProcess
+from tests.integration.helpers import ApiServer, RedisServer, WorkerProcess, stored_rows
 
 pytestmark = pytest.mark.integration
 
 
 def _row(settings: Settings, query_id: str) -> tuple[Query, int, int]:
-    engine = make_engine(settings)
-    qid = uuid.UUID(query_id)
-    with make_session_factory(engine)() as session:
-        query = session.get(Query, qid)
-        answers = session.scalar(
-            select(func.count()).select_from(Answer).where(Answer.query_id == qid)
-        )
-        stats = session.scalar(
-            select(func.count())
-            .select_from(GenerationStatsRecord)
-            .where(GenerationStatsRecord.query_id == qid)
-        )
-    engine.dispose()
-    assert query is not None
-    return query, int(answers or 0), int(stats or 0)
+    return stored_rows(settings, [query_id])[query_id]
 
 
 def test_broker_down_at_submit_gives_202_and_the_query_is_answered_later(
