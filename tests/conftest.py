@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -42,9 +43,9 @@ def _pg_admin_url() -> str | None:
     return None
 
 
-@pytest.fixture(scope="session")
-def pg_url() -> Iterator[str]:
-    """The URL of a PostgreSQL database created empty for this test session, dropped after."""
+@contextmanager
+def fresh_pg_database() -> Iterator[str]:
+    """Create an empty PostgreSQL database, yield its URL, drop it after (skips without one)."""
     import psycopg
 
     admin = _pg_admin_url()
@@ -56,9 +57,18 @@ def pg_url() -> Iterator[str]:
     raw = admin.replace("postgresql+psycopg://", "postgresql://")
     with psycopg.connect(raw, autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
-    yield admin.rsplit("/", 1)[0] + f"/{name}"
-    with psycopg.connect(raw, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    try:
+        yield admin.rsplit("/", 1)[0] + f"/{name}"
+    finally:
+        with psycopg.connect(raw, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(scope="session")
+def pg_url() -> Iterator[str]:
+    """The URL of a PostgreSQL database created empty for this test session, dropped after."""
+    with fresh_pg_database() as url:
+        yield url
 
 
 @pytest.fixture(scope="session")

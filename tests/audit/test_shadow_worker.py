@@ -4,8 +4,8 @@ the answer task queues the baseline on the batch queue, the worker decodes it, t
 from __future__ import annotations
 
 import json
+import shutil
 import time
-import uuid
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -18,40 +18,41 @@ from app.audit import render_report
 from app.audit.records import ShadowRun
 from app.db.models import utcnow
 from app.settings import Settings
+from benchmarks.support import RedisServer
+from tests.conftest import fresh_pg_database
+from tests.integration.helpers import WorkerProcess
 
 pytestmark = pytest.mark.integration
 CORPUS = Path(__file__).resolve().parents[2] / "demo" / "corpus"
 
 
 @pytest.fixture(scope="module")
-def settings(
-    pg_url: str, redis_url: str, tiny_models: dict[str, Path], tmp_path_factory: Any
-) -> Iterator[Settings]:
-    """Settings on a PostgreSQL database of this module's own, every greedy answer sampled."""
-    import psycopg
-
+def settings(tiny_models: dict[str, Path], tmp_path_factory: Any) -> Iterator[Settings]:
+    """A deployment of this module's own: a fresh PostgreSQL database and a private
+    redis-server (the session's worker, alive here in some test orders, must not take this
+    module's messages), every greedy answer sampled."""
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not installed")
     from app.db.schema import upgrade
 
-    name = f"specrag_shadow_{uuid.uuid4().hex[:8]}"
-    raw = pg_url.replace("postgresql+psycopg://", "postgresql://")
-    with psycopg.connect(raw, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    url = pg_url.rsplit("/", 1)[0] + f"/{name}"
-    engine = create_engine(url)
-    upgrade(engine)
-    engine.dispose()
-    yield Settings(
-        data_dir=tmp_path_factory.mktemp("shadow_worker"), database_url=url, broker_url=redis_url,
-        target_model=tiny_models["target"], draft_model=tiny_models["draft"], device="cpu",
-        default_max_tokens=10, shadow_sample_rate=1.0,
-    )  # fmt: skip
-    with psycopg.connect(raw, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with fresh_pg_database() as url:
+        engine = create_engine(url)
+        upgrade(engine)
+        engine.dispose()
+        broker = RedisServer(tmp_path_factory.mktemp("shadow_redis"))
+        broker.start()
+        try:
+            yield Settings(
+                data_dir=tmp_path_factory.mktemp("shadow_worker"), database_url=url,
+                broker_url=broker.url(0), target_model=tiny_models["target"],
+                draft_model=tiny_models["draft"], device="cpu", default_max_tokens=10,
+                shadow_sample_rate=1.0,
+            )  # fmt: skip
+        finally:
+            broker.stop()
 
 
-def test_live_worker_decodes_the_shadow_baseline(settings: Settings) -> None:
-    from celery.contrib.testing.worker import start_worker
-
+def test_live_worker_decodes_the_shadow_baseline(settings: Settings, tmp_path: Path) -> None:
     from app.db import prepare
     from app.queries import create_query, get_or_create_tenant, validate_request, wait_for
     from app.resources import Resources
@@ -61,8 +62,11 @@ def test_live_worker_decodes_the_shadow_baseline(settings: Settings) -> None:
     report = Resources(settings, sf).retrieval.ingest([CORPUS / "assert.md"], collection="docs")
     assert report.ok
     app = create_celery(settings)
-    with start_worker(app, pool="solo", concurrency=1, perform_ping_check=False,
-                      queues=["answer", "batch"], shutdown_timeout=30):  # fmt: skip
+    # A worker subprocess, not an in-process one: stopping an in-process Celery worker sets
+    # module-global stop flags that would stop the session's in-process worker too.
+    worker = WorkerProcess(settings, tmp_path / "worker.log", "shadow", "answer,batch").start()
+    try:
+        worker.wait_ready()
         with sf() as session:
             tenant = get_or_create_tenant(session, "default")
             request = validate_request(settings, {"question": "What does assert do?",
@@ -77,6 +81,8 @@ def test_live_worker_decodes_the_shadow_baseline(settings: Settings) -> None:
             if run is not None and run.status in ("done", "failed") or time.monotonic() > deadline:
                 break
             time.sleep(0.2)
+    finally:
+        worker.stop()
     assert run is not None and run.status == "done", run and (run.status, run.error)
     assert run.mismatched_tokens == 0 and run.baseline_token_ids == run.speculative_token_ids
     now = utcnow()

@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from app.settings import Settings
+from tests.conftest import fresh_pg_database
 from tests.integration.helpers import ApiServer, RedisServer, WorkerProcess
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -43,13 +45,12 @@ def service_settings(
     )
 
 
-@pytest.fixture(scope="session")
-def keys(service_settings: Settings) -> dict[str, str]:
+def make_keys(settings: Settings) -> dict[str, str]:
     """API keys: tenant ``acme`` (owns the collection), tenant ``globex``, and an admin of acme."""
     from app.db import make_engine, make_session_factory
     from app.keys import create_key
 
-    engine = make_engine(service_settings)
+    engine = make_engine(settings)
     with make_session_factory(engine)() as session:
         made = {
             "acme": create_key(session, "acme"),
@@ -60,20 +61,63 @@ def keys(service_settings: Settings) -> dict[str, str]:
     return made
 
 
-@pytest.fixture(scope="session")
-def ingested(service_settings: Settings) -> str:
-    """The collection ``docs`` of tenant ``acme``, ingested from three demo corpus files."""
+def ingest_corpus(settings: Settings) -> str:
+    """Ingest three demo corpus files as tenant ``acme``'s collection ``docs``; return its name."""
     from app.db import prepare
     from app.resources import Resources
 
-    engine, session_factory = prepare(service_settings)
+    engine, session_factory = prepare(settings)
     corpus = REPO_ROOT / "demo" / "corpus"
-    report = Resources(service_settings, session_factory).retrieval.ingest(
+    report = Resources(settings, session_factory).retrieval.ingest(
         [corpus / name for name in CORPUS_FILES], collection=COLLECTION, tenant="acme"
     )
     engine.dispose()
     assert report.ok, report.to_dict()
     return COLLECTION
+
+
+@pytest.fixture(scope="session")
+def keys(service_settings: Settings) -> dict[str, str]:
+    """API keys of the session's deployment (``make_keys``)."""
+    return make_keys(service_settings)
+
+
+@pytest.fixture(scope="session")
+def ingested(service_settings: Settings) -> str:
+    """The collection ``docs`` of tenant ``acme``, ingested from three demo corpus files."""
+    return ingest_corpus(service_settings)
+
+
+@dataclass
+class Deployment:
+    """A deployment of a test's own: settings on a fresh database, its keys and collection."""
+
+    settings: Settings
+    keys: dict[str, str]
+    collection: str
+
+
+@pytest.fixture
+def private_deployment(service_settings: Settings, tmp_path: Path) -> Iterator[Deployment]:
+    """``service_settings`` on a fresh migrated PostgreSQL database and data dir of this test.
+
+    For tests that run their own broker and workers. One database is one deployment: on the
+    session's database, the sweepers of the session's API and worker (alive once an earlier test
+    started them) would re-queue this test's stale queries to the session's broker, where the
+    session's worker answers them; whether they do depends on test order.
+    """
+    from sqlalchemy import create_engine
+
+    from app.db.schema import upgrade
+
+    with fresh_pg_database() as url:
+        engine = create_engine(url)
+        upgrade(engine)
+        engine.dispose()
+        settings = service_settings.model_copy(
+            update={"database_url": url, "data_dir": tmp_path / "deployment"}
+        )
+        yield Deployment(settings, make_keys(settings), ingest_corpus(settings))
 
 
 @pytest.fixture(scope="session")

@@ -16,6 +16,7 @@ import pytest
 
 from app.client import SpecragClient
 from app.settings import Settings
+from tests.integration.conftest import Deployment
 from tests.integration.helpers import (
     ApiServer,
     RedisServer,
@@ -37,21 +38,20 @@ def _rows(settings: Settings, ids: list[str]) -> dict[str, tuple[str, str | None
     }
 
 
-def _private(settings: Settings, redis: RedisServer, **update: object) -> Settings:
-    """``settings`` on the private Redis, with the threads pool and ``update``."""
-    return settings.model_copy(
+def _private(deployment: Deployment, redis: RedisServer, **update: object) -> Settings:
+    """The test's own deployment on the private Redis, with the threads pool and ``update``."""
+    return deployment.settings.model_copy(
         update={"broker_url": redis.url(1), "worker_pool": "threads", **update}
     )
 
 
 def test_sigkill_of_a_worker_holding_eight_queries_leaves_each_answered_once_by_another(
-    service_settings: Settings,
+    private_deployment: Deployment,
     private_redis: RedisServer,
-    keys: dict[str, str],
-    ingested: str,
     worker_process: Callable[..., WorkerProcess],
 ) -> None:
-    settings = _private(service_settings, private_redis, worker_concurrency=8)
+    keys, ingested = private_deployment.keys, private_deployment.collection
+    settings = _private(private_deployment, private_redis, worker_concurrency=8)
     first = worker_process(settings, "first")
     first.wait_ready()
     with ApiServer(settings) as api, SpecragClient(api.url, keys["acme"]) as client:
@@ -82,13 +82,12 @@ def test_sigkill_of_a_worker_holding_eight_queries_leaves_each_answered_once_by_
 
 
 def test_a_burst_is_answered_once_each_with_greedy_answers_identical_to_one_at_a_time(
-    service_settings: Settings,
+    private_deployment: Deployment,
     private_redis: RedisServer,
-    keys: dict[str, str],
-    ingested: str,
     worker_process: Callable[..., WorkerProcess],
 ) -> None:
-    settings = _private(service_settings, private_redis, worker_concurrency=4)
+    keys, ingested = private_deployment.keys, private_deployment.collection
+    settings = _private(private_deployment, private_redis, worker_concurrency=4)
     worker = worker_process(settings, "burst")
     worker.wait_ready()
     questions = [f"What does {w} do?" for w in ("assert", "pass", "del")] * 4

@@ -21,6 +21,7 @@ from app.client import SpecragClient
 from app.db import Answer, GenerationStatsRecord, Query, make_engine, make_session_factory
 from app.metrics import STAGES
 from app.settings import Settings
+from tests.integration.conftest import Deployment
 from tests.integration.helpers import ApiServer, RedisServer, WorkerProcess, free_port
 
 pytestmark = pytest.mark.integration
@@ -96,14 +97,13 @@ def _forget(settings: Settings, query_id: str) -> None:
 
 
 def test_worker_counters_equal_the_stored_stats_of_its_answers(
-    service_settings: Settings,
+    private_deployment: Deployment,
     private_redis: RedisServer,
-    keys: dict[str, str],
-    ingested: str,
     worker_process: Callable[..., WorkerProcess],
 ) -> None:
+    keys, ingested = private_deployment.keys, private_deployment.collection
     port = free_port()
-    settings = service_settings.model_copy(
+    settings = private_deployment.settings.model_copy(
         update={
             "broker_url": private_redis.url(3),
             "metrics_port": port,

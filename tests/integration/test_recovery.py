@@ -15,6 +15,7 @@ import redis
 from app.client import SpecragClient
 from app.db import Query
 from app.settings import Settings
+from tests.integration.conftest import Deployment
 from tests.integration.helpers import ApiServer, RedisServer, WorkerProcess, stored_rows
 
 pytestmark = pytest.mark.integration
@@ -25,13 +26,12 @@ def _row(settings: Settings, query_id: str) -> tuple[Query, int, int]:
 
 
 def test_broker_down_at_submit_gives_202_and_the_query_is_answered_later(
-    service_settings: Settings,
+    private_deployment: Deployment,
     private_redis: RedisServer,
-    keys: dict[str, str],
-    ingested: str,
     worker_process: Callable[..., WorkerProcess],
 ) -> None:
-    settings = service_settings.model_copy(update={"broker_url": private_redis.url(1)})
+    keys, ingested = private_deployment.keys, private_deployment.collection
+    settings = private_deployment.settings.model_copy(update={"broker_url": private_redis.url(1)})
     with ApiServer(settings) as api, SpecragClient(api.url, keys["acme"]) as client:
         private_redis.stop()
         started = time.monotonic()
@@ -54,13 +54,12 @@ def test_broker_down_at_submit_gives_202_and_the_query_is_answered_later(
 
 
 def test_worker_killed_mid_answer_is_requeued_and_completes_once(
-    service_settings: Settings,
+    private_deployment: Deployment,
     private_redis: RedisServer,
-    keys: dict[str, str],
-    ingested: str,
     worker_process: Callable[..., WorkerProcess],
 ) -> None:
-    settings = service_settings.model_copy(update={"broker_url": private_redis.url(2)})
+    keys, ingested = private_deployment.keys, private_deployment.collection
+    settings = private_deployment.settings.model_copy(update={"broker_url": private_redis.url(2)})
     first = worker_process(settings, "first")
     first.wait_ready()
     with ApiServer(settings) as api, SpecragClient(api.url, keys["acme"]) as client:

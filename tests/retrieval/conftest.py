@@ -30,10 +30,14 @@ def embedder() -> Embedder:
 
 
 @pytest.fixture(scope="session")
-def pg_session_factory(pg_url: str) -> Iterator[sessionmaker[Session]]:
-    """Sessions on the session's fresh PostgreSQL database, retrieval tables created."""
-    engine = create_engine(pg_url)
-    metadata.create_all(engine)
+def pg_session_factory(migrated_pg_url: str) -> Iterator[sessionmaker[Session]]:
+    """Sessions on the session's fresh PostgreSQL database, migrated to head.
+
+    The migrations, not ``create_all``: other folders' tests share this database and migrate
+    it, and tables made by ``create_all`` first would make their ``upgrade`` fail (DuplicateTable)
+    in any test order that runs retrieval first.
+    """
+    engine = create_engine(migrated_pg_url)
     yield sessionmaker(engine, expire_on_commit=False)
     engine.dispose()
 
