@@ -84,9 +84,9 @@ def migrated_pg_url(pg_url: str) -> str:
     return pg_url
 
 
-@pytest.fixture(scope="session")
-def redis_url() -> Iterator[str]:
-    """A Redis URL on a database number no other test session holds, flushed before and after."""
+@contextmanager
+def claimed_redis_db() -> Iterator[str]:
+    """Yield the URL of a Redis database number no other holder has, flushed before and after."""
     import redis
 
     client = redis.Redis(host=REDIS_HOST, port=REDIS_PORT, db=0, socket_connect_timeout=2)
@@ -104,9 +104,26 @@ def redis_url() -> Iterator[str]:
         pytest.skip("no free Redis database number (1-15) for this test session")
     db = redis.Redis(host=REDIS_HOST, port=REDIS_PORT, db=claimed)
     db.flushdb()
-    yield f"redis://{REDIS_HOST}:{REDIS_PORT}/{claimed}"
-    db.flushdb()
-    client.delete(f"specrag-test-db-claim:{claimed}")
+    try:
+        yield f"redis://{REDIS_HOST}:{REDIS_PORT}/{claimed}"
+    finally:
+        db.flushdb()
+        client.delete(f"specrag-test-db-claim:{claimed}")
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> Iterator[str]:
+    """A Redis URL on a database number no other test session holds, flushed before and after."""
+    with claimed_redis_db() as url:
+        yield url
+
+
+@pytest.fixture
+def private_redis_db() -> Iterator[str]:
+    """A Redis database of this test's own on the shared server (it may flush it; the session's
+    worker, alive in some test orders, consumes the queues of ``redis_url``)."""
+    with claimed_redis_db() as url:
+        yield url
 
 
 @pytest.fixture(scope="session")
@@ -150,7 +167,15 @@ def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 # What a test needs decides its marks, so that a new test cannot forget them: ``make test-fast``
 # runs what is left (`-m "not integration and not models"`), ``make test`` runs everything.
-LIVE_FIXTURES = {"pg_url", "migrated_pg_url", "redis_url", "private_redis", "pg_session_factory"}
+LIVE_FIXTURES = {
+    "pg_url",
+    "migrated_pg_url",
+    "redis_url",
+    "private_redis",
+    "private_redis_db",
+    "pg_session_factory",
+    "batch_env",
+}
 """Fixtures that need a live PostgreSQL or Redis (every fixture built on them counts too)."""
 MODEL_FIXTURES = {"tiny_models", "embedder", "demo_dirs", "live"}
 """Fixtures that load real weights: tiny random model pairs, MiniLM, the shipped demo pair."""

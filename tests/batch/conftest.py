@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import DEMO_CORPUS, REPO_ROOT
+from tests.conftest import DEMO_CORPUS, REPO_ROOT, claimed_redis_db, fresh_pg_database
 from workers import process
 
 COLLECTION = "demo"
@@ -20,17 +20,32 @@ CORPUS_FILES = ("assert.md", "assignment.md", "async.md", "atom-identifiers.md")
 
 @pytest.fixture(scope="session")
 def batch_env(
-    migrated_pg_url: str,
-    redis_url: str,
-    tiny_models: dict[str, Path],
-    tmp_path_factory: pytest.TempPathFactory,
+    tiny_models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, str]]:
+    """SPECRAG_* environment for the test process and its workers (fast reaping and watchdog).
+
+    A deployment of the batch tests' own (a fresh database, a Redis database number of their
+    own): the session's in-process worker, where an earlier test started it, consumes the batch
+    queue of the session's broker and would take these tests' chunks.
+    """
+    from sqlalchemy import create_engine
+
+    from app.db.schema import upgrade
+
+    with fresh_pg_database() as database_url, claimed_redis_db() as broker_url:
+        engine = create_engine(database_url)
+        upgrade(engine)
+        engine.dispose()
+        yield _env(database_url, broker_url, tiny_models, tmp_path_factory.mktemp("batch_data"))
+
+
+def _env(
+    database_url: str, broker_url: str, tiny_models: dict[str, Path], data_dir: Path
 ) -> dict[str, str]:
-    """SPECRAG_* environment for the test process and its workers (fast reaping and watchdog)."""
-    data_dir = tmp_path_factory.mktemp("batch_data")
-    env = {
+    return {
         "SPECRAG_DATA_DIR": str(data_dir),
-        "SPECRAG_DATABASE_URL": migrated_pg_url,
-        "SPECRAG_BROKER_URL": redis_url,
+        "SPECRAG_DATABASE_URL": database_url,
+        "SPECRAG_BROKER_URL": broker_url,
         "SPECRAG_TARGET_MODEL": str(tiny_models["target"]),
         "SPECRAG_DRAFT_MODEL": str(tiny_models["draft"]),
         "SPECRAG_DEVICE": "cpu",
@@ -45,7 +60,6 @@ def batch_env(
         "TOKENIZERS_PARALLELISM": "false",
         "OMP_NUM_THREADS": "1",
     }
-    return env
 
 
 @pytest.fixture(scope="session")

@@ -115,7 +115,7 @@ def test_the_watcher_cancels_within_a_poll_of_work_arriving() -> None:
         preemptor.stop()
 
 
-def test_an_announcement_preempts_long_before_the_next_poll(redis_url: str) -> None:
+def test_an_announcement_preempts_long_before_the_next_poll(private_redis_db: str) -> None:
     """Real Redis pub/sub: send_query on 'answer' announces; the watcher checks at once."""
     import redis
 
@@ -124,10 +124,10 @@ def test_an_announcement_preempts_long_before_the_next_poll(redis_url: str) -> N
     from workers.batch_tasks import answer_waiting
     from workers.wakeup import listener
 
-    app = create_celery(Settings(broker_url=redis_url))
-    redis.Redis.from_url(redis_url).flushdb()
-    wake = listener(redis_url)
-    assert wake is not None and listener(redis_url) is wake  # one subscriber per process
+    app = create_celery(Settings(broker_url=private_redis_db))
+    redis.Redis.from_url(private_redis_db).flushdb()
+    wake = listener(private_redis_db)
+    assert wake is not None and listener(private_redis_db) is wake  # one subscriber per process
     time.sleep(0.3)  # the subscriber thread is connected
     # A 10 s poll: only the announcement can make this cancel within the test.
     preemptor = Preemptor(1, lambda: answer_waiting(app), poll=10.0, wakeup=wake).start()
@@ -141,17 +141,17 @@ def test_an_announcement_preempts_long_before_the_next_poll(redis_url: str) -> N
                 send_query(app, f"00000000-0000-0000-0000-00000000000{i}", "answer")
                 assert handle.cancelled.wait(5.0), "the announcement did not preempt"
                 delays.append(time.monotonic() - sent)
-            redis.Redis.from_url(redis_url).flushdb()
+            redis.Redis.from_url(private_redis_db).flushdb()
     finally:
         preemptor.stop()
     assert max(delays) < 0.25, delays
 
 
-def test_an_announcement_without_waiting_work_preempts_nothing(redis_url: str) -> None:
+def test_an_announcement_without_waiting_work_preempts_nothing(private_redis_db: str) -> None:
     """Announced, but the message was already taken (queue empty): the item keeps running."""
     from workers.wakeup import announce, listener
 
-    wake = listener(redis_url)
+    wake = listener(private_redis_db)
     time.sleep(0.3)
     checks: list[float] = []
 
@@ -164,7 +164,7 @@ def test_an_announcement_without_waiting_work_preempts_nothing(redis_url: str) -
         with tasks(preemptor, ["batch"]) as handles:
             time.sleep(0.1)  # the watcher's look at the task's start is done
             checks.clear()
-            announce(redis_url)
+            announce(private_redis_db)
             deadline = time.monotonic() + 5
             while not checks and time.monotonic() < deadline:
                 time.sleep(0.01)
@@ -174,15 +174,15 @@ def test_an_announcement_without_waiting_work_preempts_nothing(redis_url: str) -
         preemptor.stop()
 
 
-def test_answer_waiting_sees_interactive_messages_on_real_redis(redis_url: str) -> None:
+def test_answer_waiting_sees_interactive_messages_on_real_redis(private_redis_db: str) -> None:
     import redis
 
     from app.settings import Settings
     from workers import chunk_signature, create_celery, send_query
     from workers.batch_tasks import answer_waiting
 
-    app = create_celery(Settings(broker_url=redis_url))
-    client = redis.Redis.from_url(redis_url)
+    app = create_celery(Settings(broker_url=private_redis_db))
+    client = redis.Redis.from_url(private_redis_db)
     client.flushdb()
     chunk_signature(app, "00000000-0000-0000-0000-000000000000", 0).apply_async()
     send_query(app, "00000000-0000-0000-0000-000000000001", "batch")
