@@ -51,12 +51,17 @@ def test_sigkill_of_a_worker_holding_eight_queries_leaves_each_answered_once_by_
     worker_process: Callable[..., WorkerProcess],
 ) -> None:
     keys, ingested = private_deployment.keys, private_deployment.collection
-    settings = _private(private_deployment, private_redis, worker_concurrency=8)
+    # Long answers (the tiny pair decodes hundreds of tokens a second): all 8 must still be
+    # running when the last is claimed, however slowly a loaded machine claims them. With 200
+    # tokens the first answers finished before the eighth was claimed in a CI run.
+    settings = _private(
+        private_deployment, private_redis, worker_concurrency=8, max_tokens_limit=1500
+    )
     first = worker_process(settings, "first")
     first.wait_ready()
     with ApiServer(settings) as api, SpecragClient(api.url, keys["acme"]) as client:
         ids = [
-            client.submit(f"What does assert do? ({i})", ingested, max_tokens=200, method="none")
+            client.submit(f"What does assert do? ({i})", ingested, max_tokens=1500, method="none")
             for i in range(8)
         ]
         deadline = time.monotonic() + 60

@@ -59,12 +59,15 @@ def test_worker_killed_mid_answer_is_requeued_and_completes_once(
     worker_process: Callable[..., WorkerProcess],
 ) -> None:
     keys, ingested = private_deployment.keys, private_deployment.collection
-    settings = private_deployment.settings.model_copy(update={"broker_url": private_redis.url(2)})
+    # A long answer (the tiny pair decodes hundreds of tokens a second): still running when the
+    # kill lands, however slowly a loaded machine polls.
+    settings = private_deployment.settings.model_copy(
+        update={"broker_url": private_redis.url(2), "max_tokens_limit": 1500}
+    )
     first = worker_process(settings, "first")
     first.wait_ready()
     with ApiServer(settings) as api, SpecragClient(api.url, keys["acme"]) as client:
-        # Long enough to be killed in the middle: hundreds of tokens from the tiny pair.
-        query_id = client.submit("What does assert do?", ingested, max_tokens=120, method="none")
+        query_id = client.submit("What does assert do?", ingested, max_tokens=1500, method="none")
         deadline = time.monotonic() + 60
         while client.get(query_id)["status"] != "running":
             assert time.monotonic() < deadline, "the worker never started the query"
