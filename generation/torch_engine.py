@@ -20,6 +20,7 @@ import torch
 
 from generation.adaptive import AdaptiveK, CostModel, RecentAcceptance
 from generation.base import GenerationResult, check_prompt
+from generation.batching import DEFAULT_PREFILL_CHUNK
 from generation.costs import measure_costs, time_batch_steps
 from generation.engine_loop import EngineLoop, run_many
 from generation.forward import Forward, forward_for
@@ -260,9 +261,14 @@ class SpeculativeEngine:
             self._step_costs = StepCosts(timer, self.max_speculative_tokens)
         return self._step_costs
 
-    def start_loop(self, max_batch_size: int | None = None) -> EngineLoop:
-        """Return a running ``EngineLoop`` (continuous batching) over this engine."""
-        return EngineLoop(self, max_batch_size or self.max_batch_size)
+    def start_loop(
+        self, max_batch_size: int | None = None, *, prefill_chunk: int = DEFAULT_PREFILL_CHUNK
+    ) -> EngineLoop:
+        """Return a running ``EngineLoop`` (continuous batching) over this engine.
+
+        ``prefill_chunk``: most prompt tokens prefilled per step (``SPECRAG_PREFILL_CHUNK``).
+        """
+        return EngineLoop(self, max_batch_size or self.max_batch_size, prefill_chunk)
 
     def generate_many(
         self,

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from app.resources import loop_options
 from app.serving import (
     DEFAULT_CONCURRENCY,
     check_concurrency,
@@ -41,3 +42,23 @@ def test_an_engine_that_states_its_limit_is_held_to_it() -> None:
     check_concurrency(Limited(), 8)
     with pytest.raises(ValueError, match="holds at most 8"):
         check_concurrency(Limited(), 9)
+
+
+def test_the_prefill_chunk_setting_reaches_the_torch_engine_loop(
+    tiny_models: dict[str, Path],
+) -> None:
+    from generation import SpeculativeEngine
+    from tests.fakes import FakeEngine
+
+    settings = Settings(device="cpu", prefill_chunk=96)
+    engine = SpeculativeEngine.from_pretrained(tiny_models["target"], tiny_models["draft"])
+    options = loop_options(engine.start_loop, settings)
+    assert options == {"prefill_chunk": 96}
+    loop = engine.start_loop(2, **options)
+    try:
+        assert loop._batch.scheduler.prefill_chunk == 96
+    finally:
+        loop.close()
+    assert loop_options(FakeEngine().start_loop, settings) == {}  # an engine without the knob
+    with pytest.raises(ValueError, match="prefill_chunk"):
+        Settings(prefill_chunk=0)
