@@ -91,7 +91,7 @@ class Resources:
                         "a worker needs one to hold queries in flight"
                     )
                 self._loop = cast(
-                    "GenerationLoop", start(concurrency, **loop_options(start, self.settings))
+                    "GenerationLoop", start(concurrency, prefill_chunk=self.settings.prefill_chunk)
                 )
                 log.info("engine loop started: %s queries in flight", concurrency)
             return self._loop
@@ -169,14 +169,6 @@ class Resources:
             if callable(warmup):
                 warmup(**_batch_warmup(warmup, self.settings))
             self.loop  # noqa: B018 - started (and its concurrency checked) before any query
-
-
-def loop_options(start: Any, settings: Settings) -> dict[str, Any]:
-    """``prefill_chunk`` for an engine loop that takes it (the torch engine; vLLM schedules its
-    own prefill)."""
-    if "prefill_chunk" not in inspect.signature(start).parameters:
-        return {}
-    return {"prefill_chunk": settings.prefill_chunk}
 
 
 def _batch_warmup(warmup: Any, settings: Settings) -> dict[str, Any]:

@@ -118,8 +118,14 @@ class Engine(Protocol):
         """One result per prompt, in input order, generated as one continuous batch."""
         ...
 
-    def start_loop(self, max_batch_size: int | None = None) -> GenerationLoop:
-        """A running online loop (continuous batching) over this engine."""
+    def start_loop(
+        self, max_batch_size: int | None = None, *, prefill_chunk: int | None = None
+    ) -> GenerationLoop:
+        """A running online loop (continuous batching) over this engine.
+
+        ``prefill_chunk``: most prompt tokens prefilled per step while others decode (None: the
+        engine's default; an engine that schedules its own prefill, as vLLM, ignores it).
+        """
         ...
 
 

@@ -262,13 +262,15 @@ class SpeculativeEngine:
         return self._step_costs
 
     def start_loop(
-        self, max_batch_size: int | None = None, *, prefill_chunk: int = DEFAULT_PREFILL_CHUNK
+        self, max_batch_size: int | None = None, *, prefill_chunk: int | None = None
     ) -> EngineLoop:
         """Return a running ``EngineLoop`` (continuous batching) over this engine.
 
-        ``prefill_chunk``: most prompt tokens prefilled per step (``SPECRAG_PREFILL_CHUNK``).
+        ``prefill_chunk``: most prompt tokens prefilled per step while others decode
+        (``SPECRAG_PREFILL_CHUNK``; None: ``DEFAULT_PREFILL_CHUNK``).
         """
-        return EngineLoop(self, max_batch_size or self.max_batch_size, prefill_chunk)
+        chunk = DEFAULT_PREFILL_CHUNK if prefill_chunk is None else prefill_chunk
+        return EngineLoop(self, max_batch_size or self.max_batch_size, chunk)
 
     def generate_many(
         self,

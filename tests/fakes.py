@@ -160,8 +160,10 @@ class FakeEngine:
                 raise ValueError(f"prompts[{index}]: {exc}") from exc
         return [self.generate(prompt, p) for prompt, p in zip(prompts, per_prompt, strict=True)]
 
-    def start_loop(self, max_batch_size: int | None = None) -> FakeLoop:
-        """A ``GenerationLoop`` over this engine (see ``FakeLoop``)."""
+    def start_loop(
+        self, max_batch_size: int | None = None, *, prefill_chunk: int | None = None
+    ) -> FakeLoop:
+        """A ``GenerationLoop`` over this engine (see ``FakeLoop``; no prefill to chunk)."""
         return FakeLoop(self)
 
 

@@ -192,8 +192,12 @@ class VLLMEngine:
                 f"num_speculative_tokens={params.num_speculative_tokens!r}"
             )
 
-    def start_loop(self, max_batch_size: int | None = None) -> VLLMLoop:
+    def start_loop(
+        self, max_batch_size: int | None = None, *, prefill_chunk: int | None = None
+    ) -> VLLMLoop:
         """Return an online loop holding at most ``max_batch_size`` requests in vLLM at once.
+
+        ``prefill_chunk`` is ignored: vLLM chunks prefill by its own scheduler's token budget.
 
         ``None`` means ``DEFAULT_CONCURRENCY``. Refused (ValueError naming the limit) above the
         ``max_num_seqs`` vLLM was started with. Every loop of an engine shares the engine's one

@@ -6,7 +6,6 @@ from pathlib import Path
 
 import pytest
 
-from app.resources import loop_options
 from app.serving import (
     DEFAULT_CONCURRENCY,
     check_concurrency,
@@ -45,20 +44,25 @@ def test_an_engine_that_states_its_limit_is_held_to_it() -> None:
 
 
 def test_the_prefill_chunk_setting_reaches_the_torch_engine_loop(
-    tiny_models: dict[str, Path],
+    tiny_models: dict[str, Path], tmp_path: Path
 ) -> None:
+    from app.db import prepare
+    from app.resources import Resources
     from generation import SpeculativeEngine
-    from tests.fakes import FakeEngine
 
-    settings = Settings(device="cpu", prefill_chunk=96)
-    engine = SpeculativeEngine.from_pretrained(tiny_models["target"], tiny_models["draft"])
-    options = loop_options(engine.start_loop, settings)
-    assert options == {"prefill_chunk": 96}
-    loop = engine.start_loop(2, **options)
+    settings = Settings(
+        data_dir=tmp_path, device="cpu", prefill_chunk=96, worker_concurrency=2,
+        target_model=tiny_models["target"], draft_model=tiny_models["draft"],
+    )  # fmt: skip
+    engine, session_factory = prepare(settings)
+    resources = Resources(settings, session_factory)
     try:
-        assert loop._batch.scheduler.prefill_chunk == 96
+        loop = resources.loop  # what a worker starts: the torch engine's EngineLoop
+        assert isinstance(resources.engine, SpeculativeEngine)
+        assert loop._batch.scheduler.prefill_chunk == 96  # type: ignore[attr-defined]
+        assert loop.max_batch_size == 2
     finally:
-        loop.close()
-    assert loop_options(FakeEngine().start_loop, settings) == {}  # an engine without the knob
+        resources.close()
+        engine.dispose()
     with pytest.raises(ValueError, match="prefill_chunk"):
         Settings(prefill_chunk=0)
