@@ -206,11 +206,12 @@ class Settings(BaseSettings):
             "the engine cannot hold them."
         ),
     )
-    prefill_chunk: int = Field(
-        default=512,
+    prefill_chunk: int | None = Field(
+        default=None,
         ge=1,
         description=(
-            "torch engine loop: most prompt tokens prefilled per step while other queries decode. "
+            "Engine loop: most prompt tokens prefilled per step while other queries decode "
+            "(None: the engine's default, 512 on the torch engine). "
             "Smaller keeps running answers smoother when a long prompt arrives, at some "
             "throughput (docs/benchmarks.md, stall: on the CPU demo pair a 1,968-token prompt "
             "stalls them ~550 ms beyond a step at 512, ~60 ms at 128, which cost ~20 % "

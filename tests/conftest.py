@@ -43,9 +43,21 @@ def _pg_admin_url() -> str | None:
     return None
 
 
+def migrate(url: str) -> None:
+    """Apply the migrations up to head to the database at ``url``."""
+    from sqlalchemy import create_engine
+
+    from app.db.schema import upgrade
+
+    engine = create_engine(url)
+    upgrade(engine)
+    engine.dispose()
+
+
 @contextmanager
-def fresh_pg_database() -> Iterator[str]:
-    """Create an empty PostgreSQL database, yield its URL, drop it after (skips without one)."""
+def fresh_pg_database(*, migrated: bool = False) -> Iterator[str]:
+    """Create an empty PostgreSQL database (``migrated``: at head), yield its URL, drop it after
+    (skips without PostgreSQL)."""
     import psycopg
 
     admin = _pg_admin_url()
@@ -58,7 +70,10 @@ def fresh_pg_database() -> Iterator[str]:
     with psycopg.connect(raw, autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
     try:
-        yield admin.rsplit("/", 1)[0] + f"/{name}"
+        url = admin.rsplit("/", 1)[0] + f"/{name}"
+        if migrated:
+            migrate(url)
+        yield url
     finally:
         with psycopg.connect(raw, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
@@ -74,13 +89,7 @@ def pg_url() -> Iterator[str]:
 @pytest.fixture(scope="session")
 def migrated_pg_url(pg_url: str) -> str:
     """``pg_url`` with the migrations applied up to head."""
-    from sqlalchemy import create_engine
-
-    from app.db.schema import upgrade
-
-    engine = create_engine(pg_url)
-    upgrade(engine)
-    engine.dispose()
+    migrate(pg_url)
     return pg_url
 
 

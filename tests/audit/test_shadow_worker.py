@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import create_engine, select
+from sqlalchemy import select
 
 from app.audit import render_report
 from app.audit.records import ShadowRun
@@ -33,12 +33,7 @@ def settings(tiny_models: dict[str, Path], tmp_path_factory: Any) -> Iterator[Se
     module's messages), every greedy answer sampled."""
     if shutil.which("redis-server") is None:
         pytest.skip("redis-server is not installed")
-    from app.db.schema import upgrade
-
-    with fresh_pg_database() as url:
-        engine = create_engine(url)
-        upgrade(engine)
-        engine.dispose()
+    with fresh_pg_database(migrated=True) as url:
         broker = RedisServer(tmp_path_factory.mktemp("shadow_redis"))
         broker.start()
         try:

@@ -28,14 +28,7 @@ def batch_env(
     own): the session's in-process worker, where an earlier test started it, consumes the batch
     queue of the session's broker and would take these tests' chunks.
     """
-    from sqlalchemy import create_engine
-
-    from app.db.schema import upgrade
-
-    with fresh_pg_database() as database_url, claimed_redis_db() as broker_url:
-        engine = create_engine(database_url)
-        upgrade(engine)
-        engine.dispose()
+    with fresh_pg_database(migrated=True) as database_url, claimed_redis_db() as broker_url:
         yield _env(database_url, broker_url, tiny_models, tmp_path_factory.mktemp("batch_data"))
 
 

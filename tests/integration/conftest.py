@@ -106,14 +106,7 @@ def private_deployment(service_settings: Settings, tmp_path: Path) -> Iterator[D
     started them) would re-queue this test's stale queries to the session's broker, where the
     session's worker answers them; whether they do depends on test order.
     """
-    from sqlalchemy import create_engine
-
-    from app.db.schema import upgrade
-
-    with fresh_pg_database() as url:
-        engine = create_engine(url)
-        upgrade(engine)
-        engine.dispose()
+    with fresh_pg_database(migrated=True) as url:
         settings = service_settings.model_copy(
             update={"database_url": url, "data_dir": tmp_path / "deployment"}
         )
