@@ -328,6 +328,8 @@ def _record(
                     score=float(hit.score),
                     title=hit.passage_title,
                     text=hit.text,
+                    dense_rank=hit.dense_rank,
+                    lexical_rank=hit.lexical_rank,
                 )
                 for rank, hit in enumerate(cited, start=1)
             ],

@@ -18,6 +18,7 @@ from sqlalchemy import delete, insert, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from retrieval.records import Chunk, CollectionIndex, Document, IndexChange
+from retrieval.terms import chunk_terms
 from retrieval.vectors import from_bytes, matrix_from_bytes
 
 # The change log keeps this many versions; a host further behind rebuilds from stored vectors.
@@ -62,6 +63,7 @@ class Delta:
     remove_ids: np.ndarray  # [r] int64
     add_ids: np.ndarray  # [a] int64
     add_vectors: np.ndarray  # [a, dim] float32
+    add_terms: list[str]  # [a] stored lexical terms, in add_ids order
 
     def __len__(self) -> int:
         return len(self.remove_ids) + len(self.add_ids)
@@ -74,6 +76,15 @@ class Contents:
     ids: np.ndarray  # [n] int64
     vectors: np.ndarray  # [n, dim] float32
     centroids: np.ndarray | None  # [nlist, dim] float32, IVF only
+    terms: list[str]  # [n] stored lexical terms, in ids order
+
+
+@dataclass
+class Terms:
+    """Every chunk's stored lexical terms at one version, in chunk-id order."""
+
+    ids: np.ndarray  # [n] int64
+    terms: list[str]  # [n]
 
 
 def read_state(session: Session, tenant: str, collection: str) -> IndexState | None:
@@ -148,11 +159,14 @@ def read_delta(
         # By primary key alone: the log names this collection's chunks (a join on documents
         # made PostgreSQL scan every chunk; docs/benchmarks.md, "Scale-out").
         rows += session.execute(
-            select(Chunk.id, Chunk.embedding).where(Chunk.id.in_(batch)).order_by(Chunk.id)
+            select(Chunk.id, Chunk.embedding, Chunk.lexical_terms)
+            .where(Chunk.id.in_(batch))
+            .order_by(Chunk.id)
         ).all()
     # An added chunk that is gone again is not found here: its later removal is in ``removed``.
     ids, vectors = _decode(rows, tenant, collection, state.dim)
-    return Delta(np.asarray(sorted(removed), dtype="int64"), ids, vectors)
+    terms = _terms(session, rows)
+    return Delta(np.asarray(sorted(removed), dtype="int64"), ids, vectors, terms)
 
 
 def read_contents(session: Session, tenant: str, collection: str, state: IndexState) -> Contents:
@@ -162,6 +176,7 @@ def read_contents(session: Session, tenant: str, collection: str, state: IndexSt
     else:
         rows = session.execute(_vectors_query(tenant, collection).order_by(Chunk.id)).all()
     ids, vectors = _decode(rows, tenant, collection, state.dim)
+    terms = _terms(session, rows)
     centroids = None
     if state.kind == "ivf":
         blob = session.scalar(
@@ -170,7 +185,18 @@ def read_contents(session: Session, tenant: str, collection: str, state: IndexSt
         if blob is None:
             raise MissingVectorsError(tenant, collection, 0)
         centroids = matrix_from_bytes(blob, state.dim)
-    return Contents(ids, vectors, centroids)
+    return Contents(ids, vectors, centroids, terms)
+
+
+def read_terms(session: Session, tenant: str, collection: str) -> Terms:
+    """Every chunk's stored lexical terms (for a host whose FAISS index came from its file)."""
+    rows = session.execute(
+        select(Chunk.id, Chunk.id, Chunk.lexical_terms)
+        .join(Document, Chunk.document_id == Document.id)
+        .where(Document.tenant == tenant, Document.collection == collection)
+        .order_by(Chunk.id)
+    ).all()
+    return Terms(np.asarray([r[0] for r in rows], dtype="int64"), _terms(session, rows))
 
 
 def log_changes(
@@ -202,31 +228,48 @@ def prune_log(session: Session, row: CollectionIndex) -> None:
 
 def _vectors_query(tenant: str, collection: str):  # type: ignore[no-untyped-def]
     return (
-        select(Chunk.id, Chunk.embedding)
+        select(Chunk.id, Chunk.embedding, Chunk.lexical_terms)
         .join(Document, Chunk.document_id == Document.id)
         .where(Document.tenant == tenant, Document.collection == collection)
     )
 
 
 def _binary_rows(session: Session, tenant: str, collection: str) -> list[Any]:
-    """``(id, embedding)`` rows in chunk-id order, in PostgreSQL's binary format: bytea as raw
+    """``(id, embedding, lexical_terms)`` rows in chunk-id order, in PostgreSQL's binary format: bytea as raw
     bytes instead of hex text, about twice as fast at 100k chunks (docs/benchmarks.md).
     Runs on the session's own connection, so inside its consistent view."""
     driver: Any = session.connection().connection.driver_connection
     with driver.cursor(binary=True) as cur:
         cur.execute(
-            "SELECT c.id, c.embedding FROM chunks c JOIN documents d ON c.document_id = d.id"
+            "SELECT c.id, c.embedding, c.lexical_terms"
+            " FROM chunks c JOIN documents d ON c.document_id = d.id"
             " WHERE d.tenant = %s AND d.collection = %s ORDER BY c.id",
             (tenant, collection),
         )
         return list(cur.fetchall())
 
 
+def _terms(session: Session, rows: Sequence[Any]) -> list[str]:
+    """The stored terms of ``(chunk id, _, lexical_terms)`` rows; a chunk stored before
+    migration 0008 (NULL) is analysed from its text here, the same way an ingest does."""
+    missing = [r[0] for r in rows if r[2] is None]
+    made: dict[int, str] = {}
+    for start in range(0, len(missing), 5000):
+        found = session.execute(
+            select(Chunk.id, Chunk.title, Chunk.heading, Chunk.text).where(
+                Chunk.id.in_(missing[start : start + 5000])
+            )
+        ).all()
+        made.update((r.id, chunk_terms(r.title, r.heading, r.text)) for r in found)
+    return [r[2] if r[2] is not None else made.get(r[0], "") for r in rows]
+
+
 def _decode(
     rows: Sequence[Any], tenant: str, collection: str, dim: int
 ) -> tuple[np.ndarray, np.ndarray]:
-    """``(ids [n], vectors [n, dim])`` of ``(chunk id, embedding)`` rows; every vector stored."""
-    missing = sum(1 for _, blob in rows if blob is None)
+    """``(ids [n], vectors [n, dim])`` of ``(chunk id, embedding, ...)`` rows; every vector
+    stored."""
+    missing = sum(1 for r in rows if r[1] is None)
     if missing:
         raise MissingVectorsError(tenant, collection, missing)
     ids = np.asarray([r[0] for r in rows], dtype="int64")

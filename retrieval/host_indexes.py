@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import faiss
+import numpy as np
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -25,13 +26,16 @@ from retrieval.changelog import (
     Delta,
     IndexState,
     MissingVectorsError,
+    Terms,
     read_contents,
     read_delta,
     read_state,
+    read_terms,
     snapshot,
 )
 from retrieval.index_store import IndexStore
 from retrieval.indexes import build
+from retrieval.lexical import LexicalIndex
 from retrieval.records import CollectionIndex, IndexChange
 
 log = logging.getLogger(__name__)
@@ -46,6 +50,7 @@ PERSIST_CHANGES = 2000
 
 Key = tuple[str, str]
 Fill = Callable[[str, str], object]
+Legs = tuple[int, faiss.Index, LexicalIndex]
 
 
 @dataclass
@@ -53,6 +58,7 @@ class _Held:
     version: int
     index: faiss.Index
     unsaved: int  # changes replayed since the newest file this host wrote
+    lexical: LexicalIndex  # the same version's BM25 index (held in memory only)
 
 
 @dataclass
@@ -60,6 +66,17 @@ class _Plan:
     base: int | None  # version replayed from (None: build from ``contents``)
     delta: Delta | None
     contents: Contents | None
+    terms: Terms | None = None  # every chunk's terms, when only FAISS has a base (its file)
+
+
+@dataclass
+class LexicalChange:
+    """What a write changed, for the lexical index: base version, removals, additions."""
+
+    base: int
+    remove_ids: np.ndarray  # [r] int64
+    add_ids: np.ndarray  # [a] int64
+    add_terms: list[str]  # [a]
 
 
 class HostIndexes:
@@ -89,6 +106,12 @@ class HostIndexes:
         The index is shared with other threads: search it, never change it. ``fill=False``
         raises MissingVectorsError rather than storing legacy vectors (a writer holding the
         collection's lock must not wait for a second write)."""
+        legs = self.legs(tenant, collection, fill=fill)
+        return None if legs is None else (legs[0], legs[1])
+
+    def legs(self, tenant: str, collection: str, *, fill: bool = True) -> Legs | None:
+        """``(version, FAISS index, lexical index)`` as committed now (both legs of the same
+        version), or None when the collection does not exist; as ``current`` otherwise."""
         key = (tenant, collection)
         held = self._get(key)
         if held is not None:  # the common case, without waiting for a catch-up lock
@@ -98,7 +121,7 @@ class HostIndexes:
                 return None
             if state.version == held.version:
                 self.sources["memory"] += 1
-                return held.version, held.index
+                return held.version, held.index, held.lexical
         with self._key_lock(key):
             held = self._get(key)  # another thread may have caught up meanwhile
             try:
@@ -143,9 +166,22 @@ class HostIndexes:
             raise RuntimeError(f"{tenant}/{collection}: expected version {version}, read {found}")
         return got[1]
 
-    def remember(self, tenant: str, collection: str, version: int, index: faiss.Index) -> None:
-        """Hold ``index`` as ``version`` (when newer than what is held) and write its file."""
-        self._hold((tenant, collection), version, index, 0)
+    def remember(
+        self, tenant: str, collection: str, version: int, index: faiss.Index, change: LexicalChange
+    ) -> None:
+        """Hold ``index`` as ``version`` (when newer than what is held) with the lexical index
+        of ``change`` applied, and write the FAISS file."""
+        key = (tenant, collection)
+        with self._key_lock(key):
+            held = self._get(key)
+            lexical = None
+            if change.base == 0:
+                lexical = LexicalIndex.build(change.add_ids.tolist(), change.add_terms)
+            elif held is not None and held.version == change.base:
+                lexical = held.lexical.changed(change.remove_ids, change.add_ids, change.add_terms)
+            if lexical is not None:
+                self._hold(key, version, index, 0, lexical)
+            # else: another thread holds this version already, or the next search catches up
         self._persist(tenant, collection, version, index)
 
     def held_version(self, tenant: str, collection: str) -> int | None:
@@ -178,6 +214,7 @@ class HostIndexes:
         if base is None:
             base = next((v for v in self.store.versions(tenant, collection)
                          if v <= state.version), None)  # fmt: skip
+        in_memory = held is not None and held.version == base
         if base is not None and state.can_replay_from(base):
             count = session.scalar(
                 select(func.count())
@@ -189,7 +226,10 @@ class HostIndexes:
                 )
             )
             if (count or 0) <= max(REPLAY_ALWAYS, REBUILD_FRACTION * state.num_vectors):
-                return _Plan(base, read_delta(session, tenant, collection, state, base), None)
+                delta = read_delta(session, tenant, collection, state, base)
+                # A FAISS file has no lexical twin: that leg is built from the stored terms.
+                terms = None if in_memory else read_terms(session, tenant, collection)
+                return _Plan(base, delta, None, terms)
         return _Plan(None, None, read_contents(session, tenant, collection, state))
 
     def _apply(
@@ -199,45 +239,56 @@ class HostIndexes:
         state: IndexState,
         held: _Held | None,
         plan: _Plan | None,
-    ) -> tuple[int, faiss.Index]:
-        """``(version, index)``: normally ``state``'s, or a later one if it moved meanwhile."""
+    ) -> Legs:
+        """``(version, index, lexical)``: normally ``state``'s, or a later one if it moved."""
         if plan is None:
             assert held is not None
             self.sources["memory"] += 1
-            return held.version, held.index
+            return held.version, held.index, held.lexical
         index: Any = None
+        lexical: LexicalIndex | None = None
         if plan.delta is not None:
             index, unsaved = self._replay(tenant, collection, held, plan.base, plan.delta)
+            lexical = _lexical_replay(held, plan)
+        if lexical is not None and lexical.ntotal != state.num_vectors:
+            log.warning("lexical index of %s/%s at version %d holds %d chunks, the database %d:"
+                        " rebuilding", tenant, collection, state.version, lexical.ntotal,
+                        state.num_vectors)  # fmt: skip
+            lexical = None
         if index is not None and index.ntotal != state.num_vectors:
             log.warning(
                 "index of %s/%s at version %d holds %d vectors, the database %d: rebuilding",
                 tenant, collection, state.version, index.ntotal, state.num_vectors,
             )  # fmt: skip
             index = None
-        if index is None:
+        if index is None or lexical is None:
             contents = plan.contents
-            if contents is None:  # the replay failed: read everything, at this very version
+            if contents is None:  # a replay failed: read everything, at this very version
                 got = snapshot(self.session_factory, tenant, collection,
                                lambda s, st: read_contents(s, tenant, collection, st))  # fmt: skip
                 if got is None or got[0].version != state.version:
                     # Moved on meanwhile: serve what is committed now (re-entrant lock).
-                    now = self.current(tenant, collection)
+                    now = self.legs(tenant, collection)
                     if now is None:
                         raise LookupError(f"collection {collection!r} of {tenant!r} is gone")
                     return now
                 contents = got[1]
-            index = build(state.kind, contents.centroids, contents.ids, contents.vectors, state.dim)
-            self.sources["build"] += 1
-            unsaved = PERSIST_CHANGES
+            if lexical is None:
+                lexical = LexicalIndex.build(contents.ids.tolist(), contents.terms)
+            if index is None:
+                index = build(state.kind, contents.centroids, contents.ids, contents.vectors,
+                              state.dim)  # fmt: skip
+                self.sources["build"] += 1
+                unsaved = PERSIST_CHANGES
         else:
             self.sources["delta"] += 1
         if unsaved >= PERSIST_CHANGES:
-            self._hold((tenant, collection), state.version, index, 0)
+            self._hold((tenant, collection), state.version, index, 0, lexical)
             # After the answer, not before it: a 100k-chunk file takes seconds on a busy disk.
             self._persist_later(tenant, collection, state.version, index)
         else:
-            self._hold((tenant, collection), state.version, index, unsaved)
-        return state.version, index
+            self._hold((tenant, collection), state.version, index, unsaved, lexical)
+        return state.version, index, lexical
 
     def _replay(
         self, tenant: str, collection: str, held: _Held | None, base: int | None, delta: Delta
@@ -283,11 +334,13 @@ class HostIndexes:
             log.warning("could not write index file of %s/%s v%d: %s", tenant, collection,
                         version, exc)  # fmt: skip
 
-    def _hold(self, key: Key, version: int, index: faiss.Index, unsaved: int) -> None:
+    def _hold(
+        self, key: Key, version: int, index: faiss.Index, unsaved: int, lexical: LexicalIndex
+    ) -> None:
         with self._guard:
             held = self._held.get(key)
             if held is None or held.version < version:
-                self._held[key] = _Held(version, index, unsaved)
+                self._held[key] = _Held(version, index, unsaved, lexical)
 
     def _get(self, key: Key) -> _Held | None:
         with self._guard:
@@ -297,3 +350,15 @@ class HostIndexes:
         # Re-entrant: a replay that finds its base gone serves ``current`` again on this thread.
         with self._guard:
             return self._locks.setdefault(key, threading.RLock())
+
+
+def _lexical_replay(held: _Held | None, plan: _Plan) -> LexicalIndex | None:
+    """The lexical index at the plan's version: the held one plus the delta, or built from the
+    plan's stored terms; None when neither is at hand (the caller reads every chunk)."""
+    delta = plan.delta
+    assert delta is not None
+    if held is not None and held.version == plan.base:
+        return held.lexical.changed(delta.remove_ids, delta.add_ids, delta.add_terms)
+    if plan.terms is not None:
+        return LexicalIndex.build(plan.terms.ids.tolist(), plan.terms.terms)
+    return None

@@ -100,6 +100,10 @@ class Chunk(RecordBase):
     # or updates its index from these without the embedding model. NULL only for chunks ingested
     # before migration 0004 until they are backfilled (docs/scaleout.md).
     embedding: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True, deferred=True)
+    # The chunk's lexical terms, space-separated (retrieval.terms): any host builds its BM25 index
+    # from these without analysing text again. NULL only for chunks ingested before migration
+    # 0008 until they are backfilled (then a host analyses those chunks' text itself).
+    lexical_terms: Mapped[str | None] = mapped_column(Text, nullable=True, deferred=True)
 
     document: Mapped[Document] = relationship(back_populates="chunks")
 

@@ -14,7 +14,8 @@ FileStatus = Literal["added", "updated", "unchanged", "deleted", "failed"]
 
 @dataclass(frozen=True)
 class SearchHit:
-    """One retrieved passage: its source document (path as given), chunk id, score and text."""
+    """One retrieved passage: its source document (path as given), chunk id, score and text,
+    and where each search leg ranked it (so an admin can see why it came back)."""
 
     document: str
     chunk_id: int
@@ -25,6 +26,14 @@ class SearchHit:
     position: int
     index_version: int | None = None
     """Version of the collection's index the hit was found in (recorded with every answer)."""
+    dense_rank: int | None = None
+    """Rank (from 1) in the dense (FAISS) leg's candidates; None: not among them."""
+    lexical_rank: int | None = None
+    """Rank (from 1) in the lexical (BM25) leg's candidates; None: not among them."""
+    dense_score: float | None = None
+    """Cosine similarity in the dense leg (``score`` is the fused score in hybrid mode)."""
+    lexical_score: float | None = None
+    """BM25 score in the lexical leg."""
 
     @property
     def passage_title(self) -> str:

@@ -26,12 +26,14 @@ from retrieval.backfill import backfill_collection
 from retrieval.chunking import Chunker, embedding_text
 from retrieval.embedder import Embedder
 from retrieval.errors import DocumentError, QueryError, UnknownCollectionError, check_name
+from retrieval.fusion import SEARCH_MODES, Fused, SearchMode, fuse, single
 from retrieval.host_indexes import HostIndexes
 from retrieval.index_store import IndexStore
 from retrieval.loaders import load_document
 from retrieval.records import Chunk, CollectionIndex, Document
 from retrieval.results import FileResult, IngestReport, SearchHit
 from retrieval.sources import expand_paths, inside, normalise_source
+from retrieval.terms import query_terms
 from retrieval.writes import CollectionWriter, PreparedDocument
 
 # Chunks gathered before one database transaction + index write: large enough that writing the
@@ -42,6 +44,9 @@ MAX_TOP_K = 100
 # Extra neighbours fetched so that equal scores (duplicate passages) are ordered by chunk id, not
 # by where each host's index happens to hold them: the same top_k on every host.
 TIE_MARGIN = 8
+# Candidates each leg hands to fusion: a chunk ranked this low by one leg and absent from the
+# other cannot reach a top 10 anyway (RRF: 1/(60+50) < 2/(60+10) needs both legs).
+FUSION_DEPTH = 50
 
 
 class RetrievalService:
@@ -59,9 +64,12 @@ class RetrievalService:
         approx_index_threshold: int = 200_000,
         max_query_chars: int = 2000,
         indexes: HostIndexes | None = None,
+        search_mode: SearchMode = "hybrid",
     ) -> None:
         """``indexes``: this host's indexes when already opened (``open_retrieval`` warms them
-        while the embedding model loads); by default opened here on ``index_dir``."""
+        while the embedding model loads); by default opened here on ``index_dir``.
+        ``search_mode``: what ``search`` runs when not told (retrieval.fusion)."""
+        self.search_mode = _check_mode(search_mode)
         self.session_factory = session_factory
         self.embedder = embedder
         self.max_file_bytes = max_file_bytes
@@ -227,9 +235,21 @@ class RetrievalService:
     # -- search ---------------------------------------------------------------------------------
 
     def search(
-        self, question: str, *, collection: str, tenant: str = "default", top_k: int = 3
+        self,
+        question: str,
+        *,
+        collection: str,
+        tenant: str = "default",
+        top_k: int = 3,
+        mode: SearchMode | None = None,
     ) -> list[SearchHit]:
-        """The ``top_k`` best passages of the tenant's collection, best first."""
+        """The ``top_k`` best passages of the tenant's collection, best first.
+
+        ``mode``: "hybrid" (both legs, fused by RRF), "dense" (FAISS only, cosine scores) or
+        "lexical" (BM25 only); default the service's ``search_mode``. A question with no
+        lexical term (punctuation, function words) gets the dense leg's ranking in hybrid
+        mode and no hits in lexical mode."""
+        mode = self.search_mode if mode is None else _check_mode(mode)
         if not isinstance(question, str) or not question.strip():
             raise QueryError("question is empty")
         if len(question) > self.max_query_chars:
@@ -240,15 +260,26 @@ class RetrievalService:
             raise QueryError(f"top_k must be between 1 and {MAX_TOP_K}, got {top_k}")
         check_name("tenant", tenant)
         check_name("collection", collection)
-        current = self.indexes.current(tenant, collection)
-        if current is None:
+        legs = self.indexes.legs(tenant, collection)
+        if legs is None:
             raise UnknownCollectionError(_unknown(tenant, collection))
-        version, index = current
+        version, index, lexical = legs
         if index.ntotal == 0:
             return []
-        query = self.embedder.encode([question.strip()])  # [1, dim]
-        scores, ids = _search_one(index, query, min(top_k + TIE_MARGIN, index.ntotal))
-        found = {int(i): float(s) for i, s in zip(ids[0], scores[0], strict=True) if i >= 0}
+        depth = top_k + TIE_MARGIN if mode == "dense" else max(FUSION_DEPTH, top_k + TIE_MARGIN)
+        dense: list[tuple[int, float]] = []
+        if mode != "lexical":
+            query = self.embedder.encode([question.strip()])  # [1, dim]
+            scores, ids = _search_one(index, query, min(depth, index.ntotal))
+            dense = [(int(i), float(s)) for i, s in zip(ids[0], scores[0], strict=True) if i >= 0]
+            dense.sort(key=lambda hit: (-hit[1], hit[0]))
+        words = [] if mode == "dense" else query_terms(question)
+        sparse = lexical.search(words, depth) if words else []
+        if mode == "hybrid":
+            ranked = fuse(dense, sparse)
+        else:
+            ranked = single(dense if mode == "dense" else sparse, mode)
+        found: dict[int, Fused] = {f.chunk_id: f for f in ranked}
         if not found:
             return []
         with self.session_factory() as session:
@@ -262,10 +293,12 @@ class RetrievalService:
                     Document.collection == collection,
                 )
             ).all()
-        hits = [
-            SearchHit(source, c.id, found[c.id], c.text, c.title, c.heading, c.position, version)
-            for c, source in rows
-        ]
+        hits = []
+        for c, source in rows:
+            f = found[c.id]
+            hits.append(SearchHit(source, c.id, f.score, c.text, c.title, c.heading, c.position,
+                                  version, f.dense_rank, f.lexical_rank, f.dense_score,
+                                  f.lexical_score))  # fmt: skip
         return sorted(hits, key=lambda h: (-h.score, h.chunk_id))[:top_k]
 
     def index_version(self, *, collection: str, tenant: str = "default") -> int | None:
@@ -299,6 +332,12 @@ def _search_one(index: faiss.Index, query: np.ndarray, k: int) -> tuple[np.ndarr
         return index.search(query, k)
     finally:
         faiss.omp_set_num_threads(previous)
+
+
+def _check_mode(mode: str) -> SearchMode:
+    if mode not in SEARCH_MODES:
+        raise QueryError(f"search mode must be one of {', '.join(SEARCH_MODES)}, got {mode!r}")
+    return mode  # type: ignore[return-value]
 
 
 def _unknown(tenant: str, collection: str) -> str:

@@ -22,11 +22,12 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from retrieval.changelog import log_changes, prune_log
 from retrieval.chunking import ChunkDraft
-from retrieval.host_indexes import HostIndexes
+from retrieval.host_indexes import HostIndexes, LexicalChange
 from retrieval.indexes import apply_changes, centroids_of, kind_of, new_flat
 from retrieval.loaders import LoadedDocument
 from retrieval.records import Chunk, CollectionIndex, Document
 from retrieval.results import FileStatus
+from retrieval.terms import chunk_terms
 from retrieval.vectors import matrix_to_bytes, to_bytes
 
 
@@ -91,6 +92,7 @@ class CollectionWriter:
         statuses: dict[str, FileStatus | None] = {}
         remove: list[int] = []
         add_ids: list[int] = []
+        add_terms: list[str] = []
         add_vectors: list[np.ndarray] = []
         with self.session_factory() as session:
             try:
@@ -102,11 +104,12 @@ class CollectionWriter:
                     self.indexes.committed(tenant, collection, row.version) if row.version else None
                 )
                 for prepared in upserts:
-                    status, old, new = self._upsert(session, tenant, collection, prepared)
+                    status, old, new, terms = self._upsert(session, tenant, collection, prepared)
                     statuses[prepared.source] = status
                     remove += old
                     if new:
                         add_ids += new
+                        add_terms += terms
                         add_vectors.append(prepared.vectors)
                 for source in deletes:
                     dropped = self._delete(session, tenant, collection, source)
@@ -125,6 +128,7 @@ class CollectionWriter:
                     vectors.astype("float32"),
                     self.approx_threshold,
                 )
+                base_version = row.version
                 row.version += 1
                 if index is not base or row.version == 1:
                     # A new layout (kind, or IVF lists trained on this version's vectors): every
@@ -142,7 +146,9 @@ class CollectionWriter:
                 raise
             version = row.version
         # Committed: now this host's cache file (a failure here costs a rebuild, never data).
-        self.indexes.remember(tenant, collection, version, index)
+        change = LexicalChange(base_version, np.asarray(remove, dtype="int64"),
+                               np.asarray(add_ids, dtype="int64"), add_terms)  # fmt: skip
+        self.indexes.remember(tenant, collection, version, index, change)
         return WriteResult(statuses, version, index)
 
     def _lock_row(self, session: Session, tenant: str, collection: str) -> CollectionIndex:
@@ -168,11 +174,12 @@ class CollectionWriter:
 
     def _upsert(
         self, session: Session, tenant: str, collection: str, prepared: PreparedDocument
-    ) -> tuple[FileStatus, list[int], list[int]]:
+    ) -> tuple[FileStatus, list[int], list[int], list[str]]:
+        """``(status, removed chunk ids, added chunk ids, the added chunks' terms)``."""
         doc = prepared.doc
         existing = self._find(session, tenant, collection, prepared.source)
         if existing is not None and existing.content_hash == doc.content_hash:
-            return "unchanged", [], []
+            return "unchanged", [], [], []
         old_ids: list[int] = []
         if existing is None:
             status: FileStatus = "added"
@@ -186,6 +193,7 @@ class CollectionWriter:
         existing.size_bytes = doc.size_bytes
         existing.num_chunks = len(prepared.chunks)
         session.flush()
+        terms = [chunk_terms(c.title, c.heading, c.text) for c in prepared.chunks]
         rows = [
             Chunk(
                 document_id=existing.id,
@@ -195,12 +203,15 @@ class CollectionWriter:
                 text=c.text,
                 token_count=c.token_count,
                 embedding=to_bytes(vector),
+                lexical_terms=chunk_terms_text,
             )
-            for c, vector in zip(prepared.chunks, prepared.vectors, strict=True)
+            for c, vector, chunk_terms_text in zip(
+                prepared.chunks, prepared.vectors, terms, strict=True
+            )
         ]
         session.add_all(rows)
         session.flush()
-        return status, old_ids, [r.id for r in rows]
+        return status, old_ids, [r.id for r in rows], terms
 
     def _delete(
         self, session: Session, tenant: str, collection: str, source: str

@@ -166,6 +166,10 @@ class AnswerSource(Base):
     score: Mapped[float] = mapped_column(Float)
     title: Mapped[str | None] = mapped_column(Text)
     text: Mapped[str] = mapped_column(Text)
+    # Where the dense and lexical legs ranked the passage (None: not among that leg's candidates,
+    # or an answer stored before migration 0008): why it was retrieved.
+    dense_rank: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    lexical_rank: Mapped[int | None] = mapped_column(Integer, nullable=True)
 
     answer: Mapped[Answer] = relationship(back_populates="sources")
 
@@ -177,6 +181,8 @@ class AnswerSource(Base):
             "score": self.score,
             "title": self.title,
             "text": self.text,
+            "dense_rank": self.dense_rank,
+            "lexical_rank": self.lexical_rank,
         }
 
 
