@@ -23,6 +23,7 @@ from retrieval.chunking import embedding_text
 from retrieval.index_store import IndexStore
 from retrieval.indexes import all_vectors, centroids_of, new_ivf
 from retrieval.records import Chunk, CollectionIndex, Document
+from retrieval.terms import chunk_terms
 from retrieval.vectors import from_bytes, matrix_to_bytes, to_bytes
 
 log = logging.getLogger(__name__)
@@ -38,6 +39,7 @@ class BackfillResult:
     collection: str
     from_files: int = 0
     embedded: int = 0
+    terms: int = 0  # chunks whose lexical terms were analysed and stored (before migration 0008)
     centroids: str | None = None  # "file" or "trained" when IVF centroids were stored
 
     def to_dict(self) -> dict[str, object]:
@@ -81,7 +83,50 @@ def backfill_collection(
             result.embedded += _store(session_factory, _embed(session_factory, encode,
                                                               rest[start : start + BATCH]))  # fmt: skip
     result.centroids = _centroids(session_factory, store, tenant, collection)
+    result.terms = backfill_terms(session_factory, tenant, collection)
     return result
+
+
+def backfill_terms(
+    session_factory: sessionmaker[Session],
+    tenant: str,
+    collection: str,
+    progress: Callable[[int], object] | None = None,
+) -> int:
+    """Analyse and store the lexical terms of the collection's chunks that have none (ingested
+    before migration 0008), ``BATCH`` at a time, calling ``progress(n)`` after each batch; the
+    number stored. Terms depend on the text alone, so no version moves."""
+    with session_factory() as session:
+        missing = list(
+            session.scalars(
+                select(Chunk.id)
+                .join(Document, Chunk.document_id == Document.id)
+                .where(
+                    Document.tenant == tenant,
+                    Document.collection == collection,
+                    Chunk.lexical_terms.is_(None),
+                )
+                .order_by(Chunk.id)
+            )
+        )
+    stmt = (
+        update(Chunk)
+        .where(Chunk.id == bindparam("cid"), Chunk.lexical_terms.is_(None))
+        .values(lexical_terms=bindparam("terms"))
+    )
+    for start in range(0, len(missing), BATCH):
+        with session_factory() as session, session.begin():
+            rows = session.execute(
+                select(Chunk.id, Chunk.title, Chunk.heading, Chunk.text).where(
+                    Chunk.id.in_(missing[start : start + BATCH])
+                )
+            ).all()
+            items = [{"cid": r.id, "terms": chunk_terms(r.title, r.heading, r.text)} for r in rows]
+            if items:
+                session.connection().execute(stmt, items)
+        if progress is not None:
+            progress(len(rows))
+    return len(missing)
 
 
 def _from_files(

@@ -92,7 +92,8 @@ class HostIndexes:
         self.store = store
         # Called to store the vectors of chunks ingested before migration 0004 (retrieval.backfill).
         self.fill = fill
-        self.sources: Counter[str] = Counter()  # memory / delta / build: how each catch-up went
+        # memory / delta / build (FAISS), lexical build: how each catch-up went
+        self.sources: Counter[str] = Counter()
         self._held: dict[Key, _Held] = {}
         self._locks: dict[Key, threading.RLock] = {}
         self._guard = threading.Lock()
@@ -275,11 +276,14 @@ class HostIndexes:
                 contents = got[1]
             if lexical is None:
                 lexical = LexicalIndex.build(contents.ids.tolist(), contents.terms)
+                self.sources["lexical build"] += 1
             if index is None:
                 index = build(state.kind, contents.centroids, contents.ids, contents.vectors,
                               state.dim)  # fmt: skip
                 self.sources["build"] += 1
                 unsaved = PERSIST_CHANGES
+            else:
+                self.sources["delta"] += 1
         else:
             self.sources["delta"] += 1
         if unsaved >= PERSIST_CHANGES:

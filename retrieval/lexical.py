@@ -31,6 +31,11 @@ log = logging.getLogger(__name__)
 BUILD_HEAP_BYTES = 50_000_000
 CHANGE_HEAP_BYTES = 15_000_000
 PROGRESS_EVERY = 100_000
+# Removed chunks stay in Tantivy's BM25 statistics (document count, frequencies, mean length)
+# until their segment merges, so a host that applied removals scores slightly differently from
+# one that built from the stored terms. Past this share of removed documents ``changed``
+# declines and the host builds afresh, which bounds that difference (docs/lexical.md).
+MAX_REMOVED_FRACTION = 0.2
 _TOKENIZER = "stored_terms"
 
 Progress = Callable[[int], object]
@@ -50,6 +55,7 @@ class _Shared:
     index: tantivy.Index
     schema: tantivy.Schema
     head: int = 0
+    added: int = 0  # documents ever added (live + removed ones still in statistics)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -93,6 +99,7 @@ class LexicalIndex:
         except BaseException:
             writer.rollback()
             raise
+        shared.added = len(ids)
         index.reload()
         if len(ids) >= PROGRESS_EVERY:
             log.info("lexical index of %d chunks built in %.1f s", len(ids),
@@ -103,10 +110,14 @@ class LexicalIndex:
         self, remove_ids: np.ndarray, add_ids: np.ndarray, add_terms: Sequence[str]
     ) -> LexicalIndex | None:
         """The snapshot after removing and adding chunks, or None when the shared index has
-        already moved past this snapshot (then the caller builds one from stored terms)."""
+        already moved past this snapshot or would hold too many removed documents (then the
+        caller builds one from stored terms)."""
         shared = self._shared
         with shared.lock:
             if shared.head != self._generation:
+                return None
+            live = self.ntotal - len(remove_ids) + len(add_ids)  # about: removals may miss
+            if shared.added + len(add_ids) - live > MAX_REMOVED_FRACTION * max(live, 1):
                 return None
             writer = shared.index.writer(heap_size=CHANGE_HEAP_BYTES, num_threads=1)
             try:
@@ -123,6 +134,7 @@ class LexicalIndex:
                 writer.rollback()
                 shared.head = -1  # half-applied: no snapshot may build on this index again
                 raise
+            shared.added += len(add_ids)
             shared.index.reload()
             shared.head += 1
             return LexicalIndex(shared, shared.index.searcher(), shared.head)

@@ -23,7 +23,8 @@ def index_group() -> None:
 @json_option
 @one_line_errors
 def backfill(collection: str | None, tenant: str | None, as_json: bool) -> None:
-    """Store missing chunk vectors: from this host's index files, else embedded (counted)."""
+    """Store missing chunk vectors (from this host's index files, else embedded) and missing
+    lexical terms (analysed from the chunk text), counted per collection."""
     from retrieval import Embedder  # heavy: faiss, torch
     from retrieval.backfill import backfill_collection  # heavy: faiss
     from retrieval.index_store import IndexStore  # heavy: faiss
@@ -50,8 +51,8 @@ def backfill(collection: str | None, tenant: str | None, as_json: bool) -> None:
     store = IndexStore(settings.index_dir)
     results = [backfill_collection(session_factory, store, encode, t, c) for t, c in targets]
     lines = [
-        f"{r.tenant}/{r.collection}: {r.from_files} from index files, {r.embedded} embedded"
-        + (f", centroids {r.centroids}" if r.centroids else "")
+        f"{r.tenant}/{r.collection}: {r.from_files} from index files, {r.embedded} embedded, "
+        f"{r.terms} lexical terms stored" + (f", centroids {r.centroids}" if r.centroids else "")
         for r in results
     ]
     emit({"collections": [r.to_dict() for r in results]}, as_json,

@@ -17,6 +17,14 @@ if TYPE_CHECKING:
 
 collection_option = click.option("--collection", "-c", required=True, help="Collection name.")
 tenant_option = click.option("--tenant", default="default", show_default=True, help="Tenant name.")
+# The choices are retrieval.fusion.SEARCH_MODES (not imported here: the CLI starts without faiss).
+mode_option = click.option(
+    "--mode",
+    type=click.Choice(["hybrid", "dense", "lexical"]),
+    default="hybrid",
+    show_default=True,
+    help="hybrid: dense and lexical legs fused (RRF); dense: FAISS only; lexical: BM25 only.",
+)
 
 
 def _service() -> RetrievalService:
@@ -64,17 +72,25 @@ def ingest(paths: tuple[str, ...], collection: str, tenant: str, as_json: bool) 
 @collection_option
 @click.option("--top-k", type=int, default=None, help="Passages to return (default: settings).")
 @tenant_option
+@mode_option
 @json_option
 @one_line_errors
-def search(question: str, collection: str, top_k: int | None, tenant: str, as_json: bool) -> None:
-    """Retrieval only: the best passages for QUESTION, best first."""
+def search(
+    question: str, collection: str, top_k: int | None, tenant: str, mode: str, as_json: bool
+) -> None:
+    """Retrieval only: the best passages for QUESTION, best first, with each leg's rank."""
     k = top_k if top_k is not None else get_settings().default_top_k
     service = _service()
-    hits = service.search(question, collection=collection, tenant=tenant, top_k=k)
-    data = {"results": [h.to_dict() for h in hits]}
-    lines = [f"[{i}] {h.score:.3f}  {h.document}  ({h.passage_title})\n    {h.text[:300]!r}"
+    hits = service.search(question, collection=collection, tenant=tenant, top_k=k, mode=mode)  # type: ignore[arg-type]
+    data = {"mode": mode, "results": [h.to_dict() for h in hits]}
+    lines = [f"[{i}] {h.score:.3f}  {h.document}  ({h.passage_title})  dense #{_rank(h.dense_rank)}"
+             f" lexical #{_rank(h.lexical_rank)}\n    {h.text[:300]!r}"
              for i, h in enumerate(hits, start=1)]  # fmt: skip
     emit(data, as_json, "\n".join(lines) or "no results")
+
+
+def _rank(rank: int | None) -> str:
+    return "-" if rank is None else str(rank)
 
 
 @click.command()
@@ -133,16 +149,20 @@ def read_golden(path: Path) -> list[dict[str, str]]:
 @collection_option
 @click.option("--top-k", "k", type=int, default=5, show_default=True, help="Cut-off k.")
 @tenant_option
+@mode_option
 @json_option
 @one_line_errors
-def eval_retrieval(file: Path, collection: str, k: int, tenant: str, as_json: bool) -> None:
+def eval_retrieval(
+    file: Path, collection: str, k: int, tenant: str, mode: str, as_json: bool
+) -> None:
     """Recall@k and MRR of search on FILE.jsonl ({"question", "expected_source"} per line)."""
     items = read_golden(file)
     service = _service()
     found, reciprocal = 0, 0.0
     misses: list[dict[str, Any]] = []
     for item in items:
-        hits = service.search(item["question"], collection=collection, tenant=tenant, top_k=k)
+        hits = service.search(item["question"], collection=collection, tenant=tenant, top_k=k,
+                              mode=mode)  # type: ignore[arg-type]  # fmt: skip
         rank = next(
             (i for i, h in enumerate(hits, 1) if h.document.endswith(item["expected_source"])), None
         )
@@ -152,8 +172,10 @@ def eval_retrieval(file: Path, collection: str, k: int, tenant: str, as_json: bo
             found += 1
             reciprocal += 1.0 / rank
     n = len(items)
-    data = {"n": n, "k": k, "recall_at_k": found / n, "mrr": reciprocal / n, "misses": misses}
-    text = f"n={n}  recall@{k}={found / n:.3f}  mrr={reciprocal / n:.3f}  misses={len(misses)}"
+    data = {"n": n, "k": k, "mode": mode, "recall_at_k": found / n, "mrr": reciprocal / n,
+            "misses": misses}  # fmt: skip
+    text = (f"mode={mode}  n={n}  recall@{k}={found / n:.3f}  mrr={reciprocal / n:.3f}  "
+            f"misses={len(misses)}")  # fmt: skip
     emit(data, as_json, text)
 
 
