@@ -214,7 +214,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--files", type=int, default=24, help="Demo files in the ingest rounds.")
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
+    parser.add_argument("--sizes", type=int, nargs="*", default=[10_000, 100_000, 1_000_000])
     parser.add_argument("--train-points", type=int, default=None,
                         help="IVF training points per list (default: the product's); fewer keeps "
                         "the 1M row's k-means to about a minute")  # fmt: skip

@@ -66,6 +66,8 @@ def test_answer_is_recorded_once_with_sources_stats_and_timings(resources: Resou
             range(1, len(query.answer.sources) + 1)
         )
         assert query.answer.sources and query.answer.sources[0].document.endswith("assert.md")
+        top = query.answer.sources[0].to_dict()  # why it was cited: both legs' ranks, stored
+        assert isinstance(top["dense_rank"], int) and isinstance(top["lexical_rank"], int)
         assert query.answer.index_version is not None and query.answer.model_pair
         stats = query.stats.to_dict()
         assert stats["num_speculative_tokens"] == 3 and stats["method"] == "draft_model"

@@ -111,3 +111,37 @@ def test_eval_scores_recall_and_mrr(run, tmp_path: Path) -> None:  # type: ignor
     assert (data["n"], data["k"]) == (3, 1)
     assert data["recall_at_k"] == pytest.approx(2 / 3) and data["mrr"] == pytest.approx(2 / 3)
     assert [m["expected_source"] for m in data["misses"]] == ["absent.md"]
+
+
+def test_search_and_eval_take_a_mode_and_show_both_legs_ranks(run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    kb = tmp_path / "kb"
+    write(kb / "fruit.md", FRUIT)
+    write(kb / "engines.md", ENGINES + "\nThe valve is set with reset_governor_stops().\n")
+    assert run("ingest", str(kb), "-c", "kb").exit_code == 0
+    shown = {}
+    for mode in ("hybrid", "dense", "lexical"):
+        result = run("search", "reset_governor_stops", "-c", "kb", "--mode", mode, "--json")
+        assert result.exit_code == 0, result.stderr
+        data = json.loads(result.stdout)
+        assert data["mode"] == mode and data["results"]
+        shown[mode] = data["results"][0]
+        assert {"dense_rank", "lexical_rank", "dense_score", "lexical_score"} <= set(shown[mode])
+    assert shown["lexical"]["document"].endswith("engines.md")
+    assert shown["lexical"]["lexical_rank"] == 1 and shown["lexical"]["dense_rank"] is None
+    assert shown["dense"]["lexical_rank"] is None and shown["dense"]["dense_rank"] == 1
+    assert shown["hybrid"]["lexical_rank"] == 1 and shown["hybrid"]["dense_rank"] is not None
+    text = run("search", "reset_governor_stops", "-c", "kb")
+    assert "dense #" in text.stdout and "lexical #1" in text.stdout
+
+    golden = tmp_path / "g.jsonl"
+    golden.write_text(
+        json.dumps({"question": "reset_governor_stops", "expected_source": "engines.md"})
+    )
+    result = run("eval", "retrieval", str(golden), "-c", "kb", "--mode", "lexical", "--json")
+    data = json.loads(result.stdout)
+    assert (data["mode"], data["recall_at_k"]) == ("lexical", 1.0)
+    result = run("search", "x", "-c", "kb", "--mode", "fuzzy")
+    assert (
+        result.exit_code == 2
+        and "'fuzzy' is not one of 'hybrid', 'dense', 'lexical'" in result.stderr
+    )
