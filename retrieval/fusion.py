@@ -1,11 +1,13 @@
-"""Reciprocal rank fusion of the dense and lexical rankings, and the search modes.
+"""Fusion of the dense and lexical rankings, and the search modes.
 
-It exists so that the rule that orders hybrid results is written once. RRF (Cormack et al.,
-2009) scores a chunk ``sum over legs of 1 / (RRF_K + rank)``: it needs no calibration between a
-cosine and a BM25 score, which live on unrelated scales and shift with the collection, and it is
-the default of the systems that run both legs (Elasticsearch, OpenSearch, Vespa, Weaviate).
-The alternative measured beside it (min-max normalised scores, summed) is in
-benchmarks/retrieval.py; docs/benchmarks.md has the numbers.
+It exists so that the rule that orders hybrid results is written once. ``fuse`` normalises each
+leg's scores over its own candidates to [0, 1] (min-max) and adds them: OpenSearch's
+``min_max`` + ``arithmetic_mean`` normalisation processor, Weaviate's relative-score fusion.
+Reciprocal rank fusion (``rrf``, Cormack et al. 2009: ``sum of 1 / (RRF_K + rank)``), the common
+default, was measured beside it (benchmarks/retrieval_quality.py): RRF gives a chunk that only
+the lexical leg ranks first, as an exact name's passage often is, no more than a chunk that both
+legs rank around tenth, and lost a tenth of the exact-name questions; min-max keeps how far the
+best lexical match stands above the rest (docs/benchmarks.md, "Hybrid search").
 """
 
 from __future__ import annotations
@@ -31,13 +33,39 @@ class Fused:
     lexical_score: float | None
 
 
-def fuse(
+def fuse(dense: Sequence[tuple[int, float]], lexical: Sequence[tuple[int, float]]) -> list[Fused]:
+    """Every chunk of either ranking (each ``(chunk id, score)``, best first) by the sum of its
+    min-max normalised scores (0 in a leg that lacks it; a leg's only score counts 1); equal
+    sums in chunk-id order, so every host cuts the list at the same place."""
+    return _combine(dense, lexical, [_minmax(dense), _minmax(lexical)])
+
+
+def rrf(
     dense: Sequence[tuple[int, float]],
     lexical: Sequence[tuple[int, float]],
     k: int = RRF_K,
+    lexical_weight: float = 1.0,
 ) -> list[Fused]:
-    """Every chunk of either ranking (each ``(chunk id, score)``, best first), by RRF score;
-    equal scores in chunk-id order, so every host cuts the list at the same place."""
+    """As ``fuse`` but by reciprocal rank fusion (the lexical term times ``lexical_weight``):
+    kept for the benchmark that compares the two."""
+    dense_part = [1.0 / (k + r) for r in range(1, len(dense) + 1)]
+    lexical_part = [lexical_weight / (k + r) for r in range(1, len(lexical) + 1)]
+    return _combine(dense, lexical, [dense_part, lexical_part])
+
+
+def _minmax(ranking: Sequence[tuple[int, float]]) -> list[float]:
+    if not ranking:
+        return []
+    low, high = min(s for _, s in ranking), max(s for _, s in ranking)
+    return [(s - low) / (high - low) if high > low else 1.0 for _, s in ranking]
+
+
+def _combine(
+    dense: Sequence[tuple[int, float]],
+    lexical: Sequence[tuple[int, float]],
+    parts: list[list[float]],
+) -> list[Fused]:
+    """Chunks by the sum of their per-leg ``parts`` (aligned with each ranking)."""
     found: dict[int, list[float | int | None]] = {}
     for rank, (chunk_id, score) in enumerate(dense, start=1):
         found.setdefault(chunk_id, [None, None, None, None])[0:2] = [rank, score]
@@ -45,7 +73,8 @@ def fuse(
         found.setdefault(chunk_id, [None, None, None, None])[2:4] = [rank, score]
     fused = []
     for chunk_id, (d_rank, d_score, l_rank, l_score) in found.items():
-        total = sum(1.0 / (k + int(r)) for r in (d_rank, l_rank) if r is not None)
+        total = 0.0 if d_rank is None else parts[0][int(d_rank) - 1]
+        total += 0.0 if l_rank is None else parts[1][int(l_rank) - 1]
         fused.append(Fused(chunk_id, total, _int(d_rank), _float(d_score), _int(l_rank),
                            _float(l_score)))  # fmt: skip
     return sorted(fused, key=lambda f: (-f.score, f.chunk_id))

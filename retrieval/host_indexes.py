@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import faiss
-import numpy as np
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -35,7 +34,7 @@ from retrieval.changelog import (
 )
 from retrieval.index_store import IndexStore
 from retrieval.indexes import build
-from retrieval.lexical import LexicalIndex
+from retrieval.lexical import LexicalChange, LexicalIndex
 from retrieval.records import CollectionIndex, IndexChange
 
 log = logging.getLogger(__name__)
@@ -67,16 +66,6 @@ class _Plan:
     delta: Delta | None
     contents: Contents | None
     terms: Terms | None = None  # every chunk's terms, when only FAISS has a base (its file)
-
-
-@dataclass
-class LexicalChange:
-    """What a write changed, for the lexical index: base version, removals, additions."""
-
-    base: int
-    remove_ids: np.ndarray  # [r] int64
-    add_ids: np.ndarray  # [a] int64
-    add_terms: list[str]  # [a]
 
 
 class HostIndexes:

@@ -49,6 +49,16 @@ def _schema() -> tantivy.Schema:
 
 
 @dataclass
+class LexicalChange:
+    """What one write changed, for the lexical index: its base version, removals, additions."""
+
+    base: int
+    remove_ids: np.ndarray  # [r] int64
+    add_ids: np.ndarray  # [a] int64
+    add_terms: list[str]  # [a]
+
+
+@dataclass
 class _Shared:
     """The Tantivy index that a chain of snapshots shares; ``head`` names the newest one."""
 

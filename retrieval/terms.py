@@ -93,6 +93,23 @@ def query_terms(question: str) -> list[str]:
     return list(seen)
 
 
+def names(question: str) -> list[str]:
+    """The spans of ``question`` written as code names: with a joiner or underscore, a case
+    change inside, letters and digits mixed, or all capitals (``DEDENT``); plain words are not."""
+    found = []
+    for match in _SPAN.finditer(question):
+        span = match.group(0)
+        if (
+            _JOINERS.search(span.strip("_")) is not None
+            or span.startswith("__")
+            or re.search(r"[a-z][A-Z]", span) is not None
+            or (re.search(r"\d", span) is not None and re.search(r"[^\W\d]", span) is not None)
+            or (len(span) >= 3 and span.isupper() and span.isalpha())
+        ):
+            found.append(span)
+    return found
+
+
 def chunk_terms(title: str, heading: str | None, text: str) -> str:
     """What the lexical index stores for a chunk: its title, heading and text's terms,
     space-separated (a term never holds a space), as ``chunks.lexical_terms`` keeps them."""

@@ -22,8 +22,9 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from retrieval.changelog import log_changes, prune_log
 from retrieval.chunking import ChunkDraft
-from retrieval.host_indexes import HostIndexes, LexicalChange
+from retrieval.host_indexes import HostIndexes
 from retrieval.indexes import apply_changes, centroids_of, kind_of, new_flat
+from retrieval.lexical import LexicalChange
 from retrieval.loaders import LoadedDocument
 from retrieval.records import Chunk, CollectionIndex, Document
 from retrieval.results import FileStatus

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from retrieval.fusion import RRF_K, fuse, single
+from retrieval.fusion import RRF_K, fuse, rrf, single
 from retrieval.terms import MAX_QUERY_TERMS, MAX_TERM_CHARS, chunk_terms, query_terms, terms
 
 
@@ -64,10 +64,23 @@ def test_chunk_terms_are_space_separated_and_include_the_title() -> None:
     assert "  " not in stored and "sys.meta_path" in stored.split(" ")
 
 
+def test_fuse_adds_min_max_normalised_scores() -> None:
+    dense = [(1, 0.9), (2, 0.8), (3, 0.5)]
+    lexical = [(3, 12.0), (4, 8.0), (5, 2.0)]
+    by_id = {f.chunk_id: f for f in fuse(dense, lexical)}
+    assert by_id[1].score == pytest.approx(1.0)  # best dense, absent from the lexical leg
+    assert by_id[2].score == pytest.approx(0.75)
+    assert by_id[3].score == pytest.approx(0.0 + 1.0)  # worst dense, best lexical
+    assert by_id[4].score == pytest.approx(0.6) and by_id[5].score == 0.0
+    assert [f.chunk_id for f in fuse(dense, lexical)] == [1, 3, 2, 4, 5]  # 1 and 3 tie: id order
+    assert [f.chunk_id for f in fuse(dense, [(9, 3.0)])][:2] == [1, 9]  # a lone hit counts 1
+    assert [f.chunk_id for f in fuse(dense, [])] == [1, 2, 3]  # no terms: the dense ranking
+
+
 def test_rrf_adds_reciprocal_ranks_and_breaks_ties_by_chunk_id() -> None:
     dense = [(1, 0.9), (2, 0.8), (3, 0.7)]
     lexical = [(3, 12.0), (4, 8.0)]
-    fused = fuse(dense, lexical)
+    fused = rrf(dense, lexical)
     by_id = {f.chunk_id: f for f in fused}
     assert by_id[3].score == pytest.approx(1 / (RRF_K + 3) + 1 / (RRF_K + 1))
     assert (by_id[3].dense_rank, by_id[3].lexical_rank) == (3, 1)
