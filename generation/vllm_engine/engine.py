@@ -97,6 +97,7 @@ class VLLMEngine:
         max_model_len: int | None = None,
         max_num_seqs: int = DEFAULT_MAX_NUM_SEQS,
         auto_batch_schedule: Sequence[Sequence[int]] | None = None,
+        draft_sample_method: str = "greedy",
         llm_kwargs: dict[str, Any] | None = None,
     ) -> VLLMEngine:
         """Return an engine with vLLM's ``AsyncLLM`` started on the checkpoints, speculation fixed.
@@ -125,7 +126,9 @@ class VLLMEngine:
         draft = validate_checkpoint(draft_dir) if draft_dir is not None else None
         if draft is not None:
             check_draft_vocab(target, draft)
-        spec = speculative_config(speculation, draft, auto_batch_schedule, tensor_parallel_size)
+        spec = speculative_config(
+            speculation, draft, auto_batch_schedule, tensor_parallel_size, draft_sample_method
+        )
         vocab_size, max_context, eos_ids = checkpoint_limits(target, draft)
         if max_model_len is not None:
             max_context = min(max_context, max_model_len)
@@ -233,6 +236,8 @@ class VLLMEngine:
         Blocking; safe from many threads at once: each call is one request on the engine's
         loop, batched by vLLM with whatever else is in flight.
         """
+        if self.llm is None:
+            raise RuntimeError("the vLLM engine is closed")
         with self._start_lock:
             if self._default_loop is None:
                 self._default_loop = VLLMLoop(self, self._event_loop(), self.max_num_seqs)

@@ -5,10 +5,13 @@ Only ``VLLMEngine.from_pretrained`` calls these, after every check that needs no
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
 import os
+import sys
 import warnings
+from collections.abc import Iterator
 from typing import Any
 
 from generation.vllm_engine.loop import EventLoopThread
@@ -52,6 +55,34 @@ def import_vllm() -> Any:
             stacklevel=3,
         )
     return vllm
+
+
+@contextlib.contextmanager
+def main_module_hidden() -> Iterator[None]:
+    """Start vLLM's processes without their re-importing the ``__main__`` module.
+
+    vLLM spawns its engine-core process, which spawns its model worker, and a spawned child
+    first imports the parent's ``__main__`` (multiprocessing.spawn.get_preparation_data).
+    For ``specrag worker`` that is the console script, so each child imported the CLI, the API,
+    Celery and SQLAlchemy before vLLM's own set-up; a script that imports torch or does work at
+    module level (or lacks an ``if __name__ == "__main__":`` guard) runs that in both children
+    too. vLLM's processes need nothing from ``__main__`` (their targets are vLLM functions), so
+    while they are spawned the main module shows neither a module name nor a path, and the
+    children skip it. tests/vllm/test_spawn.py checks no child imports it.
+    """
+    main = sys.modules.get("__main__")
+    if main is None:
+        yield
+        return
+    saved = {name: vars(main)[name] for name in ("__spec__", "__file__") if name in vars(main)}
+    main.__spec__ = None
+    vars(main).pop("__file__", None)
+    try:
+        yield
+    finally:
+        vars(main).update(saved)
+        if "__spec__" not in saved:
+            vars(main).pop("__spec__", None)
 
 
 def resolve_platform(vllm: Any, device: str, tensor_parallel_size: int) -> str:
@@ -126,7 +157,8 @@ def start_async_llm(kwargs: dict[str, Any], runner: EventLoopThread) -> tuple[An
         raise
 
     async def build() -> Any:
-        return async_llm.AsyncLLM.from_engine_args(engine_args)
+        with main_module_hidden():
+            return async_llm.AsyncLLM.from_engine_args(engine_args)
 
     llm = runner.submit(build()).result()  # loads the models: minutes, on purpose blocking
     cumulative = sampling.RequestOutputKind.CUMULATIVE
