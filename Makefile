@@ -53,9 +53,16 @@ typecheck: venv
 # --durations: the slowest tests are printed at the end, for whoever speeds the suite up.
 PYTEST_WORKERS ?= 2
 pytest: venv services
-	HF_HUB_OFFLINE=1 $(VENV)/bin/pytest -ra --durations=15 -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	HF_HUB_OFFLINE=1 $(VENV)/bin/pytest -ra --durations=15 -n $(PYTEST_WORKERS) --dist loadfile --ignore=tests/vllm $(PYTEST_ARGS)
 
-test: lint typecheck pytest
+# The tests on real vLLM (tests/vllm/), from .venv-vllm, in ONE process: its engines are shared
+# by the whole session (each start costs tens of seconds), and vLLM binds its OpenMP threads to
+# cores, so a second pytest process beside it would slow both. SPECRAG_REQUIRE_VLLM=1: they fail
+# rather than skip if vLLM is missing. Run after the main suite, not beside it, for that reason.
+pytest-vllm: vllm-venv services
+	SPECRAG_REQUIRE_VLLM=1 HF_HUB_OFFLINE=1 $(VLLM_VENV)/bin/pytest -ra --durations=10 -n 0 -p no:cacheprovider tests/vllm $(PYTEST_VLLM_ARGS)
+
+test: lint typecheck pytest pytest-vllm
 
 # The developer's loop: lint, types and the unit tests (fakes, in-memory SQLite; no services, no
 # model weights). tests/conftest.py marks the rest by what it needs; the three folders skipped

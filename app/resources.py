@@ -57,6 +57,10 @@ class Resources:
                 from generation import load_engine  # heavy: torch
 
                 s = self.settings
+                if s.engine == "vllm":  # before any model loads: a typo fails at once
+                    from generation.vllm_engine import VLLMEngine
+
+                    VLLMEngine.check_options(s.vllm_options)
                 log.info(
                     "loading %s engine: target %s, draft %s",
                     s.engine,

@@ -7,6 +7,7 @@ vocabulary are checked, so a bad request for a GPU worker fails fast and clearly
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import threading
 from collections.abc import Sequence
@@ -21,6 +22,7 @@ from generation.vllm_engine.loop import EventLoopThread, VLLMLoop
 from generation.vllm_engine.mapping import (
     Speculation,
     UnsupportedSpeculationError,
+    VLLMOptionError,
     build_stats,
     request_counters,
     request_timings_ms,
@@ -173,6 +175,28 @@ class VLLMEngine:
             engine_args=kwargs,
         )
 
+    @classmethod
+    def check_options(cls, options: dict[str, Any]) -> None:
+        """Raise ``VLLMOptionError`` naming any option ``from_pretrained`` does not take.
+
+        vLLM's own engine arguments go inside ``llm_kwargs``; vLLM checks those when it starts.
+        """
+        taken = set(inspect.signature(cls.from_pretrained).parameters) - {
+            "target_dir", "draft_dir", "device",
+        }  # fmt: skip
+        unknown = sorted(set(options) - taken)
+        if not isinstance(options.get("llm_kwargs", {}), dict):
+            raise VLLMOptionError(
+                f"SPECRAG_VLLM_OPTIONS: llm_kwargs must be a JSON object of vLLM engine "
+                f"arguments, got {options['llm_kwargs']!r}"
+            )
+        if unknown:
+            raise VLLMOptionError(
+                f"SPECRAG_VLLM_OPTIONS: unknown option(s) {', '.join(map(repr, unknown))}; the "
+                f"vLLM engine takes {', '.join(sorted(taken))} (vLLM's own engine arguments go "
+                f"in llm_kwargs)"
+            )
+
     @property
     def vocab_size(self) -> int:
         """Size of the target's vocabulary; valid token ids are ``range(vocab_size)``."""
@@ -299,6 +323,9 @@ class VLLMEngine:
                 except Exception:  # a stuck handler must not keep the engine from stopping
                     logger.warning("vLLM's output handler did not stop; shutting down anyway")
             llm.shutdown()
+            # AsyncLLM.__del__ shuts down again; at interpreter exit that finds vLLM's module
+            # globals gone and prints a TypeError traceback. Once is enough.
+            llm.shutdown = _shut_down
         if self._runner is not None:
             self._runner.stop()
             self._runner = None
@@ -353,3 +380,7 @@ class VLLMEngine:
 async def _cancel_task(task: Any) -> None:
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
+
+
+def _shut_down(*_: Any, **__: Any) -> None:
+    """What a closed ``AsyncLLM``'s ``shutdown`` does: nothing (it already ran)."""

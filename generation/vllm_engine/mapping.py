@@ -29,6 +29,10 @@ class VLLMUnavailableError(RuntimeError):
     """vLLM cannot run here: the package is not installed, or there is no (or too small a) GPU."""
 
 
+class VLLMOptionError(ValueError):
+    """An engine option (``SPECRAG_VLLM_OPTIONS``) that this engine or vLLM does not accept."""
+
+
 class UnsupportedSpeculationError(ValueError):
     """A speculation method or k that vLLM, or this started engine, cannot serve."""
 

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from generation.vllm_engine.loop import EventLoopThread
-from generation.vllm_engine.mapping import VLLM_PIN, VLLMUnavailableError
+from generation.vllm_engine.mapping import VLLM_PIN, VLLMOptionError, VLLMUnavailableError
 
 DEVICES = ("auto", "cpu", "cuda")
 
@@ -74,7 +74,9 @@ def main_module_hidden() -> Iterator[None]:
     if main is None:
         yield
         return
-    saved = {name: vars(main)[name] for name in ("__spec__", "__file__") if name in vars(main)}
+    saved: dict[str, Any] = {
+        name: vars(main)[name] for name in ("__spec__", "__file__") if name in vars(main)
+    }
     main.__spec__ = None
     vars(main).pop("__file__", None)
     try:
@@ -83,6 +85,11 @@ def main_module_hidden() -> Iterator[None]:
         vars(main).update(saved)
         if "__spec__" not in saved:
             vars(main).pop("__spec__", None)
+
+
+def _one_line(exc: BaseException) -> str:
+    """An exception's message on one line (pydantic's name the field on a later line)."""
+    return " ".join(str(exc).split()) or type(exc).__name__
 
 
 def resolve_platform(vllm: Any, device: str, tensor_parallel_size: int) -> str:
@@ -108,15 +115,19 @@ def resolve_platform(vllm: Any, device: str, tensor_parallel_size: int) -> str:
             f"installs the project's `vllm` extra (vllm=={VLLM_PIN})"
         )
     if kind == "cuda":
-        import torch  # heavy; vLLM has imported it already
-
-        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        gpus = _cuda_device_count()
         if gpus < tensor_parallel_size:
             raise VLLMUnavailableError(
                 f"the vLLM engine needs {tensor_parallel_size} CUDA GPU(s) "
                 f"(tensor_parallel_size); this host has {gpus}"
             )
     return kind
+
+
+def _cuda_device_count() -> int:
+    import torch  # heavy; vLLM has imported it already
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 def platform_defaults(kind: str) -> dict[str, Any]:
@@ -154,13 +165,18 @@ def start_async_llm(kwargs: dict[str, Any], runner: EventLoopThread) -> tuple[An
                 f"this vLLM has no per_request_spec_decode_metrics ({exc}); exact per-request "
                 f"stats of batched requests need them (vllm=={VLLM_PIN})"
             ) from exc
-        raise
+        raise VLLMOptionError(f"vLLM engine arguments (llm_kwargs): {_one_line(exc)}") from exc
+    except ValueError as exc:  # pydantic's ValidationError is one
+        raise VLLMOptionError(f"vLLM refused its engine arguments: {_one_line(exc)}") from exc
 
     async def build() -> Any:
         with main_module_hidden():
             return async_llm.AsyncLLM.from_engine_args(engine_args)
 
-    llm = runner.submit(build()).result()  # loads the models: minutes, on purpose blocking
+    try:
+        llm = runner.submit(build()).result()  # loads the models: minutes, on purpose blocking
+    except (ValueError, TypeError) as exc:  # vLLM's config checks, before any process starts
+        raise VLLMOptionError(f"vLLM refused its engine arguments: {_one_line(exc)}") from exc
     cumulative = sampling.RequestOutputKind.CUMULATIVE
 
     def make_sampling_params(**sampling_kw: Any) -> Any:

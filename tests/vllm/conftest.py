@@ -20,7 +20,7 @@ from tests.vllm.support import EnginePool
 
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None
 REQUIRED = os.environ.get("SPECRAG_REQUIRE_VLLM") == "1"
-K_ORDER: dict[int | str, int] = {1: 0, 2: 1, 3: 2, 4: 3, "auto": 3, 8: 4}
+K_ORDER: dict[int | str, int] = {1: 0, 2: 1, 3: 2, 4: 3, 8: 4, "auto": 5}
 
 
 def _engine_rank(item: pytest.Item) -> tuple[int, int]:
@@ -62,3 +62,12 @@ def engine_pool() -> Iterator[EnginePool]:
     pool = EnginePool(keep=2)
     yield pool
     pool.close()
+
+
+# The integration suite's fixtures, for the worker test (tests/integration/conftest.py).
+from tests.integration.conftest import (  # noqa: E402, F401
+    private_deployment,
+    private_redis,
+    service_settings,
+    worker_process,
+)

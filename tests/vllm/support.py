@@ -21,11 +21,10 @@ SMALL_KV = {"kv_cache_memory_bytes": 256 << 20}
 
 
 def engine_key(params: SamplingParams) -> tuple[str, int | str]:
-    """The speculation an engine must be started with to serve ``params`` ("auto" runs k = 4)."""
+    """The speculation an engine must be started with to serve ``params``."""
     if params.method == "none":
-        return ("none", 0)
-    k = params.num_speculative_tokens
-    return (params.method, 4 if k == "auto" else k)
+        return ("none", 4)
+    return (params.method, params.num_speculative_tokens)
 
 
 class EnginePool:
@@ -54,7 +53,7 @@ class EnginePool:
             draft if method == "draft_model" else None,
             device="cpu",
             method=method,
-            num_speculative_tokens=4 if method == "none" else k,
+            num_speculative_tokens=k,
             **options,
         )
         self.engines[key] = engine
