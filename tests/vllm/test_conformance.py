@@ -96,6 +96,26 @@ class TestVLLMConformance(EngineConformance):
             if method == "none":
                 assert result.stats.num_draft_tokens == 0
 
+    @pytest.mark.parametrize(
+        "method",
+        [
+            pytest.param(
+                "draft_model",
+                marks=pytest.mark.xfail(
+                    strict=True,
+                    reason="vLLM 0.32 (CPU build): a seeded request with speculative decoding "
+                    "is not reproducible (measured: the same seed gave 3 answers in 3 runs, "
+                    "greedy and probabilistic drafts alike; docs/vllm.md)",
+                ),
+            ),
+            "ngram",
+        ],
+    )
+    def test_seeded_sampling_is_reproducible(
+        self, engine: Engine, prompts: list[list[int]], method: str
+    ) -> None:
+        super().test_seeded_sampling_is_reproducible(engine, prompts, method)
+
     def test_properties(self, engine: Engine) -> None:
         real = engine.for_params(SamplingParams())  # type: ignore[attr-defined]
         super().test_properties(real)
