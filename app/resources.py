@@ -57,6 +57,10 @@ class Resources:
                 from generation import load_engine  # heavy: torch
 
                 s = self.settings
+                if s.engine == "vllm":  # before any model loads: a typo fails at once
+                    from generation.vllm_engine import VLLMEngine
+
+                    VLLMEngine.check_options(s.vllm_options)
                 log.info(
                     "loading %s engine: target %s, draft %s",
                     s.engine,
@@ -67,7 +71,7 @@ class Resources:
                     s.engine,
                     str(s.target_model),
                     str(s.draft_model) if s.draft_model else None,
-                    _device(s.device, s.engine),
+                    s.device,
                     s.vllm_options if s.engine == "vllm" else None,
                 )
             return self._engine
@@ -183,8 +187,3 @@ def _batch_warmup(warmup: Any, settings: Settings) -> dict[str, Any]:
     while sizes[-1] < top:
         sizes.append(sizes[-1] * 2)
     return {"batch_sizes": tuple(sizes)}
-
-
-def _device(device: str, engine: str) -> str:
-    # vLLM always runs on CUDA; the torch engine resolves "auto" itself.
-    return "cuda" if engine == "vllm" and device == "auto" else device

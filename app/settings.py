@@ -54,7 +54,11 @@ class Settings(BaseSettings):
         description="Local sentence-transformers directory.",
     )
     engine: Literal["torch", "vllm"] = Field(
-        default="torch", description="Generation engine implementation."
+        default="torch",
+        description=(
+            "Generation engine: torch (built in) or vllm (vLLM's CUDA build on GPU hosts, its "
+            "CPU build from .venv-vllm on CPU hosts; docs/vllm.md)."
+        ),
     )
     vllm_options: dict[str, Any] = Field(
         default_factory=dict,
@@ -71,7 +75,9 @@ class Settings(BaseSettings):
         ),
     )
     device: Literal["cpu", "cuda", "auto"] = Field(
-        default="auto", description="Device for the torch engine."
+        default="auto",
+        description="Device for either engine (auto: CUDA where there is one; for vLLM, the "
+        "platform its installed build runs on).",
     )
 
     # Request limits (API and CLI validate against these).

@@ -34,10 +34,9 @@ def load_engine(
             from generation.vllm_engine import VLLMEngine  # type: ignore[import-not-found]
         except ImportError as exc:
             raise RuntimeError(
-                f"engine 'vllm' is not available here ({exc}); install the vllm extra on a GPU host"
+                f"engine 'vllm' is not available here ({exc}); install the vllm extra on a GPU "
+                "host, or `make vllm-venv` (vLLM's CPU build) on a CPU host"
             ) from exc
-        engine: Engine = VLLMEngine.from_pretrained(
-            target_dir, draft_dir, device="cuda" if device == "auto" else device, **options
-        )
+        engine: Engine = VLLMEngine.from_pretrained(target_dir, draft_dir, device=device, **options)
         return engine
     raise ValueError(f"engine: unknown kind {kind!r}; expected one of {', '.join(ENGINE_KINDS)}")

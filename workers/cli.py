@@ -96,7 +96,15 @@ def worker(
     if settings.worker_pool != "prefork":
         # Models load (and the loop's concurrency is checked) before joining the queue: an
         # engine that cannot hold the concurrency is refused here, with the reason.
-        runtime.warm(app)
+        try:
+            runtime.warm(app)
+        except RuntimeError as exc:
+            # vLLM missing, or not the build for this device: one line naming what to install.
+            from generation.vllm_engine import VLLMUnavailableError
+
+            if isinstance(exc, VLLMUnavailableError):
+                raise ValueError(str(exc)) from exc
+            raise
     argv = ["worker", "-Q", ",".join(names), "--pool", settings.worker_pool, "--loglevel", loglevel]
     argv += ["--concurrency", str(processes), "--without-gossip", "--without-mingle"]
     if hostname:

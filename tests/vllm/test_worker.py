@@ -1,0 +1,161 @@
+"""``SPECRAG_ENGINE=vllm specrag worker`` end to end on this CPU, with the shipped demo pair.
+
+The integration suite's own fixtures and helpers (tests/integration/conftest.py: a private
+deployment on a fresh PostgreSQL database, a private redis-server, ``specrag worker``
+subprocesses, the API on a loopback port): API -> Celery -> vLLM -> answer, sources, stats
+and audit rows; SSE from vLLM's deltas; a burst of 24, each answered once, greedy answers and
+stored stats those of one at a time; a request vLLM's started speculation cannot serve fails
+with the reason and stores nothing; the worker's metrics equal the stored stats; SIGKILL with
+queries in flight, each answered once by a second vLLM worker. One test, two worker starts:
+each start is a vLLM engine start (tens of seconds here).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+from sqlalchemy import select
+
+from app.client import SpecragClient
+from app.db import Answer, AnswerSource, GenerationStatsRecord, make_engine, make_session_factory
+from app.settings import Settings
+from tests.integration.conftest import Deployment
+from tests.integration.helpers import ApiServer, RedisServer, WorkerProcess, free_port, stored_rows
+from tests.integration.test_metrics import _scrape, _stored, _sum
+
+REPO = Path(__file__).resolve().parents[2]
+DEMO = REPO / "models" / "demo"
+QUESTIONS = [f"What does {w} do?" for w in ("assert", "pass", "del")]
+STAT_FIELDS = ("num_output_tokens", "num_target_forwards", "num_drafts", "num_draft_tokens",
+               "num_accepted_tokens", "accepted_per_position")  # fmt: skip
+
+
+def _vllm_settings(deployment: Deployment, redis: RedisServer, **update: object) -> Settings:
+    return deployment.settings.model_copy(
+        update={
+            "broker_url": redis.url(1),
+            "engine": "vllm",
+            "device": "cpu",
+            "target_model": DEMO / "target",
+            "draft_model": DEMO / "draft",
+            "vllm_options": {"llm_kwargs": {"kv_cache_memory_bytes": 512 << 20}},
+            "worker_pool": "threads",
+            "worker_concurrency": 24,
+            "max_tokens_limit": 1500,
+            **update,
+        }
+    )
+
+
+def _stats_rows(settings: Settings, ids: list[str]) -> dict[str, GenerationStatsRecord]:
+    engine = make_engine(settings)
+    with make_session_factory(engine)() as session:
+        rows = session.scalars(
+            select(GenerationStatsRecord).where(
+                GenerationStatsRecord.query_id.in_([uuid.UUID(i) for i in ids])
+            )
+        ).all()
+        session.expunge_all()
+    engine.dispose()
+    return {str(r.query_id): r for r in rows}
+
+
+def test_a_vllm_worker_answers_streams_bursts_counts_and_survives_sigkill(
+    private_deployment: Deployment,
+    private_redis: RedisServer,
+    worker_process: Callable[..., WorkerProcess],
+) -> None:
+    keys, docs = private_deployment.keys, private_deployment.collection
+    port = free_port()
+    settings = _vllm_settings(
+        private_deployment, private_redis, metrics_port=port, metrics_host="127.0.0.1"
+    )
+    first = worker_process(settings, "vllm-first")
+    first.wait_ready(timeout=400)
+    with ApiServer(settings) as api, SpecragClient(api.url, keys["acme"]) as client:
+        # One query through the whole path, streamed.
+        qid = client.submit(QUESTIONS[0], docs, max_tokens=40)
+        events = list(client.stream(qid, timeout=180))
+        view = client.get(qid)
+        assert view["status"] == "succeeded", view
+        tokens = [e for e in events if e.event == "token"]
+        assert tokens and events[-1].event == "done" and events[-1].data == view
+        assert "".join(e.data["text"] for e in tokens) == view["answer"]
+        assert sum(len(e.data["token_ids"]) for e in tokens) == view["stats"]["num_output_tokens"]
+        assert view["sources"] and view["stats"]["num_drafts"] > 0
+
+        # A burst of 24: each answered once, each as it was alone.
+        alone = {
+            q: client.wait(client.submit(q, docs, max_tokens=32), timeout=180) for q in QUESTIONS
+        }
+        burst = [QUESTIONS[i % 3] for i in range(24)]
+        ids = [client.submit(q, docs, max_tokens=32) for q in burst]
+        done = [client.wait(i, timeout=300) for i in ids]
+        assert [d["status"] for d in done] == ["succeeded"] * 24, done
+        assert [d["answer"] for d in done] == [alone[q]["answer"] for q in burst]
+        for d, q in zip(done, burst, strict=True):
+            assert {f: d["stats"][f] for f in STAT_FIELDS} == {
+                f: alone[q]["stats"][f] for f in STAT_FIELDS
+            }
+        assert max(d["stats"]["mean_batch_size"] for d in done) > 2  # they shared vLLM's batch
+        rows = stored_rows(settings, ids)
+        assert all(answers == stats == 1 for _, answers, stats in rows.values()), rows
+        stored = _stats_rows(settings, ids)
+        for d, query_id in zip(done, ids, strict=True):
+            assert {f: getattr(stored[query_id], f) for f in STAT_FIELDS} == {
+                f: d["stats"][f] for f in STAT_FIELDS
+            }
+
+        # A speculation this vLLM engine was not started with: failed, with the reason, no rows.
+        bad = client.wait(client.submit(QUESTIONS[0], docs, method="ngram"), timeout=120)
+        assert bad["status"] == "failed" and "started with method='draft_model'" in bad["error"]
+        assert stored_rows(settings, [bad["id"]])[bad["id"]][1:] == (0, 0)
+
+        # Audit rows: the answer says which engine and pair; its sources are stored.
+        engine = make_engine(settings)
+        with make_session_factory(engine)() as session:
+            answers = session.scalars(select(Answer).where(Answer.query_id == uuid.UUID(qid))).all()
+            assert [(a.engine, a.model_pair) for a in answers] == [("vllm", "target+draft")]
+            assert session.scalars(
+                select(AnswerSource).where(AnswerSource.answer_id == answers[0].id)
+            ).all()
+        engine.dispose()
+
+        # The worker's counters are the sums of what it stored.
+        samples = _scrape(f"http://127.0.0.1:{port}/metrics")
+        mine, _ = _stored(settings, "vllm-first")
+        for name, field in (
+            ("specrag_generation_tokens_total", "num_output_tokens"),
+            ("specrag_spec_decode_num_drafts_total", "num_drafts"),
+            ("specrag_spec_decode_num_draft_tokens_total", "num_draft_tokens"),
+            ("specrag_spec_decode_num_accepted_tokens_total", "num_accepted_tokens"),
+        ):
+            assert _sum(samples, name) == sum(getattr(s, field) for s, _ in mine), name
+        for pos in range(4):
+            assert _sum(
+                samples, "specrag_spec_decode_num_accepted_tokens_per_pos_total", position=str(pos)
+            ) == sum(s.accepted_per_position[pos] for s, _ in mine)
+
+        # SIGKILL with queries in flight: a second vLLM worker answers each once.
+        held_ids = [client.submit(f"{QUESTIONS[1]} ({i})", docs, max_tokens=1200) for i in range(8)]
+        deadline = time.monotonic() + 120
+        while True:
+            held = [
+                q for q, _, _ in stored_rows(settings, held_ids).values()
+                if q.status == "running" and (q.worker_host or "").startswith("vllm-first@")
+            ]  # fmt: skip
+            if len(held) == 8:
+                break
+            assert time.monotonic() < deadline, "the worker never held all 8 at once"
+            time.sleep(0.05)
+        first.kill()
+        second = worker_process(settings.model_copy(update={"metrics_port": None}), "vllm-second")
+        second.wait_ready(timeout=400)
+        after = [client.wait(i, timeout=400) for i in held_ids]
+    assert [d["status"] for d in after] == ["succeeded"] * 8, after
+    for query, answers, stats in stored_rows(settings, held_ids).values():
+        assert (answers, stats, query.attempts) == (1, 1, 2)
+        assert (query.worker_host or "").startswith("vllm-second@")
