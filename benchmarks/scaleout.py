@@ -96,11 +96,13 @@ def synthesize(url: str, n: int, dim: int) -> float:
             for d in range(n // per_doc):
                 copy.write_row((d + 1, "bench", "bench", f"synthetic/{d}.md", f"doc {d}",
                                 "0" * 64, 0, per_doc, "now", "now"))  # fmt: skip
+        terms = demo_terms()
         with cur.copy("COPY chunks (id, document_id, position, title, heading, text, token_count,"
-                      " embedding) FROM STDIN") as copy:  # fmt: skip
+                      " embedding, lexical_terms) FROM STDIN") as copy:  # fmt: skip
             for i in range(n):
                 copy.write_row((i + 1, i // per_doc + 1, i % per_doc, "t", None,
-                                f"synthetic passage {i}", 3, to_bytes(vectors[i])))  # fmt: skip
+                                f"synthetic passage {i}", 3, to_bytes(vectors[i]),
+                                f"{terms[i % len(terms)]} syn{i}"))  # fmt: skip
         cur.execute("SELECT setval('documents_id_seq', %s)", (n // per_doc,))
         cur.execute("SELECT setval('chunks_id_seq', %s)", (n,))
         cur.execute(
@@ -109,6 +111,20 @@ def synthesize(url: str, n: int, dim: int) -> float:
             " now(), 1, 0)", (n, dim))  # fmt: skip
         conn.commit()
     return time.perf_counter() - started
+
+
+def demo_terms() -> list[str]:
+    """Stored lexical terms of real passages (demo/corpus cut into ~1,200-character pieces), so
+    a new host's lexical build reads and indexes as much as it would for real chunks."""
+    from retrieval.terms import chunk_terms
+
+    pieces = []
+    for path in sorted((ROOT / "demo" / "corpus").glob("*.md")):
+        text = path.read_text(encoding="utf-8")
+        pieces += [
+            chunk_terms(path.stem, None, text[i : i + 1200]) for i in range(0, len(text), 1200)
+        ]
+    return pieces
 
 
 def prepared(name: str, vectors: np.ndarray) -> object:

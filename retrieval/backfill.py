@@ -53,10 +53,11 @@ def backfill_collection(
     encode: Encode | None,
     tenant: str,
     collection: str,
+    progress: Callable[[int], object] | None = None,
 ) -> BackfillResult:
-    """Store every missing vector (and IVF centroids) of one collection; see the module doc.
-
-    ``encode=None`` stores only what this host's files hold."""
+    """Store every missing vector (and IVF centroids) and lexical terms of one collection; see
+    the module doc. ``encode=None`` stores only the vectors this host's files hold;
+    ``progress(n)``: after each batch of lexical terms stored."""
     result = BackfillResult(tenant, collection)
     with session_factory() as session:
         missing = list(
@@ -83,7 +84,7 @@ def backfill_collection(
             result.embedded += _store(session_factory, _embed(session_factory, encode,
                                                               rest[start : start + BATCH]))  # fmt: skip
     result.centroids = _centroids(session_factory, store, tenant, collection)
-    result.terms = backfill_terms(session_factory, tenant, collection)
+    result.terms = backfill_terms(session_factory, tenant, collection, progress)
     return result
 
 

@@ -1,11 +1,13 @@
-"""``specrag index backfill``: store the vectors of chunks ingested before migration 0004."""
+"""``specrag index backfill``: store the vectors (migration 0004) and lexical terms (0008) of older chunks."""
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import click
 from sqlalchemy import select
+from tqdm import tqdm
 
 from app.commands.common import emit, get_settings, json_option, one_line_errors
 from app.db import prepare
@@ -49,7 +51,11 @@ def backfill(collection: str | None, tenant: str | None, as_json: bool) -> None:
         return embedder[0].encode(texts)
 
     store = IndexStore(settings.index_dir)
-    results = [backfill_collection(session_factory, store, encode, t, c) for t, c in targets]
+    results = []
+    for t, c in targets:
+        # Progress of the lexical terms (every chunk of a pre-0008 collection is analysed).
+        with tqdm(unit="chunk", desc=f"terms {t}/{c}", file=sys.stderr, disable=as_json) as bar:
+            results.append(backfill_collection(session_factory, store, encode, t, c, bar.update))
     lines = [
         f"{r.tenant}/{r.collection}: {r.from_files} from index files, {r.embedded} embedded, "
         f"{r.terms} lexical terms stored" + (f", centroids {r.centroids}" if r.centroids else "")

@@ -50,3 +50,14 @@ def test_backfill_takes_vectors_from_files_then_embeds_the_rest(
     assert run("index", "backfill", "--collection", "none", "--json").stdout.strip() == (
         '{"collections": []}'
     )
+    # Chunks from before migration 0008: their lexical terms are analysed and stored, with progress.
+    with sqlite3.connect(database) as conn:
+        forgotten = conn.execute("UPDATE chunks SET lexical_terms = NULL").rowcount
+    result = run("index", "backfill", "--collection", "kb")
+    assert result.exit_code == 0 and f"{forgotten} lexical terms stored" in result.stdout
+    assert "terms default/kb" in result.stderr  # the progress bar
+    with sqlite3.connect(database) as conn:
+        nulls = conn.execute("SELECT count(*) FROM chunks WHERE lexical_terms IS NULL").fetchone()
+    assert nulls == (0,)
+    lexical = run("search", "centrifugal", "-c", "kb", "--mode", "lexical", "--json")
+    assert json.loads(lexical.stdout)["results"][0]["document"] == docs[1]
