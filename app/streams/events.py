@@ -32,7 +32,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from app.queries import get_query, query_json
 from app.settings import Settings
-from app.streams.hub import StreamHub, parse_id
+from app.streams.hub import StreamHub, normal_id, parse_id
 from app.streams.publish import stream_key
 
 log = logging.getLogger(__name__)
@@ -62,11 +62,10 @@ the API answers it with the ``retry:`` line, so a client that has read bytes can
 
 
 def check_last_event_id(value: str | None) -> str | None:
-    """``value`` when it is an id this service sends; ValueError otherwise."""
+    """``value`` in canonical form when it is an id this service sends; ValueError otherwise."""
     if value is None or value in (END_ID, ANSWER_ID):
         return value
-    parse_id(value)
-    return value
+    return normal_id(value)
 
 
 def view_json(query: Any) -> dict[str, Any]:
@@ -192,6 +191,13 @@ class StreamSource:
                         finishing = view["status"] in FINAL
                 if finishing:
                     yield final_event(view)
+                    return
+                if sub.failed:
+                    # Redis refuses to read this stream: the database still gives the outcome.
+                    log.warning("stream %s: Redis refused to read it; reading the database", key)
+                    async for event in self._from_database(query_id, tenant_id, view, "0-0"):
+                        if event is not OPENED:
+                            yield event
                     return
                 try:
                     if not sub.queue.empty():
