@@ -102,6 +102,14 @@ class Settings(BaseSettings):
         default=36 * 1024 * 1024,
         description="Largest HTTP request body; larger ones get 413 before they are parsed.",
     )
+    max_query_request_bytes: int = Field(
+        default=1024 * 1024,
+        description="Largest body of POST /v1/queries (one question); larger ones get 413 unread.",
+    )
+    max_json_depth: int = Field(
+        default=32,
+        description="Deepest nesting of arrays and objects in a JSON request body (422 beyond).",
+    )
 
     # Per-tenant limits (defaults; an admin sets a tenant's own with `specrag tenants limits`).
     tenant_submissions_per_second: float = Field(

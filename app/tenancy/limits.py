@@ -143,12 +143,35 @@ class Enforcer:
             self._cache[tenant_id] = (now, found)
         return found
 
-    def submission(self, session: Session, tenant_id: int, *, batch_items: int = 0) -> Limits:
-        """Count one submission; LimitExceeded when over the rate or an active-work quota."""
+    def rate(self, session: Session, tenant_id: int) -> Limits:
+        """Count one submission against the tenant's rate; LimitExceeded when over it.
+
+        The API's guard calls this before it reads the request's body, and the route then calls
+        ``submission`` or ``upload`` with ``rate=False``.
+        """
         limits = self.limits(session, tenant_id)
         self._rate(tenant_id, limits.submissions_per_second)
+        return limits
+
+    def submission(
+        self, session: Session, tenant_id: int, *, batch_items: int = 0, rate: bool = True
+    ) -> Limits:
+        """Count one submission; LimitExceeded when over the rate or an active-work quota.
+
+        A batch larger than the tenant's whole quota can never be admitted: 413, not 429.
+        """
+        limits = self.limits(session, tenant_id)
+        if rate:
+            self._rate(tenant_id, limits.submissions_per_second)
         if batch_items:
             cap = limits.max_batch_items
+            if cap and batch_items > cap:
+                raise LimitExceeded(
+                    "questions",
+                    f"{batch_items} items is more than the tenant's max_batch_items ({cap}) "
+                    "in flight at once: split the batch",
+                    status=413,
+                )
             if cap and not self._room(session, tenant_id, "batch", batch_items, cap):
                 raise LimitExceeded(
                     "questions",
@@ -188,10 +211,11 @@ class Enforcer:
             self._counts[key] = (hit[0], hit[1] + adding)
         return True
 
-    def upload(self, session: Session, tenant_id: int, size: int) -> Limits:
+    def upload(self, session: Session, tenant_id: int, size: int, *, rate: bool = True) -> Limits:
         """Count an upload of ``size`` bytes; LimitExceeded when over a request or daily quota."""
         limits = self.limits(session, tenant_id)
-        self._rate(tenant_id, limits.submissions_per_second)
+        if rate:
+            self._rate(tenant_id, limits.submissions_per_second)
         if limits.max_upload_bytes and size > limits.max_upload_bytes:
             raise LimitExceeded(
                 "documents",
@@ -201,7 +225,11 @@ class Enforcer:
         daily = limits.max_upload_bytes_per_day
         if daily:
             if size > daily:
-                raise LimitExceeded("documents", f"{size} bytes is over the daily {daily}")
+                raise LimitExceeded(
+                    "documents",
+                    f"{size} bytes is over the tenant's max_upload_bytes_per_day ({daily})",
+                    status=413,
+                )
             item = RateLimitItemPerDay(daily)
             if not self._hit(item, "upload-bytes", str(tenant_id), cost=max(1, size)):
                 reset = self.window.get_window_stats(item, "upload-bytes", str(tenant_id))[0]
@@ -236,7 +264,7 @@ class Enforcer:
         if not self._hit(item, "submit", str(tenant_id)):
             reset = self.window.get_window_stats(item, "submit", str(tenant_id))[0]
             raise LimitExceeded(
-                "Authorization",
+                "submissions_per_second",
                 f"more than {per_second:g} submissions per second for this tenant",
                 retry_after=math.ceil(reset - time.time()),
             )

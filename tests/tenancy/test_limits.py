@@ -87,7 +87,7 @@ def test_submission_rate_limit_is_shared_between_api_processes(
         assert 1 <= codes.count(202) <= 2 and codes.count(429) >= 6, codes
         refused = next(r for r in responses if r.status_code == 429)
         assert 1 <= int(refused.headers["Retry-After"]) <= 5
-        assert refused.json()["error"]["field"] == "Authorization"
+        assert refused.json()["error"]["field"] == "submissions_per_second"
 
 
 def test_upload_bytes_per_request_and_per_day(tenancy_pg: str, tmp_path: Path) -> None:

@@ -54,7 +54,7 @@ def _two_enforcers_share_one_window(settings: Settings) -> None:
             first.submission(s1, tenant)
             with pytest.raises(LimitExceeded) as refused:
                 second.submission(s2, tenant)
-            assert refused.value.status == 429 and refused.value.field == "Authorization"
+            assert refused.value.status == 429 and refused.value.field == "submissions_per_second"
             assert 1 <= refused.value.retry_after <= 5
             # A new Enforcer (a restarted process) still sees the window.
             with pytest.raises(LimitExceeded):
