@@ -158,3 +158,12 @@ def test_a_batch_over_the_tenants_in_flight_quota_is_a_413(tenancy_pg: str, tmp_
         assert response.status_code == 413, response.text
         _shared_shape(response, "questions")
         assert "max_batch_items" in response.json()["error"]["message"]
+
+
+def test_a_deeply_nested_jsonl_line_is_a_422_naming_the_file(api: Api) -> None:
+    line = "[" * 5000 + "]" * 5000
+    body = {"jsonl": json.dumps({"question": "ok?"}) + "\n" + line, "collection": "docs"}
+    response = api.post("/v1/batches", body, api.key(_tenant()))
+    assert response.status_code == 422, response.text
+    _shared_shape(response, "file")
+    assert "line 2" in response.json()["error"]["message"]
