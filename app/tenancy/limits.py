@@ -240,6 +240,18 @@ class Enforcer:
                 )
         return limits
 
+    def refund_upload(self, session: Session, tenant_id: int, size: int) -> None:
+        """Give back ``size`` bytes of today's upload quota (an upload refused after ``upload``)."""
+        daily = self.limits(session, tenant_id).max_upload_bytes_per_day
+        if not daily:
+            return
+        item = RateLimitItemPerDay(daily)
+        try:
+            key = item.key_for("upload-bytes", str(tenant_id))
+            self.storage.incr(key, item.get_expiry(), amount=-max(1, size))
+        except Exception as exc:  # the store is down: the quota errs towards refusing
+            log.warning("rate limit store unreachable, upload quota not refunded: %s", exc)
+
     def _hit(self, item: Any, *keys: str, cost: int = 1) -> bool:
         """Count ``cost`` against ``item``; True (allowed) when the rate store cannot be reached.
 

@@ -83,15 +83,20 @@ def upload(
     size = sum(len(u.content) for u in uploads)
     limits = enforcer.upload(session, caller.tenant_id, size, rate=not rate_counted(request))
     files = [u.to_message() for u in uploads]
-    before = mark_pending(session, caller.tenant, body.collection, uploads)
     try:
-        _send(
-            lambda: dispatcher.send_uploads(
-                files, body.collection, caller.tenant, limits.max_extracted_chars
+        before = mark_pending(session, caller.tenant, body.collection, uploads)
+        try:
+            _send(
+                lambda: dispatcher.send_uploads(
+                    files, body.collection, caller.tenant, limits.max_extracted_chars
+                )
             )
-        )
-    except ApiError:
-        restore(session, caller.tenant, body.collection, before)  # nothing half-written
+        except ApiError:
+            restore(session, caller.tenant, body.collection, before)  # nothing half-written
+            raise
+    except Exception:
+        session.rollback()
+        enforcer.refund_upload(session, caller.tenant_id, size)  # a refused upload costs nothing
         raise
     return {
         "status": "queued",
