@@ -33,7 +33,10 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        running = Sweeper(session_factory, settings, queue.send_query).start() if sweeper else None
+        lost = getattr(queue, "broker_lost", None)  # a queue that can tell it lost its data
+        running = (
+            Sweeper(session_factory, settings, queue.send_query, lost).start() if sweeper else None
+        )
         try:
             yield
         finally:
