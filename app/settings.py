@@ -159,6 +159,17 @@ class Settings(BaseSettings):
     task_time_limit: int = Field(
         default=360, description="Seconds before a task's process is killed."
     )
+    max_pdf_pages: int = Field(
+        default=5_000, description="Pages one uploaded PDF may have (it fails at ingest beyond)."
+    )
+    max_pdf_content_bytes: int = Field(
+        default=64 * 1024 * 1024,
+        description="Bytes an uploaded PDF's page contents may decode to (fails at ingest beyond).",
+    )
+    max_pdf_text_operators: int = Field(
+        default=500_000,
+        description="Text-showing operators an uploaded PDF may hold (fails at ingest beyond).",
+    )
     ingest_time_limit: float = Field(
         default=300.0,
         description="Seconds one ingest task may run (enforced on the solo pool too).",

@@ -16,6 +16,7 @@ from typing import Any
 
 from app.documents import upload_dir, write_uploads
 from app.tenancy.deadline import IngestTimeLimit, time_limit
+from app.tenancy.pdf_bounds import PdfBounds, pdf_problem
 from app.tenancy.uploads import forget, record_results
 from retrieval.sources import normalise_source
 
@@ -37,6 +38,19 @@ def ingest_uploaded(
             # no document stays pending for ever without a reason.
             return _failed(resources, tenant, collection, [f["name"] for f in files],
                            f"could not write the upload: {exc.strerror or exc}")  # fmt: skip
+        bounds = PdfBounds(settings.max_pdf_pages, settings.max_pdf_content_bytes,
+                           settings.max_pdf_text_operators)  # fmt: skip
+        refused = [
+            (p.name, "failed", problem)
+            for p in paths
+            if p.suffix.lower() == ".pdf" and (problem := pdf_problem(p, bounds)) is not None
+        ]
+        if refused:
+            log.warning("uploads over the PDF bounds for %s/%s: %s", tenant, collection, refused)
+            record_results(resources.session_factory, tenant, collection, refused)
+            paths = [p for p in paths if p.name not in {name for name, _, _ in refused}]
+            if not paths:
+                return {"status": "failed", "error": refused[0][2]}
         names = {normalise_source(p): p.name for p in paths}
         try:
             with time_limit(settings.ingest_time_limit):
