@@ -115,6 +115,13 @@ class Settings(BaseSettings):
     tenant_submissions_per_second: float = Field(
         default=20.0, description="Queries, batches and uploads a tenant may submit per second."
     )
+    tenant_submission_burst: int = Field(
+        default=60,
+        description=(
+            "Submissions a tenant may make at once before its per-second rate applies (the "
+            "window is burst / rate seconds; 0: one second's worth)."
+        ),
+    )
     tenant_max_active_queries: int = Field(
         default=500, description="Interactive queries a tenant may have queued or running."
     )

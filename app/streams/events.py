@@ -73,6 +73,13 @@ def view_json(query: Any) -> dict[str, Any]:
     return query_json(query)
 
 
+def gone_event(query_id: uuid.UUID) -> Event:
+    """``error`` for a query deleted while its stream was open (its batch item was cancelled,
+    or its tenant deleted): the stream still ends with a final event, never a bare close."""
+    message = "the query no longer exists: its batch was cancelled or it was deleted"
+    return Event("error", END_ID, {"id": str(query_id), "status": "cancelled", "error": message})
+
+
 def final_event(view: dict[str, Any]) -> Event:
     """``done`` for a succeeded query, ``error`` for a failed one."""
     return Event("done" if view["status"] == "succeeded" else "error", END_ID, view)
@@ -139,7 +146,8 @@ class StreamSource:
                 yield None
             found = await self.view(query_id, tenant_id)
             if found is None:
-                return  # deleted with its tenant while streaming
+                yield gone_event(query_id)  # deleted while streaming: say so, then end
+                return
             view = found
         if view["status"] == "succeeded" and last_event_id is None and view.get("answer"):
             yield Event("token", ANSWER_ID, {"text": view["answer"], "token_ids": []})
@@ -186,6 +194,7 @@ class StreamSource:
                     elif kind == "end":
                         found = await self.view(query_id, tenant_id)
                         if found is None:
+                            yield gone_event(query_id)
                             return
                         view = found
                         finishing = view["status"] in FINAL
@@ -211,6 +220,7 @@ class StreamSource:
                     # An ``end`` lost with its worker (or with Redis): the database still knows.
                     found = await self.view(query_id, tenant_id)
                     if found is None:
+                        yield gone_event(query_id)
                         return
                     view = found
                     if view["status"] in FINAL:

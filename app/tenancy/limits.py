@@ -268,10 +268,7 @@ class Enforcer:
     def _rate(self, tenant_id: int, per_second: float) -> None:
         if per_second <= 0:
             return
-        # A rate below 1/s becomes one submission per ceil(1/rate) seconds.
-        amount, seconds = (
-            (math.floor(per_second), 1) if per_second >= 1 else (1, math.ceil(1 / per_second))
-        )
+        amount, seconds = burst_window(per_second, self.settings.tenant_submission_burst)
         item = RateLimitItemPerSecond(amount, seconds)
         if not self._hit(item, "submit", str(tenant_id)):
             reset = self.window.get_window_stats(item, "submit", str(tenant_id))[0]
@@ -280,6 +277,20 @@ class Enforcer:
                 f"more than {per_second:g} submissions per second for this tenant",
                 retry_after=math.ceil(reset - time.time()),
             )
+
+
+def burst_window(per_second: float, burst: int) -> tuple[int, int]:
+    """The fixed window that gives ``per_second`` sustained with bursts of ``burst``:
+    ``(submissions, seconds)``.
+
+    ``burst`` submissions at once are admitted, then the window refills at the sustained rate on
+    average: a bucket of ``burst`` that a window of ``burst / per_second`` seconds refills (the
+    ``limits`` library's fixed window, on storage every API process shares). ``burst`` below one
+    second's worth means one second's worth; a rate below 1/s becomes one submission per
+    ``ceil(1 / rate)`` seconds unless the burst is larger.
+    """
+    amount = max(int(burst), math.floor(per_second), 1)
+    return amount, max(1, math.ceil(amount / per_second))
 
 
 def _active(session: Session, tenant_id: int, queue: str) -> int:

@@ -253,3 +253,31 @@ def test_a_poisoned_last_event_id_is_refused_and_stalls_no_other_stream(
     assert waited < 1.0, waited
     finish_query(service_settings, mine, None)
     finish_query(service_settings, theirs, None)
+
+
+def test_a_query_deleted_while_streaming_ends_with_error_not_a_bare_close(
+    keys: dict[str, str], service_settings: Settings
+) -> None:
+    # What cancelling a batch does to its items' never-run queries (app/batch/runner.py).
+    from sqlalchemy import delete
+
+    from app.db import Query, make_engine, make_session_factory
+
+    settings = service_settings.model_copy(update={"stream_keepalive_seconds": 0.3})
+    # Running (its heartbeat in the future), not queued: a queued one the session's sweepers
+    # would send to the session's worker, which might answer it before the delete.
+    qid = running_query(settings, "acme")
+    with api_server(settings) as url:
+        with httpx.stream(
+            "GET", f"{url}/v1/queries/{qid}/stream", headers=_auth(keys["acme"]), timeout=30
+        ) as response:
+            blocks = read_events(response)
+            assert next(blocks).get("retry") == "1000"
+            engine = make_engine(settings)
+            with make_session_factory(engine)() as session:
+                session.execute(delete(Query).where(Query.id == qid))
+                session.commit()
+            engine.dispose()
+            rest = [b for b in blocks if "event" in b]
+    assert [(b["event"], b["id"]) for b in rest] == [("error", "end")]
+    assert rest[0]["data"]["status"] == "cancelled" and rest[0]["data"]["id"] == str(qid)

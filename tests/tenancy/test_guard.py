@@ -122,7 +122,8 @@ def _call(app: Any, path: str, body: bytes, headers: dict[str, str]) -> tuple[in
 def test_no_key_and_no_rate_left_are_answered_before_the_body_is_read(
     tenancy_pg: str, tmp_path: Path
 ) -> None:
-    with make_api(tenancy_pg, tmp_path, tenant_submissions_per_second=0.1) as api:
+    with make_api(tenancy_pg, tmp_path, tenant_submissions_per_second=0.1,
+                  tenant_submission_burst=0) as api:  # fmt: skip
         app = api.client.app
         jsonl = "\n".join(json.dumps({"question": f"q{i}?"}) for i in range(2000))
         body = json.dumps({"jsonl": jsonl, "collection": "docs"}).encode()
