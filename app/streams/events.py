@@ -7,7 +7,8 @@ prints them:
 - ``reset`` ``{"attempt"}`` (an extension): the query started over on another attempt, drop the
   text so far;
 - ``done`` (succeeded) or ``error`` (failed): exactly the JSON of ``GET /v1/queries/{id}``, id
-  ``end``; nothing follows.
+  ``end``; nothing follows. A query deleted while its stream is open (a cancelled batch's item)
+  ends with ``error`` ``{"id", "status": "cancelled", "error"}``.
 
 With a stream Redis the token events carry the stream entry ids, so ``Last-Event-ID`` resumes
 right after the last one received. Without one (embedded broker) the database is polled: when the
