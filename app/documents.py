@@ -13,6 +13,7 @@ import hashlib
 import io
 import os
 import re
+import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,14 @@ from retrieval.loaders import SUPPORTED_SUFFIXES
 from retrieval.records import Document
 
 MAX_FILES_PER_UPLOAD = 100
+MAX_NAME_CHARS = 255
+"""The ``document_uploads.name`` column's width."""
+MAX_NAME_BYTES = 240
+"""A file name's UTF-8 bytes: under the file system's 255 with room for the ingest worker's
+temporary ``.NAME.partial``."""
+_INVISIBLE = {"Cc", "Cf", "Zl", "Zp", "Co", "Cn", "Cs"}
+"""Unicode categories refused in a name: control, format (bidi overrides such as U+202E, zero
+widths), line and paragraph separators, private use, unassigned: a name must read as it is."""
 TEXT_SUFFIXES = (".txt", ".md", ".markdown", ".html", ".htm")
 
 
@@ -65,8 +74,9 @@ def validate_uploads(
     for i, doc in enumerate(documents):
         name = str(doc.get("name", ""))
         check_text(f"documents[{i}].name", name)
-        if not name or name != Path(name).name or name.startswith("."):
-            raise UploadError(f"documents[{i}].name", f"{name!r} is not a plain file name")
+        problem = name_problem(name)
+        if problem is not None:
+            raise UploadError(f"documents[{i}].name", problem)
         suffix = Path(name).suffix.lower()
         if suffix not in SUPPORTED_SUFFIXES:
             raise UploadError(
@@ -79,6 +89,26 @@ def validate_uploads(
         seen.add(name)
         uploads.append(Upload(name, _content(doc, i, suffix, max_file_bytes)))
     return uploads
+
+
+def name_problem(name: str) -> str | None:
+    """Why ``name`` cannot be a document's file name, or None when it can.
+
+    The rules of collection names (not empty, no control characters) and those of a file the
+    ingest worker writes: a plain name, at most MAX_NAME_CHARS characters and MAX_NAME_BYTES
+    bytes, no invisible or direction-changing characters.
+    """
+    if not name or name != Path(name).name or name.startswith(".") or name != name.strip():
+        return f"{name!r} is not a plain file name"
+    if len(name) > MAX_NAME_CHARS:
+        return f"is {len(name)} characters, over the limit of {MAX_NAME_CHARS}"
+    size = len(name.encode("utf-8"))
+    if size > MAX_NAME_BYTES:
+        return f"is {size} bytes in UTF-8, over the limit of {MAX_NAME_BYTES}"
+    for ch in name:
+        if unicodedata.category(ch) in _INVISIBLE:
+            return f"contains the control or format character U+{ord(ch):04X}"
+    return None
 
 
 def _content(doc: dict[str, Any], i: int, suffix: str, max_file_bytes: int) -> bytes:

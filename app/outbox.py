@@ -285,19 +285,57 @@ def _send_claimed(
     return len(order)
 
 
+def forget_lost_sends(session_factory: sessionmaker[Session], before: datetime) -> int:
+    """Mark interactive queries sent before ``before`` and still queued as unsent; how many.
+
+    For a broker that lost its data: their messages are gone, so they must neither wait for
+    ``resend_after_seconds`` nor hold their tenant's fair-share slots. ``admit`` sends them again
+    (oldest first, tenant round-robin); a message that did survive makes a duplicate, which the
+    worker's claim of a queued query makes harmless.
+    """
+    with session_factory() as session:
+        result = session.execute(
+            update(Query)
+            .where(
+                Query.status == QueryStatus.QUEUED,
+                Query.queue == "answer",
+                Query.enqueued_at.is_not(None),
+                Query.enqueued_at < before,
+            )
+            .values(enqueued_at=None)
+        )
+        session.commit()
+    forgotten = _rowcount(result)
+    if forgotten:
+        log.warning("broker lost its data: %d queued queries will be sent again", forgotten)
+    return forgotten
+
+
 class Sweeper(Periodic):
-    """A daemon thread that reaps and sweeps every ``sweep_interval_seconds`` (API and workers)."""
+    """A daemon thread that reaps and sweeps every ``sweep_interval_seconds`` (API and workers).
+
+    With ``broker_lost`` (once per loss of the broker's data, the time before which sends may be
+    lost; workers/broker_epoch.py) a round first forgets the sends the broker no longer holds.
+    """
 
     def __init__(
-        self, session_factory: sessionmaker[Session], settings: Settings, send: Send
+        self,
+        session_factory: sessionmaker[Session],
+        settings: Settings,
+        send: Send,
+        broker_lost: Callable[[], datetime | None] | None = None,
     ) -> None:
         super().__init__(settings.sweep_interval_seconds, "specrag-sweeper")
         self.session_factory = session_factory
         self.settings = settings
         self.send = send
+        self.broker_lost = broker_lost
 
     def run_once(self) -> tuple[int, int]:
         """One round: (queries reaped, queries sent)."""
+        lost_before = self.broker_lost() if self.broker_lost is not None else None
+        if lost_before is not None:
+            forget_lost_sends(self.session_factory, lost_before)
         reaped = reap_stale(self.session_factory, self.settings)
         sent = sweep(self.session_factory, self.settings, self.send)
         return len(reaped), sent

@@ -160,6 +160,9 @@ class QueryRequest(BaseModel):
     @classmethod
     def _method(cls, value: Any, info: ValidationInfo) -> Any:
         settings = _settings(info)
+        if value is not None and not isinstance(value, str):
+            # 0, false and [] are not "the default": only null and a missing field are.
+            raise ValueError(f"must be a string, one of {', '.join(settings.allowed_methods)}")
         value = value or settings.default_method
         if value not in settings.allowed_methods:
             raise ValueError(f"must be one of {', '.join(settings.allowed_methods)}, got {value!r}")
@@ -170,10 +173,13 @@ class QueryRequest(BaseModel):
     def _k_default(cls, value: Any) -> Any:
         if value is None:
             return DEFAULT_NUM_SPECULATIVE_TOKENS
-        if isinstance(value, str) and value.isdigit():
-            return int(value)  # the CLI and JSONL files may spell k as text
+        if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= 6:
+            # The CLI and JSONL files may spell k as text -- in ASCII digits, and short: int()
+            # also reads other scripts' digits ("٤") and refuses thousands of digits.
+            return int(value)
         if isinstance(value, bool) or not (isinstance(value, int) or value == "auto"):
-            raise ValueError(f"expected an integer >= 1 or 'auto', got {value!r}")
+            shown = value if not isinstance(value, str) or len(value) <= 20 else value[:20] + "..."
+            raise ValueError(f"expected an integer >= 1 or 'auto', got {shown!r}")
         return value
 
     @field_validator("num_speculative_tokens")

@@ -108,10 +108,25 @@ class Settings(BaseSettings):
         default=36 * 1024 * 1024,
         description="Largest HTTP request body; larger ones get 413 before they are parsed.",
     )
+    max_query_request_bytes: int = Field(
+        default=1024 * 1024,
+        description="Largest body of POST /v1/queries (one question); larger ones get 413 unread.",
+    )
+    max_json_depth: int = Field(
+        default=32,
+        description="Deepest nesting of arrays and objects in a JSON request body (422 beyond).",
+    )
 
     # Per-tenant limits (defaults; an admin sets a tenant's own with `specrag tenants limits`).
     tenant_submissions_per_second: float = Field(
         default=20.0, description="Queries, batches and uploads a tenant may submit per second."
+    )
+    tenant_submission_burst: int = Field(
+        default=60,
+        description=(
+            "Submissions a tenant may make at once before its per-second rate applies (the "
+            "window is burst / rate seconds; 0: one second's worth)."
+        ),
     )
     tenant_max_active_queries: int = Field(
         default=500, description="Interactive queries a tenant may have queued or running."
@@ -156,6 +171,17 @@ class Settings(BaseSettings):
     )
     task_time_limit: int = Field(
         default=360, description="Seconds before a task's process is killed."
+    )
+    max_pdf_pages: int = Field(
+        default=5_000, description="Pages one uploaded PDF may have (it fails at ingest beyond)."
+    )
+    max_pdf_content_bytes: int = Field(
+        default=64 * 1024 * 1024,
+        description="Bytes an uploaded PDF's page contents may decode to (fails at ingest beyond).",
+    )
+    max_pdf_text_operators: int = Field(
+        default=500_000,
+        description="Text-showing operators an uploaded PDF may hold (fails at ingest beyond).",
     )
     ingest_time_limit: float = Field(
         default=300.0,

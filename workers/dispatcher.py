@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 import uuid
 from collections.abc import Callable, Sequence
+from datetime import datetime
 from typing import Any
 
 from celery import Celery, group
@@ -17,6 +18,7 @@ from celery.canvas import Signature
 from app.dispatch import TaskName
 from app.requests import QueueName
 from workers import priority
+from workers.broker_epoch import BrokerEpoch
 from workers.queue_depth import queue_depths
 from workers.wakeup import announce
 
@@ -65,6 +67,13 @@ class CeleryDispatcher:
         self._app = app if isinstance(app, Celery) else None
         self._make = None if isinstance(app, Celery) else app
         self._lock = threading.Lock()
+        self._epoch: BrokerEpoch | None = None
+
+    def broker_lost(self) -> datetime | None:
+        """Once per loss of the broker's data, when it was lost (workers/broker_epoch.py)."""
+        if self._epoch is None:
+            self._epoch = BrokerEpoch(str(self.app.conf.broker_url or ""))
+        return self._epoch.lost()
 
     @property
     def app(self) -> Celery:

@@ -17,6 +17,7 @@ from app.db import prepare
 from app.outbox import Sweeper
 from app.requests import QueueName
 from app.resources import Resources
+from workers.broker_epoch import BrokerEpoch
 from workers.dispatcher import send_query
 
 log = logging.getLogger(__name__)
@@ -77,7 +78,10 @@ def connect_signals(app: Celery) -> None:
             return
         res = resources(app)
         _sweepers[id(app)] = Sweeper(
-            res.session_factory, res.settings, lambda qid, queue: send_query(app, qid, queue)
+            res.session_factory,
+            res.settings,
+            lambda qid, queue: send_query(app, qid, queue),
+            BrokerEpoch(str(app.conf.broker_url or "")).lost,
         ).start()
 
     @worker_shutdown.connect(weak=False)

@@ -10,6 +10,7 @@ from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
+from app.api.body import SCOPE_KEY
 from app.api.errors import ApiError
 from app.dispatch import Dispatcher
 from app.keys import find_key
@@ -58,17 +59,39 @@ class Caller:
     is_admin: bool
 
 
+def lookup_caller(session: Session, key: str | None) -> Caller:
+    """The caller behind the bearer ``key``; 401 when it is missing or unknown."""
+    if not key:
+        raise ApiError(401, "Authorization", "missing API key: send 'Authorization: Bearer KEY'")
+    found = find_key(session, key)
+    if found is None:
+        raise ApiError(401, "Authorization", "unknown or revoked API key")
+    return Caller(tenant_id=found.tenant_id, tenant=found.tenant.name, is_admin=found.is_admin)
+
+
+def bearer_key(credentials: HTTPAuthorizationCredentials | None) -> str | None:
+    """The key of an ``Authorization: Bearer KEY`` header (None for none or another scheme)."""
+    if credentials is None or credentials.scheme.lower() != "bearer":
+        return None
+    return credentials.credentials
+
+
 def get_caller(
+    request: Request,
     session: SessionDep,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
 ) -> Caller:
-    """The caller behind the bearer key; 401 when it is missing or unknown."""
-    if credentials is None or credentials.scheme.lower() != "bearer" or not credentials.credentials:
-        raise ApiError(401, "Authorization", "missing API key: send 'Authorization: Bearer KEY'")
-    key = find_key(session, credentials.credentials)
-    if key is None:
-        raise ApiError(401, "Authorization", "unknown or revoked API key")
-    return Caller(tenant_id=key.tenant_id, tenant=key.tenant.name, is_admin=key.is_admin)
+    """The caller behind the bearer key (the guard's lookup, when it made one); 401 when it is
+    missing or unknown."""
+    known: Caller | None = request.scope.get(SCOPE_KEY, {}).get("caller")
+    if known is not None:
+        return known
+    return lookup_caller(session, bearer_key(credentials))
+
+
+def rate_counted(request: Request) -> bool:
+    """Whether the guard already counted this request against the tenant's submission rate."""
+    return bool(request.scope.get(SCOPE_KEY, {}).get("rate_counted"))
 
 
 def get_admin(caller: Annotated[Caller, Depends(get_caller)]) -> Caller:

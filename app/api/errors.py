@@ -8,6 +8,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
+from app.api.body import BodyError
 from app.requests import RequestError
 from app.tenancy.limits import LimitExceeded
 
@@ -45,6 +46,10 @@ def install(app: FastAPI) -> None:
         return JSONResponse(
             error_body(exc.field, exc.message), status_code=exc.status, headers=headers
         )
+
+    @app.exception_handler(BodyError)
+    async def body_error(_: Request, exc: BodyError) -> JSONResponse:
+        return JSONResponse(error_body(exc.field, exc.message), status_code=exc.status_code)
 
     @app.exception_handler(RequestError)
     async def request_error(_: Request, exc: RequestError) -> JSONResponse:

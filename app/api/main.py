@@ -33,7 +33,10 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        running = Sweeper(session_factory, settings, queue.send_query).start() if sweeper else None
+        lost = getattr(queue, "broker_lost", None)  # a queue that can tell it lost its data
+        running = (
+            Sweeper(session_factory, settings, queue.send_query, lost).start() if sweeper else None
+        )
         try:
             yield
         finally:
@@ -56,7 +59,12 @@ def create_app(
     app.state.check_broker = getattr(queue, "ping", None)
     app.state.enforcer = Enforcer(settings, engine)
     errors.install(app)
-    app.add_middleware(RequestGuard, max_bytes=settings.max_request_bytes)  # type: ignore[arg-type]
+    app.add_middleware(
+        RequestGuard,  # type: ignore[arg-type]
+        max_bytes=settings.max_request_bytes,
+        max_query_bytes=min(settings.max_query_request_bytes, settings.max_request_bytes),
+        max_depth=settings.max_json_depth,
+    )
     app.include_router(health.router)
     app.include_router(queries.router)
     app.include_router(stream.router)

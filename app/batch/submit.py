@@ -108,6 +108,8 @@ def parse_jsonl(
             bad.append(f"line {number}: {exc}")
         except ValueError as exc:  # json.JSONDecodeError is a ValueError
             bad.append(f"line {number}: not valid JSON ({exc})")
+        except RecursionError:
+            bad.append(f"line {number}: not valid JSON (nested too deeply)")
     if bad:
         shown = "; ".join(bad[:MAX_LISTED_LINES])
         more = f"; and {len(bad) - MAX_LISTED_LINES} more" if len(bad) > MAX_LISTED_LINES else ""

@@ -7,7 +7,8 @@ prints them:
 - ``reset`` ``{"attempt"}`` (an extension): the query started over on another attempt, drop the
   text so far;
 - ``done`` (succeeded) or ``error`` (failed): exactly the JSON of ``GET /v1/queries/{id}``, id
-  ``end``; nothing follows.
+  ``end``; nothing follows. A query deleted while its stream is open (a cancelled batch's item)
+  ends with ``error`` ``{"id", "status": "cancelled", "error"}``.
 
 With a stream Redis the token events carry the stream entry ids, so ``Last-Event-ID`` resumes
 right after the last one received. Without one (embedded broker) the database is polled: when the
@@ -32,7 +33,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from app.queries import get_query, query_json
 from app.settings import Settings
-from app.streams.hub import StreamHub, parse_id
+from app.streams.hub import StreamHub, normal_id, parse_id
 from app.streams.publish import stream_key
 
 log = logging.getLogger(__name__)
@@ -62,16 +63,22 @@ the API answers it with the ``retry:`` line, so a client that has read bytes can
 
 
 def check_last_event_id(value: str | None) -> str | None:
-    """``value`` when it is an id this service sends; ValueError otherwise."""
+    """``value`` in canonical form when it is an id this service sends; ValueError otherwise."""
     if value is None or value in (END_ID, ANSWER_ID):
         return value
-    parse_id(value)
-    return value
+    return normal_id(value)
 
 
 def view_json(query: Any) -> dict[str, Any]:
     """The JSON of ``GET /v1/queries/{id}`` for ``query`` (same model, same exclusions)."""
     return query_json(query)
+
+
+def gone_event(query_id: uuid.UUID) -> Event:
+    """``error`` for a query deleted while its stream was open (its batch item was cancelled,
+    or its tenant deleted): the stream still ends with a final event, never a bare close."""
+    message = "the query no longer exists: its batch was cancelled or it was deleted"
+    return Event("error", END_ID, {"id": str(query_id), "status": "cancelled", "error": message})
 
 
 def final_event(view: dict[str, Any]) -> Event:
@@ -140,7 +147,8 @@ class StreamSource:
                 yield None
             found = await self.view(query_id, tenant_id)
             if found is None:
-                return  # deleted with its tenant while streaming
+                yield gone_event(query_id)  # deleted while streaming: say so, then end
+                return
             view = found
         if view["status"] == "succeeded" and last_event_id is None and view.get("answer"):
             yield Event("token", ANSWER_ID, {"text": view["answer"], "token_ids": []})
@@ -187,11 +195,19 @@ class StreamSource:
                     elif kind == "end":
                         found = await self.view(query_id, tenant_id)
                         if found is None:
+                            yield gone_event(query_id)
                             return
                         view = found
                         finishing = view["status"] in FINAL
                 if finishing:
                     yield final_event(view)
+                    return
+                if sub.failed:
+                    # Redis refuses to read this stream: the database still gives the outcome.
+                    log.warning("stream %s: Redis refused to read it; reading the database", key)
+                    async for event in self._from_database(query_id, tenant_id, view, "0-0"):
+                        if event is not OPENED:
+                            yield event
                     return
                 try:
                     if not sub.queue.empty():
@@ -205,6 +221,7 @@ class StreamSource:
                     # An ``end`` lost with its worker (or with Redis): the database still knows.
                     found = await self.view(query_id, tenant_id)
                     if found is None:
+                        yield gone_event(query_id)
                         return
                     view = found
                     if view["status"] in FINAL:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import uuid
 from typing import Any
 
@@ -23,12 +24,29 @@ Entry = tuple[str, dict[str, str]]
 """A stream entry: its id ("ms-seq") and its fields."""
 
 
+_ID = re.compile(r"([0-9]{1,20})-([0-9]{1,20})")
+_U64 = 2**64 - 1  # Redis keeps both halves of a stream id as unsigned 64-bit integers
+
+
 def parse_id(entry_id: str) -> tuple[int, int]:
-    """A stream id as a comparable pair; ValueError when it is not ``MS-SEQ``."""
-    ms, _, seq = entry_id.partition("-")
-    if not ms.isdigit() or not seq.isdigit():
+    """A stream id as a comparable pair; ValueError unless it is an ``MS-SEQ`` Redis accepts.
+
+    ASCII digits only (``str.isdigit`` also takes other scripts' digits) and both halves within
+    64 bits: an id Redis refuses would make the shared XREAD fail for every stream in it.
+    """
+    match = _ID.fullmatch(entry_id)
+    if match is None:
         raise ValueError(f"not a stream id: {entry_id!r}")
-    return int(ms), int(seq)
+    ms, seq = int(match[1]), int(match[2])
+    if ms > _U64 or seq > _U64:
+        raise ValueError(f"stream id out of range: {entry_id!r}")
+    return ms, seq
+
+
+def normal_id(entry_id: str) -> str:
+    """``entry_id`` in the canonical ``MS-SEQ`` form (no leading zeros); ValueError as parse_id."""
+    ms, seq = parse_id(entry_id)
+    return f"{ms}-{seq}"
 
 
 class Subscription:
@@ -37,6 +55,9 @@ class Subscription:
     def __init__(self, key: str) -> None:
         self.key = key
         self.queue: asyncio.Queue[list[Entry]] = asyncio.Queue()
+        self.failed = False
+        """Set (and an empty batch queued) when Redis refused to read this stream: the hub
+        no longer reads it, and the reader falls back to the database."""
 
 
 class StreamHub:
@@ -72,7 +93,7 @@ class StreamHub:
         """Start receiving entries of ``key`` newer than ``after`` (None: from the start)."""
         sub = Subscription(key)
         self._subs.setdefault(key, set()).add(sub)
-        self._cursors.setdefault(key, after or "0-0")
+        self._cursors.setdefault(key, normal_id(after) if after else "0-0")
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self._run(), name="stream-hub")
         else:
@@ -123,12 +144,21 @@ class StreamHub:
             log.debug("stream hub poke failed", exc_info=True)
 
     async def _run(self) -> None:
+        from redis.exceptions import ResponseError
+
         while self._subs:
             streams: Any = {self._wake_key: self._wake_cursor, **self._cursors}
             try:
                 reply = await self._reader.xread(streams, count=1024, block=self._block_ms)
             except asyncio.CancelledError:
                 raise
+            except ResponseError:
+                # Redis refused one of the keys (say, not a stream): find it and stop reading
+                # it, so that one bad stream cannot stall every other reader of this process.
+                if not await self._drop_refused():
+                    log.warning("stream hub: XREAD refused; retrying", exc_info=True)
+                    await asyncio.sleep(0.5)
+                continue
             except Exception:
                 # Redis restarting: readers wait (their keep-alive re-checks the database).
                 log.warning("stream hub: XREAD failed; retrying", exc_info=True)
@@ -147,6 +177,27 @@ class StreamHub:
                 for sub in self._subs[key]:
                     sub.queue.put_nowait(entries)
         self._task = None
+
+    async def _drop_refused(self) -> bool:
+        """Stop reading the streams Redis refuses to read on their own; whether there were any."""
+        from redis.exceptions import ResponseError
+
+        dropped = False
+        for key, cursor in list(self._cursors.items()):
+            try:
+                await self.redis.xread({key: cursor}, count=1)
+            except ResponseError as exc:
+                log.warning(
+                    "stream hub: Redis refuses %s at %s (%s); not reading it", key, cursor, exc
+                )
+                dropped = True
+                self._cursors.pop(key, None)
+                for sub in self._subs.pop(key, set()):
+                    sub.failed = True
+                    sub.queue.put_nowait([])
+            except Exception:
+                return dropped  # Redis unreachable: the next turn retries
+        return dropped
 
 
 def _items(reply: Any) -> list[tuple[str, list[Any]]]:

@@ -16,6 +16,7 @@ from typing import Any
 
 from app.documents import upload_dir, write_uploads
 from app.tenancy.deadline import IngestTimeLimit, time_limit
+from app.tenancy.pdf_bounds import PdfBounds, pdf_problem
 from app.tenancy.uploads import forget, record_results
 from retrieval.sources import normalise_source
 
@@ -30,7 +31,26 @@ def ingest_uploaded(
     root = settings.data_dir / "uploads"
     root.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=root, prefix=".ingest-") as tmp:
-        paths = write_uploads(Path(tmp), files)
+        try:
+            paths = write_uploads(Path(tmp), files)
+        except OSError as exc:
+            # The API refuses names the file system cannot hold; this is the backstop, so that
+            # no document stays pending for ever without a reason.
+            return _failed(resources, tenant, collection, [f["name"] for f in files],
+                           f"could not write the upload: {exc.strerror or exc}")  # fmt: skip
+        bounds = PdfBounds(settings.max_pdf_pages, settings.max_pdf_content_bytes,
+                           settings.max_pdf_text_operators)  # fmt: skip
+        refused = [
+            (p.name, "failed", problem)
+            for p in paths
+            if p.suffix.lower() == ".pdf" and (problem := pdf_problem(p, bounds)) is not None
+        ]
+        if refused:
+            log.warning("uploads over the PDF bounds for %s/%s: %s", tenant, collection, refused)
+            record_results(resources.session_factory, tenant, collection, refused)
+            paths = [p for p in paths if p.name not in {name for name, _, _ in refused}]
+            if not paths:
+                return {"status": "failed", "error": refused[0][2]}
         names = {normalise_source(p): p.name for p in paths}
         try:
             with time_limit(settings.ingest_time_limit):
@@ -39,11 +59,9 @@ def ingest_uploaded(
                     max_chars=max_chars,
                 )  # fmt: skip
         except IngestTimeLimit as exc:
-            reason = f"time_limit: ingest {exc}"
             log.warning("ingest of %d uploads for %s/%s: %s", len(paths), tenant, collection, exc)
-            record_results(resources.session_factory, tenant, collection,
-                           [(p.name, "failed", reason) for p in paths])  # fmt: skip
-            return {"status": "failed", "error": reason}
+            return _failed(resources, tenant, collection, [p.name for p in paths],
+                           f"time_limit: ingest {exc}")  # fmt: skip
     results = []
     for file in report.files:
         status = "failed" if file.status == "failed" else "indexed"
@@ -52,6 +70,14 @@ def ingest_uploaded(
         results.append((file.source, status, (error or None) if status == "failed" else None))
     record_results(resources.session_factory, tenant, collection, results)
     return dict(report.to_dict())
+
+
+def _failed(
+    resources: Any, tenant: str, collection: str, names: list[str], reason: str
+) -> dict[str, Any]:
+    record_results(resources.session_factory, tenant, collection,
+                   [(name, "failed", reason) for name in names])  # fmt: skip
+    return {"status": "failed", "error": reason}
 
 
 def delete_uploaded(resources: Any, source: str, collection: str, tenant: str) -> bool:

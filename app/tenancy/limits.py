@@ -143,12 +143,35 @@ class Enforcer:
             self._cache[tenant_id] = (now, found)
         return found
 
-    def submission(self, session: Session, tenant_id: int, *, batch_items: int = 0) -> Limits:
-        """Count one submission; LimitExceeded when over the rate or an active-work quota."""
+    def rate(self, session: Session, tenant_id: int) -> Limits:
+        """Count one submission against the tenant's rate; LimitExceeded when over it.
+
+        The API's guard calls this before it reads the request's body, and the route then calls
+        ``submission`` or ``upload`` with ``rate=False``.
+        """
         limits = self.limits(session, tenant_id)
         self._rate(tenant_id, limits.submissions_per_second)
+        return limits
+
+    def submission(
+        self, session: Session, tenant_id: int, *, batch_items: int = 0, rate: bool = True
+    ) -> Limits:
+        """Count one submission; LimitExceeded when over the rate or an active-work quota.
+
+        A batch larger than the tenant's whole quota can never be admitted: 413, not 429.
+        """
+        limits = self.limits(session, tenant_id)
+        if rate:
+            self._rate(tenant_id, limits.submissions_per_second)
         if batch_items:
             cap = limits.max_batch_items
+            if cap and batch_items > cap:
+                raise LimitExceeded(
+                    "questions",
+                    f"{batch_items} items is more than the tenant's max_batch_items ({cap}) "
+                    "in flight at once: split the batch",
+                    status=413,
+                )
             if cap and not self._room(session, tenant_id, "batch", batch_items, cap):
                 raise LimitExceeded(
                     "questions",
@@ -188,10 +211,11 @@ class Enforcer:
             self._counts[key] = (hit[0], hit[1] + adding)
         return True
 
-    def upload(self, session: Session, tenant_id: int, size: int) -> Limits:
+    def upload(self, session: Session, tenant_id: int, size: int, *, rate: bool = True) -> Limits:
         """Count an upload of ``size`` bytes; LimitExceeded when over a request or daily quota."""
         limits = self.limits(session, tenant_id)
-        self._rate(tenant_id, limits.submissions_per_second)
+        if rate:
+            self._rate(tenant_id, limits.submissions_per_second)
         if limits.max_upload_bytes and size > limits.max_upload_bytes:
             raise LimitExceeded(
                 "documents",
@@ -201,7 +225,11 @@ class Enforcer:
         daily = limits.max_upload_bytes_per_day
         if daily:
             if size > daily:
-                raise LimitExceeded("documents", f"{size} bytes is over the daily {daily}")
+                raise LimitExceeded(
+                    "documents",
+                    f"{size} bytes is over the tenant's max_upload_bytes_per_day ({daily})",
+                    status=413,
+                )
             item = RateLimitItemPerDay(daily)
             if not self._hit(item, "upload-bytes", str(tenant_id), cost=max(1, size)):
                 reset = self.window.get_window_stats(item, "upload-bytes", str(tenant_id))[0]
@@ -211,6 +239,18 @@ class Enforcer:
                     retry_after=math.ceil(reset - time.time()),
                 )
         return limits
+
+    def refund_upload(self, session: Session, tenant_id: int, size: int) -> None:
+        """Give back ``size`` bytes of today's upload quota (an upload refused after ``upload``)."""
+        daily = self.limits(session, tenant_id).max_upload_bytes_per_day
+        if not daily:
+            return
+        item = RateLimitItemPerDay(daily)
+        try:
+            key = item.key_for("upload-bytes", str(tenant_id))
+            self.storage.incr(key, item.get_expiry(), amount=-max(1, size))
+        except Exception as exc:  # the store is down: the quota errs towards refusing
+            log.warning("rate limit store unreachable, upload quota not refunded: %s", exc)
 
     def _hit(self, item: Any, *keys: str, cost: int = 1) -> bool:
         """Count ``cost`` against ``item``; True (allowed) when the rate store cannot be reached.
@@ -228,18 +268,29 @@ class Enforcer:
     def _rate(self, tenant_id: int, per_second: float) -> None:
         if per_second <= 0:
             return
-        # A rate below 1/s becomes one submission per ceil(1/rate) seconds.
-        amount, seconds = (
-            (math.floor(per_second), 1) if per_second >= 1 else (1, math.ceil(1 / per_second))
-        )
+        amount, seconds = burst_window(per_second, self.settings.tenant_submission_burst)
         item = RateLimitItemPerSecond(amount, seconds)
         if not self._hit(item, "submit", str(tenant_id)):
             reset = self.window.get_window_stats(item, "submit", str(tenant_id))[0]
             raise LimitExceeded(
-                "Authorization",
+                "submissions_per_second",
                 f"more than {per_second:g} submissions per second for this tenant",
                 retry_after=math.ceil(reset - time.time()),
             )
+
+
+def burst_window(per_second: float, burst: int) -> tuple[int, int]:
+    """The fixed window that gives ``per_second`` sustained with bursts of ``burst``:
+    ``(submissions, seconds)``.
+
+    ``burst`` submissions at once are admitted, then the window refills at the sustained rate on
+    average: a bucket of ``burst`` that a window of ``burst / per_second`` seconds refills (the
+    ``limits`` library's fixed window, on storage every API process shares). ``burst`` below one
+    second's worth means one second's worth; a rate below 1/s becomes one submission per
+    ``ceil(1 / rate)`` seconds unless the burst is larger.
+    """
+    amount = max(int(burst), math.floor(per_second), 1)
+    return amount, max(1, math.ceil(amount / per_second))
 
 
 def _active(session: Session, tenant_id: int, queue: str) -> int:

@@ -22,20 +22,41 @@ Snapshot = list[tuple[str, tuple[str, str | None, int] | None]]
 def mark_pending(
     session: Session, tenant: str, collection: str, uploads: Sequence[Any]
 ) -> Snapshot:
-    """Mark each upload (``.name``, ``.content``) pending; returns the states it replaced."""
+    """Mark each upload (``.name``, ``.content``) pending; returns the states it replaced.
+
+    One UPSERT per file (PostgreSQL and SQLite both have ``ON CONFLICT``): concurrent first
+    uploads of one new name all land on the one row instead of racing to insert it.
+    """
     rows = _rows(session, tenant, collection, [u.name for u in uploads])
     before: Snapshot = []
     now = utcnow()
+    insert = _insert_for(session)
     for upload in uploads:
         row = rows.get(upload.name)
         before.append((upload.name, (row.status, row.reason, row.size_bytes) if row else None))
-        if row is None:
-            row = DocumentUpload(tenant=tenant, collection=collection, name=upload.name)
-            session.add(row)
-        row.status, row.reason, row.size_bytes = "pending", None, len(upload.content)
-        row.uploaded_at = row.updated_at = now
+        values = {"status": "pending", "reason": None, "size_bytes": len(upload.content),
+                  "uploaded_at": now, "updated_at": now}  # fmt: skip
+        statement = insert(DocumentUpload).values(
+            tenant=tenant, collection=collection, name=upload.name, **values
+        )
+        session.execute(
+            statement.on_conflict_do_update(
+                index_elements=["tenant", "collection", "name"], set_=values
+            )
+        )
     session.commit()
     return before
+
+
+def _insert_for(session: Session) -> Any:
+    bind = session.get_bind()
+    if bind.dialect.name == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert as pg_insert
+
+        return pg_insert
+    from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+    return sqlite_insert
 
 
 def restore(session: Session, tenant: str, collection: str, snapshot: Snapshot) -> None:

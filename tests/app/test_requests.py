@@ -64,3 +64,25 @@ def test_k_is_named_whole_when_neither_int_nor_auto(sqlite_settings: Settings) -
 def test_the_model_is_never_checked_without_settings() -> None:
     with pytest.raises((ValidationError, TypeError)):
         QueryRequest.model_validate({"question": "q", "collection": "c"})
+
+
+@pytest.mark.parametrize(
+    "given,field",
+    [
+        ({"method": 0}, "method"),
+        ({"method": False}, "method"),
+        ({"method": []}, "method"),
+        ({"method": {}}, "method"),
+        ({"num_speculative_tokens": "٤"}, "num_speculative_tokens"),
+        ({"num_speculative_tokens": "9" * 5000}, "num_speculative_tokens"),
+    ],
+    ids=["method-0", "method-false", "method-list", "method-dict", "k-arabic-digit", "k-5000-digits"],
+)  # fmt: skip
+def test_loose_types_are_refused_naming_the_field(given: dict, field: str) -> None:
+    from app.requests import RequestError, validate_request
+    from app.settings import Settings
+
+    with pytest.raises(RequestError) as err:
+        validate_request(Settings(), {"question": "Why?", "collection": "docs", **given})
+    assert err.value.field == field
+    assert "set_int_max_str_digits" not in err.value.message and len(err.value.message) < 300

@@ -90,3 +90,50 @@ def test_worker_killed_mid_answer_is_requeued_and_completes_once(
 def _any_answer_log(worker: WorkerProcess) -> int:
     """How many times the second worker reported answering a query."""
     return worker.log.read_text().count("'outcome': 'succeeded'")
+
+
+def test_a_redis_restart_that_loses_its_data_strands_no_query(
+    private_deployment: Deployment,
+    private_redis: RedisServer,
+    worker_process: Callable[..., WorkerProcess],
+) -> None:
+    from sqlalchemy import func, select
+
+    from app.db import make_engine, make_session_factory
+    from workers.broker_epoch import MARKER
+
+    keys, ingested = private_deployment.keys, private_deployment.collection
+    # One tenant, more queries than its fair share: 8 go on the broker, 4 wait stored. The
+    # re-send of a lost message (resend_after_seconds) stays at its default of 15 minutes.
+    settings = private_deployment.settings.model_copy(
+        update={"broker_url": private_redis.url(3), "tenant_max_in_flight": 8}
+    )
+    assert settings.resend_after_seconds >= 900
+    broker = redis.Redis(port=private_redis.port, db=3)
+    engine = make_engine(settings)
+    sent = select(func.count()).select_from(Query).where(Query.enqueued_at.is_not(None))
+    try:
+        with ApiServer(settings) as api, SpecragClient(api.url, keys["acme"]) as client:
+            deadline = time.monotonic() + 30
+            while not broker.exists(MARKER):  # the API's sweeper has looked at the broker once
+                assert time.monotonic() < deadline, "the sweeper never marked the broker"
+                time.sleep(0.1)
+            ids = [client.submit(f"What does assert do? ({i})", ingested, max_tokens=2)
+                   for i in range(12)]  # fmt: skip
+            with make_session_factory(engine)() as session:
+                assert session.scalar(sent) == 8  # no worker: all 8 messages wait on the broker
+            private_redis.stop()  # SIGKILL, no persistence: it comes back empty
+            private_redis.start()
+            back = time.monotonic()
+            assert broker.dbsize() == 0
+            worker_process(settings, "after-restart").wait_ready()
+            views = [client.wait(qid, timeout=150) for qid in ids]
+            answered_in = time.monotonic() - back
+    finally:
+        engine.dispose()
+    assert [v["status"] for v in views] == ["succeeded"] * 12, views
+    assert answered_in < 120, (
+        f"the last query was answered {answered_in:.0f} s after Redis was back"
+    )
+    rows = stored_rows(settings, ids)
+    assert all((answers, stats) == (1, 1) for _, answers, stats in rows.values()), rows

@@ -219,3 +219,65 @@ def test_a_client_that_stops_reading_slows_neither_the_writer_nor_other_streams(
     finally:
         slow.close()
         finish_query(service_settings, slow_qid, None)
+
+
+def test_a_poisoned_last_event_id_is_refused_and_stalls_no_other_stream(
+    api: Any, keys: dict[str, str], service_settings: Settings
+) -> None:
+    import time
+
+    mine = running_query(service_settings, "acme")
+    theirs = running_query(service_settings, "globex")
+    poison = {"Last-Event-ID": "99999999999999999999999-0"}
+    bad = httpx.get(f"{api.url}/v1/queries/{mine}/stream", headers=_auth(keys["acme"]) | poison)
+    assert bad.status_code == 422 and bad.json()["error"]["field"] == "Last-Event-ID"
+    # The attacker keeps a stream of its own open (with a valid, huge-but-64-bit cursor) while
+    # the other tenant reads: that one's first token comes as fast as on an idle API.
+    huge = {"Last-Event-ID": "18446744073709551615-0"}
+    stream, pub = worker_stream(service_settings, theirs)
+    with httpx.stream(
+        "GET", f"{api.url}/v1/queries/{mine}/stream", headers=_auth(keys["acme"]) | huge
+    ) as held:
+        assert held.status_code == 200
+        with httpx.stream(
+            "GET", f"{api.url}/v1/queries/{theirs}/stream", headers=_auth(keys["globex"])
+        ) as response:
+            blocks = read_events(response)
+            assert next(blocks).get("retry") == "1000"
+            started = time.monotonic()
+            stream.on_delta([ord(c) for c in "hi"])
+            assert pub.flush()
+            first = next(b for b in blocks if b.get("event") == "token")
+            waited = time.monotonic() - started
+    assert first["data"]["text"] == "hi"
+    assert waited < 1.0, waited
+    finish_query(service_settings, mine, None)
+    finish_query(service_settings, theirs, None)
+
+
+def test_a_query_deleted_while_streaming_ends_with_error_not_a_bare_close(
+    keys: dict[str, str], service_settings: Settings
+) -> None:
+    # What cancelling a batch does to its items' never-run queries (app/batch/runner.py).
+    from sqlalchemy import delete
+
+    from app.db import Query, make_engine, make_session_factory
+
+    settings = service_settings.model_copy(update={"stream_keepalive_seconds": 0.3})
+    # Running (its heartbeat in the future), not queued: a queued one the session's sweepers
+    # would send to the session's worker, which might answer it before the delete.
+    qid = running_query(settings, "acme")
+    with api_server(settings) as url:
+        with httpx.stream(
+            "GET", f"{url}/v1/queries/{qid}/stream", headers=_auth(keys["acme"]), timeout=30
+        ) as response:
+            blocks = read_events(response)
+            assert next(blocks).get("retry") == "1000"
+            engine = make_engine(settings)
+            with make_session_factory(engine)() as session:
+                session.execute(delete(Query).where(Query.id == qid))
+                session.commit()
+            engine.dispose()
+            rest = [b for b in blocks if "event" in b]
+    assert [(b["event"], b["id"]) for b in rest] == [("error", "end")]
+    assert rest[0]["data"]["status"] == "cancelled" and rest[0]["data"]["id"] == str(qid)

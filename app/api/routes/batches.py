@@ -14,7 +14,15 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from app.api.deps import DispatcherDep, EnforcerDep, SessionDep, SettingsDep, TenantDep
+from app.api.body import ParsedRoute
+from app.api.deps import (
+    DispatcherDep,
+    EnforcerDep,
+    SessionDep,
+    SettingsDep,
+    TenantDep,
+    rate_counted,
+)
 from app.api.errors import ApiError
 from app.api.schemas import ErrorOut
 from app.api.tokens import check_question_tokens, token_counter
@@ -26,7 +34,7 @@ from app.db import Tenant
 from app.requests import RequestError
 from app.settings import Settings
 
-router = APIRouter(prefix="/v1/batches", tags=["batches"])
+router = APIRouter(prefix="/v1/batches", tags=["batches"], route_class=ParsedRoute)
 ERRORS: dict[int | str, dict[str, Any]] = {
     401: {"model": ErrorOut},
     403: {"model": ErrorOut},
@@ -91,6 +99,15 @@ def submit_batch(
             if body.jsonl is not None
             else [json.dumps(q) for q in body.questions or []]
         )
+        # Counted before any line is validated: a batch over the item limit can never run.
+        items = sum(1 for line in lines if line.strip())
+        if items > settings.batch_max_items:
+            field = "jsonl" if body.jsonl is not None else "questions"
+            raise ApiError(
+                413,
+                field,
+                f"{items} items is more than batch_max_items ({settings.batch_max_items})",
+            )
         specs = sub.parse_jsonl(
             lines,
             settings,
@@ -119,7 +136,7 @@ def submit_batch(
             session, settings, flt, overrides=overrides, limit=settings.batch_max_items
         )
         source, detail = "filter", flt.to_dict()
-    enforcer.submission(session, owner.id, batch_items=len(specs))
+    enforcer.submission(session, owner.id, batch_items=len(specs), rate=not rate_counted(request))
     batch = sub.create_batch(
         session, settings, owner, specs, source=source, source_detail=detail, overrides=overrides
     )

@@ -9,16 +9,24 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Literal
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from app.api.deps import DispatcherDep, EnforcerDep, SessionDep, SettingsDep, TenantDep
+from app.api.body import ParsedRoute
+from app.api.deps import (
+    DispatcherDep,
+    EnforcerDep,
+    SessionDep,
+    SettingsDep,
+    TenantDep,
+    rate_counted,
+)
 from app.api.errors import ApiError
 from app.api.schemas import ErrorOut
 from app.documents import list_documents, validate_uploads
 from app.tenancy.uploads import mark_pending, restore
 
-router = APIRouter(prefix="/v1/documents", tags=["documents"])
+router = APIRouter(prefix="/v1/documents", tags=["documents"], route_class=ParsedRoute)
 ERRORS: dict[int | str, dict[str, Any]] = {
     401: {"model": ErrorOut},
     404: {"model": ErrorOut},
@@ -61,6 +69,7 @@ def upload(
     settings: SettingsDep,
     dispatcher: DispatcherDep,
     enforcer: EnforcerDep,
+    request: Request,
 ) -> dict:
     """Queue the files for ingest; re-uploading an unchanged file is a no-op.
 
@@ -72,17 +81,22 @@ def upload(
         body.collection, [d.model_dump() for d in body.documents], settings.max_file_bytes
     )
     size = sum(len(u.content) for u in uploads)
-    limits = enforcer.upload(session, caller.tenant_id, size)
+    limits = enforcer.upload(session, caller.tenant_id, size, rate=not rate_counted(request))
     files = [u.to_message() for u in uploads]
-    before = mark_pending(session, caller.tenant, body.collection, uploads)
     try:
-        _send(
-            lambda: dispatcher.send_uploads(
-                files, body.collection, caller.tenant, limits.max_extracted_chars
+        before = mark_pending(session, caller.tenant, body.collection, uploads)
+        try:
+            _send(
+                lambda: dispatcher.send_uploads(
+                    files, body.collection, caller.tenant, limits.max_extracted_chars
+                )
             )
-        )
-    except ApiError:
-        restore(session, caller.tenant, body.collection, before)  # nothing half-written
+        except ApiError:
+            restore(session, caller.tenant, body.collection, before)  # nothing half-written
+            raise
+    except Exception:
+        session.rollback()
+        enforcer.refund_upload(session, caller.tenant_id, size)  # a refused upload costs nothing
         raise
     return {
         "status": "queued",

@@ -6,7 +6,15 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Header, Request
 
-from app.api.deps import DispatcherDep, EnforcerDep, SessionDep, SettingsDep, TenantDep
+from app.api.body import ParsedRoute
+from app.api.deps import (
+    DispatcherDep,
+    EnforcerDep,
+    SessionDep,
+    SettingsDep,
+    TenantDep,
+    rate_counted,
+)
 from app.api.errors import ApiError
 from app.api.schemas import ErrorOut, QueryAccepted, QueryOut
 from app.api.tokens import check_question_tokens, token_counter
@@ -16,7 +24,7 @@ from app.outbox import admit
 from app.queries import create_query, get_query, query_view, require_collection
 from app.requests import QueryRequest, QueryStatus, validate_request
 
-router = APIRouter(prefix="/v1/queries", tags=["queries"])
+router = APIRouter(prefix="/v1/queries", tags=["queries"], route_class=ParsedRoute)
 ERRORS: dict[int | str, dict[str, Any]] = {
     401: {"model": ErrorOut},
     404: {"model": ErrorOut},
@@ -59,7 +67,7 @@ def submit_query(
     tenant = session.get(Tenant, caller.tenant_id)
     assert tenant is not None
     require_collection(session, tenant.name, validated.collection)
-    enforcer.submission(session, tenant.id)
+    enforcer.submission(session, tenant.id, rate=not rate_counted(request))
     query, created = create_query(session, tenant, validated, idempotency_key=idempotency_key)
     if not created:
         same = (

@@ -17,7 +17,7 @@ from fastapi.responses import Response, StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.api.deps import Caller, bearer, get_caller
+from app.api.deps import Caller, bearer, bearer_key, lookup_caller
 from app.api.errors import ApiError
 from app.api.schemas import ErrorOut
 from app.queries import get_query
@@ -55,7 +55,7 @@ def _authorize(
     # Its own short session, not SessionDep: a dependency's session would stay checked out
     # for as long as the response streams, and the pool would run dry at a few dozen streams.
     with session_factory() as session:
-        caller = get_caller(session, credentials)
+        caller = lookup_caller(session, bearer_key(credentials))
         query = get_query(session, query_id, caller.tenant_id)
         if query is None:
             # Another tenant's query is reported exactly like a missing one.
