@@ -99,7 +99,7 @@ def test_a_redis_restart_that_loses_its_data_strands_no_query(
 ) -> None:
     from sqlalchemy import func, select
 
-    from app.db import make_engine, make_session_factory
+    from app.db import make_engine, make_session_factory, utcnow
     from workers.broker_epoch import MARKER
 
     keys, ingested = private_deployment.keys, private_deployment.collection
@@ -124,16 +124,27 @@ def test_a_redis_restart_that_loses_its_data_strands_no_query(
                 assert session.scalar(sent) == 8  # no worker: all 8 messages wait on the broker
             private_redis.stop()  # SIGKILL, no persistence: it comes back empty
             private_redis.start()
-            back = time.monotonic()
+            back, back_at = time.monotonic(), utcnow()
             assert broker.dbsize() == 0
+            # Sent again (8: the tenant's fair share; the other 4 still wait their turn).
+            resent = sent.where(Query.enqueued_at >= back_at)
+            while True:
+                with make_session_factory(engine)() as session:
+                    if session.scalar(resent) == 8:
+                        break
+                assert time.monotonic() - back < 60, "the lost messages were never sent again"
+                time.sleep(0.2)
+            resent_in = time.monotonic() - back
+            # The worker starts only now (so that nothing could be answered before the loss);
+            # its start-up on a loaded machine is not part of the recovery time.
             worker_process(settings, "after-restart").wait_ready()
+            ready = time.monotonic()
             views = [client.wait(qid, timeout=150) for qid in ids]
-            answered_in = time.monotonic() - back
+            answered_in = time.monotonic() - ready
     finally:
         engine.dispose()
     assert [v["status"] for v in views] == ["succeeded"] * 12, views
-    assert answered_in < 120, (
-        f"the last query was answered {answered_in:.0f} s after Redis was back"
-    )
+    assert resent_in < 60, resent_in
+    assert answered_in < 120, f"the last query was answered {answered_in:.0f} s after the worker"
     rows = stored_rows(settings, ids)
     assert all((answers, stats) == (1, 1) for _, answers, stats in rows.values()), rows
