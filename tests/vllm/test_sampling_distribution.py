@@ -5,7 +5,8 @@ vocabulary keeps the joint law of the first four tokens to 81 cells, computed ex
 target's logits. The draft differs from the target, so vLLM's rejection sampler accepts,
 rejects and resamples. head_dim 64 (vLLM's CPU attention takes no smaller head), so the
 logit scale is lower than there for distributions as uneven. 2000 seeded requests go through
-``generate_many``, batched by vLLM: a seeded request's law must not depend on its neighbours.
+``generate_many``, batched by vLLM. (Seeds do not make vLLM's speculative answers reproducible:
+tests/vllm/test_conformance.py's strict xfail.)
 """
 
 from __future__ import annotations
@@ -65,6 +66,3 @@ def test_first_tokens_follow_the_target_joint_distribution(
     assert chi_square_pvalue(observed, target_joint) > 1e-3
     # The test has power: a nearby wrong law (the target at temperature 1.3) is rejected.
     assert chi_square_pvalue(observed, exact_joint(pair[0], PROMPT, temperature=1.3)) < 1e-6
-    # Seeded: the same seed gives the same tokens alone as in the batch.
-    again = engine.generate(PROMPT, params[7])
-    assert again.token_ids == results[7].token_ids
