@@ -4,7 +4,8 @@ The torch engine's test (tests/generation/test_sampling_distribution.py) on vLLM
 vocabulary keeps the joint law of the first four tokens to 81 cells, computed exactly from the
 target's logits. The draft differs from the target, so vLLM's rejection sampler accepts,
 rejects and resamples. head_dim 64 (vLLM's CPU attention takes no smaller head), so the
-logit scale is lower than there for distributions as uneven. 2000 seeded requests go through
+logit scale and noise differ from there (the first try, scale 10 and noise 0.6, made the
+target near-deterministic and the draft's argmax accepted 1 % of the time). 2000 seeded requests go through
 ``generate_many``, batched by vLLM. (Seeds do not make vLLM's speculative answers reproducible:
 tests/vllm/test_conformance.py's strict xfail.)
 """
@@ -33,8 +34,11 @@ from tests.vllm.support import EnginePool
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Path, Path]:
-    target = build_model("llama", vocab_size=VOCAB, seed=11, hidden_size=256, logit_scale=10.0)
-    draft = perturbed_copy(target, noise=0.6)
+    # Logit scale 3, noise 0.35: the target's most likely token has ~0.76 on average over the
+    # first positions, and the draft's argmax (vLLM's greedy drafts) is accepted ~0.58 of the time
+    # (computed from the two models' logits): both outcomes of the test occur often.
+    target = build_model("llama", vocab_size=VOCAB, seed=11, hidden_size=256, logit_scale=3.0)
+    draft = perturbed_copy(target, noise=0.35)
     root = tmp_path_factory.mktemp("vllm_sampling")
     return target, save_checkpoint(target, root / "target"), save_checkpoint(draft, root / "draft")
 
