@@ -43,7 +43,28 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Path, Path]:
     return target, save_checkpoint(target, root / "target"), save_checkpoint(draft, root / "draft")
 
 
-@pytest.mark.parametrize(("method", "k"), [("draft_model", 2), ("ngram", 3)])
+@pytest.mark.parametrize(
+    ("method", "k"),
+    [
+        pytest.param(
+            "draft_model", 2,
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="OPEN DEFECT, not understood: on vLLM 0.32's CPU build (float32, greedy "
+                "drafts) the first four tokens do not follow the target's law: chi-square "
+                "p = 4.9e-266 over 2000 seeded requests (2026-12-01); docs/vllm.md",
+            ),
+        ),
+        pytest.param(
+            "ngram", 3,
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="on this pair prompt lookup's drafts were accepted 5 % of the time "
+                "(769 / 15431), below the test's 10 % floor, so the law was not tested",
+            ),
+        ),
+    ],
+)  # fmt: skip
 def test_first_tokens_follow_the_target_joint_distribution(
     engine_pool: EnginePool, pair: tuple[Any, Path, Path], method: str, k: int
 ) -> None:
