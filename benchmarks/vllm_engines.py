@@ -14,7 +14,7 @@ engine, each with its engine's default concurrency unless ``--concurrency``, ans
 Run it from .venv-vllm (which has both engines; its workers are its own ``specrag``):
 
     .venv-vllm/bin/python benchmarks/vllm_engines.py [--prompts 16] [--max-tokens 64] [--k 4]
-        [--rounds 2] [--burst 24] [--concurrency N]
+        [--rounds 2] [--burst 24] [--concurrency N] [--torch-threads 1]
 """
 
 from __future__ import annotations
@@ -180,8 +180,18 @@ def main() -> None:
     parser.add_argument("--burst", type=int, default=24)
     parser.add_argument("--concurrency", type=int, default=0, help="0: each engine's default")
     parser.add_argument("--skip-engines", action="store_true")
+    parser.add_argument(
+        "--torch-threads", type=int, default=1,
+        help="torch engine threads (0: torch's default); vLLM pins its threads to core 0, and "
+        "a two-thread torch region waits for its thread there at every barrier",
+    )  # fmt: skip
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if args.torch_threads:
+        import torch
+
+        torch.set_num_threads(args.torch_threads)
+        os.environ["SPECRAG_TORCH_THREADS"] = str(args.torch_threads)  # the torch worker's too
     if not args.skip_engines:
         engine_rows(args)
     if args.burst:

@@ -30,6 +30,8 @@ from generation.params import SamplingParams
 
 logger = logging.getLogger(__name__)
 _END = object()  # ends a handle's delta queue
+CLOSE_TIMEOUT = 30.0
+"""Seconds ``VLLMLoop.close`` waits for its aborted requests to end."""
 
 
 class LoopEngine(Protocol):
@@ -244,8 +246,8 @@ class VLLMLoop:
         self._runner.submit(self._run(handle, prompt, params, sampling))
         return handle
 
-    def close(self, timeout: float = 30.0) -> None:
-        """Abort what this loop has in flight and wait (up to ``timeout`` s) until it has ended.
+    def close(self) -> None:
+        """Abort what this loop has in flight and wait (up to CLOSE_TIMEOUT s) until it has ended.
 
         Later submits fail their handles. The event-loop thread is the engine's and keeps
         running (``VLLMEngine.close`` stops it).
@@ -257,7 +259,7 @@ class VLLMLoop:
             handle.cancel()
         if self._runner.on_loop_thread():
             return  # called from a callback: waiting here would block the aborts
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + CLOSE_TIMEOUT
         for handle in live:
             handle._finished.wait(max(0.0, deadline - time.monotonic()))
 

@@ -57,9 +57,25 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items.sort(key=key)  # stable: within one engine, the suite's own order
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _one_torch_thread() -> Iterator[None]:
+    """The torch engine and transformers' reference decoding on one thread here.
+
+    vLLM pins its model worker's threads to core 0 (VLLM_CPU_OMP_THREADS_BIND=auto on two
+    cores); a two-thread torch region then waits at every barrier for its thread on that busy
+    core (measured in benchmarks/vllm_engines.py: 4 tokens/s instead of ~100).
+    """
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def engine_pool() -> Iterator[EnginePool]:
-    pool = EnginePool(keep=2)
+    pool = EnginePool(keep=1)
     yield pool
     pool.close()
 

@@ -9,6 +9,7 @@ tests/vllm/conftest.py orders the tests so each engine starts once.
 
 from __future__ import annotations
 
+import json
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any
@@ -39,7 +40,7 @@ class EnginePool:
     def get(
         self, target: Path, draft: Path | None, method: str, k: int | str, **options: Any
     ) -> VLLMEngine:
-        key = (str(target), str(draft), method, k, tuple(sorted(options.items())))
+        key = (str(target), str(draft), method, k, json.dumps(options, sort_keys=True))
         engine = self.engines.get(key)
         if engine is not None:
             self.engines.move_to_end(key)

@@ -4,8 +4,10 @@ The torch engine's test (tests/generation/test_sampling_distribution.py) on vLLM
 vocabulary keeps the joint law of the first four tokens to 81 cells, computed exactly from the
 target's logits. The draft differs from the target, so vLLM's rejection sampler accepts,
 rejects and resamples. head_dim 64 (vLLM's CPU attention takes no smaller head), so the
-logit scale is lower than there for distributions as uneven. 2000 seeded requests go through
-``generate_many``, batched by vLLM: a seeded request's law must not depend on its neighbours.
+logit scale and noise differ from there (the first try, scale 10 and noise 0.6, made the
+target near-deterministic and the draft's argmax accepted 1 % of the time). 2000 seeded requests go through
+``generate_many``, batched by vLLM. (Seeds do not make vLLM's speculative answers reproducible:
+tests/vllm/test_conformance.py's strict xfail.)
 """
 
 from __future__ import annotations
@@ -32,13 +34,37 @@ from tests.vllm.support import EnginePool
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Path, Path]:
-    target = build_model("llama", vocab_size=VOCAB, seed=11, hidden_size=256, logit_scale=10.0)
-    draft = perturbed_copy(target, noise=0.6)
+    # Logit scale 3, noise 0.35: the target's most likely token has ~0.76 on average over the
+    # first positions, and the draft's argmax (vLLM's greedy drafts) is accepted ~0.58 of the time
+    # (computed from the two models' logits): both outcomes of the test occur often.
+    target = build_model("llama", vocab_size=VOCAB, seed=11, hidden_size=256, logit_scale=3.0)
+    draft = perturbed_copy(target, noise=0.35)
     root = tmp_path_factory.mktemp("vllm_sampling")
     return target, save_checkpoint(target, root / "target"), save_checkpoint(draft, root / "draft")
 
 
-@pytest.mark.parametrize(("method", "k"), [("draft_model", 2), ("ngram", 3)])
+@pytest.mark.parametrize(
+    ("method", "k"),
+    [
+        pytest.param(
+            "draft_model", 2,
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="OPEN DEFECT, not understood: on vLLM 0.32's CPU build (float32, greedy "
+                "drafts) the first four tokens do not follow the target's law: chi-square "
+                "p = 4.9e-266 over 2000 seeded requests (2026-12-01); docs/vllm.md",
+            ),
+        ),
+        pytest.param(
+            "ngram", 3,
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="on this pair prompt lookup's drafts were accepted 5 % of the time "
+                "(769 / 15431), below the test's 10 % floor, so the law was not tested",
+            ),
+        ),
+    ],
+)  # fmt: skip
 def test_first_tokens_follow_the_target_joint_distribution(
     engine_pool: EnginePool, pair: tuple[Any, Path, Path], method: str, k: int
 ) -> None:
@@ -65,6 +91,3 @@ def test_first_tokens_follow_the_target_joint_distribution(
     assert chi_square_pvalue(observed, target_joint) > 1e-3
     # The test has power: a nearby wrong law (the target at temperature 1.3) is rejected.
     assert chi_square_pvalue(observed, exact_joint(pair[0], PROMPT, temperature=1.3)) < 1e-6
-    # Seeded: the same seed gives the same tokens alone as in the batch.
-    again = engine.generate(PROMPT, params[7])
-    assert again.token_ids == results[7].token_ids
