@@ -29,6 +29,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from generation import SamplingParams, SpeculativeEngine  # noqa: E402
+from generation.config import EngineConfig  # noqa: E402
 from generation.forward import Forward  # noqa: E402
 from generation.loading import has_tokenizer, load_tokenizer  # noqa: E402
 
@@ -161,8 +162,10 @@ def run_rows(
     generation) is timed too, so decode-phase speedups exclude it for every row alike.
     """
     max_new, ks, hf_ks, clock = args.max_new_tokens, args.ks, args.hf_ks, args.clock
-    engine = SpeculativeEngine(target, draft, max_speculative_tokens=max(ks))
-    on_hf = SpeculativeEngine(target, draft, max_speculative_tokens=max(ks), fast_forward=False)
+    engine = SpeculativeEngine(target, draft, config=EngineConfig(max_speculative_tokens=max(ks)))
+    on_hf = SpeculativeEngine(
+        target, draft, config=EngineConfig(max_speculative_tokens=max(ks), fast_forward=False)
+    )
     rows: list[tuple[str, Any, Any]] = [("none", "none", 1), ("transformers greedy", "hf_none", 1)]
     rows += [(f"draft_model k={k}", "draft_model", k) for k in [*ks, "auto"]]
     rows += [(f"ngram k={k}", "ngram", k) for k in (4, "auto")]

@@ -39,10 +39,6 @@ if TYPE_CHECKING:
     from generation.torch_engine import SpeculativeEngine
 
 DEFAULT_PREFILL_CHUNK = 512
-BACKGROUND_PREFILL_CHUNK = 128
-"""Prefill chunk of background (batch) requests where they pause for foreground ones: a
-foreground request arriving mid-prefill waits for one such pass (~60 ms for the demo target on
-one CPU thread), not a 512-token one (~250 ms)."""
 
 
 class BatchEngine:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from generation.base import Cancelled, DeltaCallback, GenerationResult
-from generation.batching import BACKGROUND_PREFILL_CHUNK, DEFAULT_PREFILL_CHUNK, BatchEngine
+from generation.batching import DEFAULT_PREFILL_CHUNK, BatchEngine
 from generation.params import SamplingParams
 from generation.sequence import LoopHandle
 
@@ -39,21 +39,26 @@ class EngineLoop:
         max_batch_size: int,
         prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
         pause_background: bool | None = None,
-        max_background_pause: float = 5.0,
+        max_background_pause: float | None = None,
     ) -> None:
         """``pause_background``: background requests sit out the steps while a foreground one
         runs, and prefill in short chunks (default: on a CPU, where every extra row of a pass
         costs arithmetic; a GPU pass carries them almost free, so there they share the steps).
         ``max_background_pause``: seconds a paused background request waits at most before it
         takes part in a step anyway (a stream of foreground requests cannot starve it)."""
+        config = engine.config
+        if pause_background is None:
+            pause_background = config.pause_background
         if pause_background is None:
             pause_background = engine.device.type == "cpu"
+        if max_background_pause is None:
+            max_background_pause = config.max_background_pause
         self._batch = BatchEngine(
             engine,
             max_batch_size,
             prefill_chunk,
             pause_background,
-            background_chunk=BACKGROUND_PREFILL_CHUNK if pause_background else None,
+            background_chunk=config.background_prefill_chunk if pause_background else None,
             max_background_pause=max_background_pause,
         )
         with torch.inference_mode():

@@ -20,7 +20,7 @@ import torch
 
 from generation.adaptive import AdaptiveK, CostModel, RecentAcceptance
 from generation.base import GenerationResult, check_prompt
-from generation.batching import DEFAULT_PREFILL_CHUNK
+from generation.config import EngineConfig
 from generation.costs import measure_costs, time_batch_steps
 from generation.engine_loop import EngineLoop, run_many
 from generation.forward import Forward, forward_for
@@ -94,10 +94,6 @@ def _label(model: Any) -> str:
     return Path(name).name if name else type(model).__name__
 
 
-DEFAULT_MAX_BATCH_SIZE = 16
-"""Requests one engine runs in a step by default (KV memory: docs/benchmarks.md, batching)."""
-
-
 @dataclass
 class _Run:
     """One ``generate`` call's state between rounds: what a round reads and advances."""
@@ -126,14 +122,11 @@ class SpeculativeEngine:
         draft: Any | None = None,
         *,
         model_pair: str | None = None,
-        max_speculative_tokens: int = 8,
-        ngram_max_n: int = 4,
+        config: EngineConfig | None = None,
         costs: dict[str, CostModel] | None = None,
-        fast_forward: bool = True,
-        max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
     ) -> None:
-        if max_speculative_tokens < 1:
-            raise ValueError(f"max_speculative_tokens: must be >= 1, got {max_speculative_tokens}")
+        self.config = config = config or EngineConfig()
+        fast_forward = config.fast_forward
         self.target = target.eval()
         self.draft = draft.eval() if draft is not None else None
         self.device = next(target.parameters()).device
@@ -146,10 +139,8 @@ class SpeculativeEngine:
             if self.draft is self.target  # draft = target (an efficiency check): one forward
             else forward_for(self.draft, fast_forward)
         )
-        self.max_speculative_tokens = max_speculative_tokens
-        """k_max of adaptive speculation."""
-        self.ngram_max_n = ngram_max_n
-        """Longest n-gram that prompt lookup matches (down to 1)."""
+        self.max_speculative_tokens = config.max_speculative_tokens
+        self.ngram_max_n = config.ngram_max_n
         self._vocab_size = output_vocab_size(target)
         self._max_context = min(max_context(m.config) for m in (target, draft) if m is not None)
         self._eos = eos_token_ids(target)
@@ -157,8 +148,7 @@ class SpeculativeEngine:
         self._costs: dict[str, CostModel] = dict(costs or {})
         """Per-method costs for adaptive k; measured on first use when not given."""
         self._recent = {"draft_model": RecentAcceptance(), "ngram": RecentAcceptance()}
-        self.max_batch_size = max_batch_size
-        """Default batch size of ``generate_many`` and ``start_loop``."""
+        self.max_batch_size = config.max_batch_size
         self._step_costs: StepCosts | None = None
 
     @classmethod
@@ -167,7 +157,7 @@ class SpeculativeEngine:
         target_dir: str | Path,
         draft_dir: str | Path | None = None,
         device: str | torch.device = "cpu",
-        **kwargs: Any,
+        config: EngineConfig | None = None,
     ) -> SpeculativeEngine:
         """Return an engine with the checkpoints loaded once; a mismatched draft is refused."""
         dev = resolve_device(device)
@@ -178,7 +168,7 @@ class SpeculativeEngine:
             draft = load_causal_lm(draft_dir, dev)
             check_vocab_compatible(target, draft, target_dir, draft_dir)
             pair = f"{pair}+{Path(draft_dir).name}"
-        return cls(target, draft, model_pair=pair, **kwargs)
+        return cls(target, draft, model_pair=pair, config=config)
 
     @property
     def target_forward(self) -> Forward:
@@ -269,7 +259,7 @@ class SpeculativeEngine:
         ``prefill_chunk``: most prompt tokens prefilled per step while others decode
         (``SPECRAG_PREFILL_CHUNK``; None: ``DEFAULT_PREFILL_CHUNK``).
         """
-        chunk = DEFAULT_PREFILL_CHUNK if prefill_chunk is None else prefill_chunk
+        chunk = self.config.prefill_chunk if prefill_chunk is None else prefill_chunk
         return EngineLoop(self, max_batch_size or self.max_batch_size, chunk)
 
     def generate_many(

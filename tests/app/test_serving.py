@@ -66,3 +66,33 @@ def test_the_prefill_chunk_setting_reaches_the_torch_engine_loop(
         engine.dispose()
     with pytest.raises(ValueError, match="prefill_chunk"):
         Settings(prefill_chunk=0)
+
+
+def test_max_speculative_tokens_reaches_the_torch_engine(
+    tiny_models: dict[str, Path], tmp_path: Path
+) -> None:
+    """SPECRAG_MAX_SPECULATIVE_TOKENS=12 admits k = 12: a k = 12 row beside an "auto" row must be
+    served (the engine's goodput table must price k + 1 = 13), not fail the step."""
+    from app.db import prepare
+    from app.resources import Resources
+    from generation import SamplingParams
+
+    settings = Settings(
+        data_dir=tmp_path, device="cpu", max_speculative_tokens=12, worker_concurrency=2,
+        target_model=tiny_models["target"], draft_model=tiny_models["draft"],
+    )  # fmt: skip
+    db, session_factory = prepare(settings)
+    resources = Resources(settings, session_factory)
+    try:
+        engine = resources.engine
+        ids = resources.tokenizer.encode("a b c d e f g h", add_special_tokens=False)
+        params = [
+            SamplingParams(max_new_tokens=40, num_speculative_tokens=12),
+            SamplingParams(max_new_tokens=40, num_speculative_tokens="auto"),
+        ]
+        fixed, auto = engine.generate_many([ids, ids[:5]], params)
+        assert fixed.stats.num_draft_tokens > 0 and len(fixed.token_ids) > 0
+        assert len(fixed.stats.accepted_per_position) <= 12 and auto.token_ids
+    finally:
+        resources.close()
+        db.dispose()

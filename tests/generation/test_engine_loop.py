@@ -8,6 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from generation.config import EngineConfig
 from generation import SamplingParams, SpeculativeEngine
 from generation.base import Cancelled, GenerationLoop
 from generation.engine_loop import EngineLoop
@@ -21,7 +22,9 @@ WAIT = 120.0  # seconds; every wait in these tests is bounded
 @pytest.fixture(scope="module")
 def engine() -> SpeculativeEngine:
     target = build_model("llama", vocab_size=VOCAB, seed=12, logit_scale=3.0)
-    return SpeculativeEngine(target, perturbed_copy(target, noise=0.4), max_speculative_tokens=4)
+    return SpeculativeEngine(
+        target, perturbed_copy(target, noise=0.4), config=EngineConfig(max_speculative_tokens=4)
+    )
 
 
 @pytest.fixture

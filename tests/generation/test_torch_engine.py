@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 import torch
 
+from generation.config import EngineConfig
 from generation import SamplingParams, SpeculativeEngine
 from generation.adaptive import CostModel
 from tests.generation.conformance import EngineConformance, check_stats_invariants, make_prompts
@@ -25,7 +26,7 @@ def pair(request: pytest.FixtureRequest) -> tuple[Any, Any]:
 
 @pytest.fixture(scope="module")
 def engine(pair: tuple[Any, Any]) -> SpeculativeEngine:
-    return SpeculativeEngine(pair[0], pair[1], max_speculative_tokens=6)
+    return SpeculativeEngine(pair[0], pair[1], config=EngineConfig(max_speculative_tokens=6))
 
 
 @pytest.fixture(scope="module")
@@ -153,7 +154,9 @@ def test_adaptive_k_uses_recent_requests_of_the_same_method() -> None:
     costs = {
         "draft_model": CostModel.linear(target_slope=0.1, proposer_cost=0.1, prior_weight=1e12)
     }
-    engine = SpeculativeEngine(target, target, max_speculative_tokens=8, costs=costs)
+    engine = SpeculativeEngine(
+        target, target, config=EngineConfig(max_speculative_tokens=8), costs=costs
+    )
     before = engine._recent["draft_model"].alpha
     for _ in range(3):
         result = engine.generate(
