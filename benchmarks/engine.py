@@ -32,6 +32,7 @@ from generation import SamplingParams, SpeculativeEngine  # noqa: E402
 from generation.config import EngineConfig  # noqa: E402
 from generation.forward import Forward  # noqa: E402
 from generation.loading import has_tokenizer, load_tokenizer  # noqa: E402
+from generation.model_runner import ModelRunner  # noqa: E402
 
 
 def random_pair(vocab: int, hidden: int, layers: int, weak: float, seed: int) -> tuple[Any, Any]:
@@ -129,9 +130,9 @@ def probe_costs(
     for name, model in (("target", target), ("draft", draft)):
         if model is None:
             continue
-        cache = model.new_cache()
+        runner = ModelRunner(model, 1, len(prompt) + max(ks) + 2)
         start = clock()
-        model(torch.tensor([prompt]), cache, logits_to_keep=1)
+        runner.prefill(0, prompt)
         if name == "draft":
             probes["draft_prefill"].append(clock() - start)
         sizes = [1] + ([k + 1 for k in ks] if name == "target" else [])
@@ -139,9 +140,9 @@ def probe_costs(
             for size in sizes:
                 ids = torch.tensor([prompt[:size]])
                 start = clock()
-                model(ids, cache)
+                runner.run([0], ids, [size])
                 probes[f"{name}_{size}"].append(clock() - start)
-                cache.crop(-size)
+                runner.set_length(0, len(prompt))
     return probes
 
 

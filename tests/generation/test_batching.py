@@ -12,8 +12,8 @@ import warnings
 
 import pytest
 
-from generation.config import EngineConfig
 from generation import SamplingParams, SpeculativeEngine
+from generation.config import EngineConfig
 from generation.engine_loop import BatchRequestError
 from tests.generation.batch_support import References, check_greedy, mixed_requests
 from tests.generation.conformance import check_stats_invariants
