@@ -4,7 +4,8 @@ Two worker processes, one per tree (this one and ``--old``, e.g. a ``git worktre
 earlier commit), each load the demo pair once; the driver sends them the same work in turns,
 alternating which goes first, and prints each tree's median and the ratio new / old:
 
-- ``generate``: each of ``--prompts`` RAG prompts alone (64 new tokens), per method;
+- ``generate``: each of ``--prompts`` RAG prompts alone (64 new tokens), per method, old and
+  new back to back on the same prompt (ratios are taken per pair: load drifts between pairs);
 - ``many``: the 16 RAG prompts as one ``generate_many`` at ``max_batch_size=16`` (k ``auto``);
 - ``start``: a fresh process per tree: import, load, and a worker's warm-up (a 2-token
   ``generate``, ``warmup`` of the step costs for B = 1, 2, 4, a loop of 4 started), in turns.
@@ -115,7 +116,7 @@ class Worker:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--old", required=True, help="a checkout of the older engine")
+    parser.add_argument("--old", help="a checkout of the older engine (required)")
     parser.add_argument("--new", default=str(ROOT))
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--prompts", type=int, default=8)
@@ -128,6 +129,8 @@ def main() -> None:
         return worker(args.worker)
     if args.start_time:
         return start_time(args.start_time)
+    if not args.old:
+        parser.error("--old: a checkout of the older engine is required")
     sys.path.insert(0, str(ROOT))
     from benchmarks.batching import rag_prompts
     from generation.loading import load_tokenizer
@@ -141,23 +144,28 @@ def main() -> None:
         jobs = []
         if "generate" in parts:
             for method, k in SETTINGS:
-                jobs.append((f"generate {method} k={k}", "generate", method, k, args.prompts))
+                for i in range(args.prompts):  # one prompt a job: old and new back to back
+                    jobs.append((f"generate {method} k={k}", "generate", method, k, [prompts[i]]))
         if "many" in parts:
-            jobs.append(("generate_many x16, draft_model auto", "many", "draft_model", "auto", 16))
-        for label, kind, method, k, count in jobs:
-            rates: dict[str, list[float]] = {"old": [], "new": []}
-            for r in range(args.rounds):
-                order = ["old", "new"] if r % 2 == 0 else ["new", "old"]
-                outputs = {}
-                for name in order:
-                    job = {"kind": kind, "method": method, "k": k, "prompts": prompts[:count]}
-                    got = workers[name].run(job)
-                    tokens = sum(len(o) for o in got["outputs"])
-                    rates[name].append(tokens / got["seconds"])
+            jobs.append(
+                ("generate_many x16, draft_model auto", "many", "draft_model", "auto", prompts)
+            )
+        results: dict[str, dict[str, list[float]]] = {}
+        for r in range(args.rounds):
+            for j, (label, kind, method, k, batch) in enumerate(jobs):
+                rates = results.setdefault(label, {"old": [], "new": [], "ratio": []})
+                outputs, rate = {}, {}
+                for name in ["old", "new"] if (r + j) % 2 == 0 else ["new", "old"]:
+                    got = workers[name].run(
+                        {"kind": kind, "method": method, "k": k, "prompts": batch}
+                    )
+                    rate[name] = sum(len(o) for o in got["outputs"]) / got["seconds"]
+                    rates[name].append(rate[name])
                     outputs[name] = got["outputs"]
+                rates["ratio"].append(rate["new"] / rate["old"])
                 assert outputs["old"] == outputs["new"], f"{label}: greedy answers differ"
-            rows.append((label + " (tokens/s)", rates))
-            print(label, {n: [round(v, 1) for v in x] for n, x in rates.items()}, flush=True)
+            print(f"round {r + 1} done", flush=True)
+        rows.extend((label + " (tokens/s)", v) for label, v in results.items())
         for w in workers.values():
             w.close()
     if "start" in parts:
@@ -169,13 +177,21 @@ def main() -> None:
                     cwd=ROOT, capture_output=True, text=True, check=True,
                 )  # fmt: skip
                 starts[name].append(json.loads(out.stdout.splitlines()[-1])["seconds"])
+        starts["ratio"] = [n / o for o, n in zip(starts["old"], starts["new"], strict=True)]
         rows.append(("worker start, warm-up included (s)", starts))
     print(f"\n{args.rounds} rounds, {args.prompts} prompts alone, 16 batched, {MAX_NEW} new tokens")
-    print("| measure | old (median) | new (median) | new / old |")
-    print("|---|---|---|---|")
+    print(
+        "| measure | old (median) | new (median) | new / old: median of pairs [quartiles] | pairs |"
+    )
+    print("|---|---|---|---|---|")
     for label, values in rows:
         old, new = statistics.median(values["old"]), statistics.median(values["new"])
-        print(f"| {label} | {old:.2f} | {new:.2f} | {new / old:.3f} |")
+        ratios = values["ratio"]
+        q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
+        print(
+            f"| {label} | {old:.2f} | {new:.2f} | {statistics.median(ratios):.3f} "
+            f"[{q[0]:.3f}, {q[2]:.3f}] | {len(ratios)} |"
+        )
 
 
 if __name__ == "__main__":

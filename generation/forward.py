@@ -1,20 +1,16 @@
 """How the engine runs a model: one forward pass over ``input_ids [B, n]`` on KV slots.
 
-A pass takes the new tokens of B requests, right-padded (row b holds ``num_tokens[b]`` real
-tokens), the slot of each row in the model's ``KVStore`` and where each row starts (its slot's
-length): prefill is a pass of one row over a prompt chunk, decoding and verification one over
-every running row's last token and drafts. Keys and values are written into each row's slot
-at its own positions, so padding never shifts a real token (the trap of left padding), and
-what padding writes past a row's length is overwritten later and never attended.
+A pass takes B rows of new tokens, right-padded, each row's slot in the model's ``KVStore`` and
+its start (the slot's length): prefill is one row over a prompt chunk, a step every running
+row's last token and drafts. Keys and values go into each row's slot at its own positions, so
+padding never shifts a real token, and what padding writes past a length is never attended.
 
-Single-stream decoding on a CPU (and small models anywhere) is bound by per-call overhead, not
-arithmetic, so, as vLLM does with its own model implementations, Llama-family models run
-through ``FastLlamaForward``: the same weights and the same operations in the same order as
-transformers, without modules, hooks or output objects, with rotary tables computed once. A
-pass of one row uses exactly the masks transformers passes to SDPA, so a lone request is
-token-identical to transformers; a pass of several rows uses one additive mask that lets
-each query see its slot's positions up to its own. Every other model runs ``HFForward``
-(transformers' forward, row by row, writing through ``SlotLayer`` into the same store).
+Decoding on a CPU is bound by per-call overhead, so, as vLLM does with its own model code,
+Llama-family models run ``FastLlamaForward``: transformers' weights and operations in the same
+order, without modules, hooks or output objects. One row gets the masks transformers passes to
+SDPA (a lone request is token-identical to transformers); several rows one additive mask that
+lets each query see its slot up to its own position. Other models run ``HFForward``
+(transformers' forward row by row, writing through ``SlotLayer`` into the same store).
 """
 
 from __future__ import annotations

@@ -67,10 +67,6 @@ class KVStore:
         """Slots the store holds."""
         return len(self.lengths)
 
-    def nbytes(self) -> int:
-        """Bytes held by the keys and values of every slot."""
-        return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values))
-
     def move(self, src: int, dst: int) -> None:
         """Copy slot ``src``'s valid positions into slot ``dst`` and empty ``src``."""
         n = self.lengths[src]

@@ -25,8 +25,6 @@ class Drafts:
     probs: list[torch.Tensor | None]
     """probs[b]: [num_tokens[b], vocab_size] draft probabilities of a sampled draft-model row;
     None means one-hot on the tokens (greedy rows, prompt lookup)."""
-    host: list[list[int]]
-    """host[b]: row b's real draft tokens on the host."""
 
 
 class Proposer:
@@ -64,4 +62,4 @@ class Proposer:
         token_ids = torch.tensor(padded, dtype=torch.long, device=self.device).view(
             len(rows), width
         )
-        return Drafts(token_ids, [len(d) for d in host], probs, host)
+        return Drafts(token_ids, [len(d) for d in host], probs)

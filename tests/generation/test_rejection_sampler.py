@@ -111,7 +111,7 @@ def test_zero_target_probability_is_always_rejected() -> None:
 def _drafts(rows: list[list[int]], probs: list[torch.Tensor | None] | None = None) -> Drafts:
     width = max(len(r) for r in rows)
     padded = torch.tensor([r + [0] * (width - len(r)) for r in rows]).view(len(rows), width)
-    return Drafts(padded, [len(r) for r in rows], probs or [None] * len(rows), rows)
+    return Drafts(padded, [len(r) for r in rows], probs or [None] * len(rows))
 
 
 def test_greedy_rows_stop_at_the_first_mismatch_and_break_ties_low() -> None:
