@@ -194,7 +194,7 @@ class FastLlamaForward:
             # One row: the masks transformers passes to SDPA (none for one token; causal for a
             # prompt on an empty slot; a boolean causal mask after cached positions).
             slot, start = slots[0], starts[0]
-            write: Any = (slot, slice(start, start + n))
+            write: Any = (slot, slice(None), slice(start, start + n))
             rows: Any = slot
             cos = self.cos[start : start + n].unsqueeze(0)  # [1, n, head_dim]
             sin = self.sin[start : start + n].unsqueeze(0)
@@ -206,7 +206,7 @@ class FastLlamaForward:
             pos = torch.tensor(starts, device=device)[:, None] + torch.arange(n, device=device)
             pos = pos.clamp_(max=store.capacity - 1)  # [B, n]
             slot_ids = torch.tensor(slots, device=device)
-            write = (slot_ids[:, None], pos)
+            write = (slot_ids[:, None], slice(None), pos)
             dense = slots == list(range(slots[0], slots[0] + batch))
             rows = slice(slots[0], slots[0] + batch) if dense else slot_ids  # a view, or a gather
             cos, sin = self.cos[pos].unsqueeze(1), self.sin[pos].unsqueeze(1)  # [B, 1, n, hd]
@@ -224,11 +224,11 @@ class FastLlamaForward:
             v = F.linear(h, layer.v.weight, layer.v.bias).view(batch, n, self.kv_heads, -1)
             q = rotate(q.transpose(1, 2), cos, sin)  # [B, heads, n, head_dim]
             k = rotate(k.transpose(1, 2), cos, sin)  # [B, kv_heads, n, head_dim]
-            keys, values = store.keys[i], store.values[i]  # [slots, capacity, kv, head_dim]
-            keys[write] = k[0].transpose(0, 1) if batch == 1 else k.transpose(1, 2)
-            values[write] = v[0] if batch == 1 else v
-            k_all = keys[rows, :end].transpose(-3, -2)  # [(B,) kv_heads, end, head_dim]
-            v_all = values[rows, :end].transpose(-3, -2)
+            keys, values = store.keys[i], store.values[i]  # [slots, kv, capacity, head_dim]
+            keys[write] = k[0] if batch == 1 else k.transpose(1, 2)
+            values[write] = v[0].transpose(0, 1) if batch == 1 else v
+            k_all = keys[rows, :, :end]  # [(B,) kv_heads, end, head_dim]
+            v_all = values[rows, :, :end]
             if batch == 1:
                 k_all, v_all = k_all.unsqueeze(0), v_all.unsqueeze(0)
             if groups > 1 and not gqa:

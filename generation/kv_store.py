@@ -1,7 +1,8 @@
 """Who owns which KV memory: one preallocated slot per running request, rollback = a length.
 
 ``KVStore`` holds the keys and values of one model for every slot, per layer
-``[num_slots, capacity, kv_heads, head_dim]``, and each slot's length on the host. It is
+``[num_slots, kv_heads, capacity, head_dim]`` (a slot's first n positions are the view attention
+reads, as a single-sequence cache gives it), and each slot's length on the host. It is
 allocated once, when the engine first runs (``ModelRunner``): the engine decides how many
 slots it can hold at the full context (its ``max_concurrency``), so nothing grows or copies
 while requests come and go. A forward pass writes its positions at the slot's length; rejecting
@@ -22,7 +23,7 @@ import torch
 from transformers.cache_utils import DynamicLayer
 
 LayerKV = tuple[torch.Tensor, torch.Tensor]
-"""Keys and values of one layer for some positions: each [num_positions, kv_heads, head_dim]."""
+"""Keys and values of one layer for some positions: each [kv_heads, num_positions, head_dim]."""
 
 
 def kv_shape(config: Any) -> tuple[int, int, int]:
@@ -54,7 +55,7 @@ class KVStore:
         self.num_layers, kv_heads, head_dim = kv_shape(config)
         self.capacity = capacity
         """Positions each slot holds: the model's context plus one round's padding."""
-        shape = (num_slots, capacity, kv_heads, head_dim)
+        shape = (num_slots, kv_heads, capacity, head_dim)
         # Zeros, not empty: positions past a length are masked, and a masked score must never
         # meet a NaN of uninitialised memory.
         self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(self.num_layers)]
@@ -72,23 +73,23 @@ class KVStore:
         n = self.lengths[src]
         for store in (self.keys, self.values):
             for layer in store:
-                layer[dst, :n] = layer[src, :n]
+                layer[dst, :, :n] = layer[src, :, :n]
         self.lengths[dst], self.lengths[src] = n, 0
 
     def read(self, slot: int, start: int, end: int) -> list[LayerKV]:
         """Return a copy of positions ``start .. end - 1`` of ``slot``, per layer."""
         return [
-            (k[slot, start:end].clone(), v[slot, start:end].clone())
+            (k[slot, :, start:end].clone(), v[slot, :, start:end].clone())
             for k, v in zip(self.keys, self.values, strict=True)
         ]
 
     def write(self, slot: int, start: int, kv: list[LayerKV]) -> None:
         """Put ``kv`` (per layer, as ``read`` returns) at ``start`` of ``slot``; its length is
         then ``start`` plus their positions."""
-        n = kv[0][0].shape[0]
+        n = kv[0][0].shape[1]
         for (k, v), keys, values in zip(kv, self.keys, self.values, strict=True):
-            keys[slot, start : start + n] = k
-            values[slot, start : start + n] = v
+            keys[slot, :, start : start + n] = k
+            values[slot, :, start : start + n] = v
         self.lengths[slot] = start + n
 
 
@@ -114,8 +115,8 @@ class SlotLayer(DynamicLayer):
         """Write this pass's positions ([1, kv_heads, n, head_dim]); return the slot's so far."""
         end = self.start + key_states.shape[-2]
         keys, values = self.store.keys[self.layer], self.store.values[self.layer]
-        keys[self.slot, self.start : end] = key_states[0].transpose(0, 1)
-        values[self.slot, self.start : end] = value_states[0].transpose(0, 1)
-        self.keys = keys[self.slot, :end].transpose(0, 1).unsqueeze(0)
-        self.values = values[self.slot, :end].transpose(0, 1).unsqueeze(0)
+        keys[self.slot, :, self.start : end] = key_states[0]
+        values[self.slot, :, self.start : end] = value_states[0]
+        self.keys = keys[self.slot, :, :end].unsqueeze(0)
+        self.values = values[self.slot, :, :end].unsqueeze(0)
         return self.keys, self.values

@@ -146,4 +146,3 @@ def time_batch_steps(
                     for slot in slots:
                         runner.set_length(slot, context_len)
     return {k: statistics.median(t) for k, t in times.items()}
-
