@@ -30,6 +30,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 TARGET, DRAFT = "models/demo/target", "models/demo/draft"
 SETTINGS = [("draft_model", 4), ("draft_model", "auto"), ("ngram", 4), ("none", 1)]
+"""Methods of the ``generate`` part (``--settings`` picks some by index)."""
 MAX_NEW = 64
 
 
@@ -60,14 +61,14 @@ def worker(tree: str) -> None:
         params = SamplingParams(
             max_new_tokens=MAX_NEW, method=job["method"], num_speculative_tokens=job["k"]
         )
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         if job["kind"] == "generate":
             outputs = [engine.generate(p, params).token_ids for p in job["prompts"]]
         else:
             results = engine.generate_many(job["prompts"], params, max_batch_size=16)
             outputs = [r.token_ids for r in results]
-        seconds = time.perf_counter() - start
-        print(json.dumps({"seconds": seconds, "outputs": outputs}), flush=True)
+        seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
+        print(json.dumps({"seconds": seconds, "cpu": cpu, "outputs": outputs}), flush=True)
 
 
 def start_time(tree: str) -> None:
@@ -122,6 +123,7 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--starts", type=int, default=3)
     parser.add_argument("--parts", default="generate,many,start")
+    parser.add_argument("--settings", default="0,1,2,3", help="indexes into SETTINGS")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--start-time", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -143,7 +145,7 @@ def main() -> None:
         workers = {name: Worker(tree) for name, tree in trees.items()}
         jobs = []
         if "generate" in parts:
-            for method, k in SETTINGS:
+            for method, k in [SETTINGS[int(i)] for i in args.settings.split(",")]:
                 for i in range(args.prompts):  # one prompt a job: old and new back to back
                     jobs.append((f"generate {method} k={k}", "generate", method, k, [prompts[i]]))
         if "many" in parts:
@@ -153,16 +155,18 @@ def main() -> None:
         results: dict[str, dict[str, list[float]]] = {}
         for r in range(args.rounds):
             for j, (label, kind, method, k, batch) in enumerate(jobs):
-                rates = results.setdefault(label, {"old": [], "new": [], "ratio": []})
-                outputs, rate = {}, {}
+                rates = results.setdefault(label, {"old": [], "new": [], "ratio": [], "cpu": []})
+                outputs, rate, cpu = {}, {}, {}
                 for name in ["old", "new"] if (r + j) % 2 == 0 else ["new", "old"]:
                     got = workers[name].run(
                         {"kind": kind, "method": method, "k": k, "prompts": batch}
                     )
                     rate[name] = sum(len(o) for o in got["outputs"]) / got["seconds"]
+                    cpu[name] = got["cpu"]
                     rates[name].append(rate[name])
                     outputs[name] = got["outputs"]
                 rates["ratio"].append(rate["new"] / rate["old"])
+                rates["cpu"].append(cpu["old"] / cpu["new"])  # CPU seconds: immune to waiting
                 assert outputs["old"] == outputs["new"], f"{label}: greedy answers differ"
             print(f"round {r + 1} done", flush=True)
         rows.extend((label + " (tokens/s)", v) for label, v in results.items())
@@ -181,16 +185,20 @@ def main() -> None:
         rows.append(("worker start, warm-up included (s)", starts))
     print(f"\n{args.rounds} rounds, {args.prompts} prompts alone, 16 batched, {MAX_NEW} new tokens")
     print(
-        "| measure | old (median) | new (median) | new / old: median of pairs [quartiles] | pairs |"
+        "| measure | old (median) | new (median) | new / old: median of pairs [quartiles] | pairs "
+        "| the same on CPU seconds of the process [quartiles] |"
     )
-    print("|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|")
     for label, values in rows:
         old, new = statistics.median(values["old"]), statistics.median(values["new"])
         ratios = values["ratio"]
         q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
+        cpu = values.get("cpu") or [float("nan")] * 3
+        c = statistics.quantiles(cpu, n=4) if len(cpu) > 1 else [cpu[0]] * 3
         print(
             f"| {label} | {old:.2f} | {new:.2f} | {statistics.median(ratios):.3f} "
-            f"[{q[0]:.3f}, {q[2]:.3f}] | {len(ratios)} |"
+            f"[{q[0]:.3f}, {q[2]:.3f}] | {len(ratios)} | {statistics.median(cpu):.3f} "
+            f"[{c[0]:.3f}, {c[2]:.3f}] |"
         )
 
 
