@@ -58,7 +58,14 @@ class EngineCore:
 class BatchEngine:
     """Running requests of one engine, advanced together one round per step."""
 
-    def __init__(self, core: EngineCore, max_batch_size: int, pause_background: bool) -> None:
+    def __init__(
+        self,
+        core: EngineCore,
+        max_batch_size: int,
+        pause_background: bool,
+        prefill_chunk: int | None = None,
+    ) -> None:
+        """``prefill_chunk``: the loop's own (None: the config's)."""
         config = core.config
         if not 1 <= max_batch_size <= core.target.num_slots:
             raise ValueError(
@@ -69,7 +76,7 @@ class BatchEngine:
         self.proposer = Proposer(core.draft, core.device)
         self.scheduler = Scheduler(
             max_batch_size,
-            config.prefill_chunk,
+            prefill_chunk or config.prefill_chunk,
             self._move,
             pause_background,
             config.background_prefill_chunk if pause_background else None,

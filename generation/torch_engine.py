@@ -175,13 +175,18 @@ class SpeculativeEngine:
             if self.draft is not None:
                 self.step_costs().table(size, True)
 
-    def _batch(self, max_batch_size: int | None, pause_background: bool | None) -> BatchEngine:
+    def _batch(
+        self,
+        max_batch_size: int | None,
+        pause_background: bool | None,
+        prefill_chunk: int | None = None,
+    ) -> BatchEngine:
         if pause_background is None:
             pause_background = self.config.pause_background
         if pause_background is None:
             pause_background = self.device.type == "cpu"
         size = max_batch_size or self.max_concurrency
-        return BatchEngine(self._core, size, pause_background)
+        return BatchEngine(self._core, size, pause_background, prefill_chunk)
 
     def start_loop(
         self,
@@ -191,17 +196,14 @@ class SpeculativeEngine:
     ) -> EngineLoop:
         """Return a running ``EngineLoop`` (continuous batching) over this engine's KV store.
 
-        ``max_batch_size``: at most ``max_concurrency`` (None: that). ``prefill_chunk`` must be
-        the config's or None (set it in ``EngineConfig``). One loop at a time: close it first.
+        ``max_batch_size``: at most ``max_concurrency`` (None: that). ``prefill_chunk``: most
+        prompt tokens prefilled per step (None: the config's). One loop at a time: close it first.
         """
-        if prefill_chunk is not None and prefill_chunk != self.config.prefill_chunk:
-            raise ValueError(
-                f"prefill_chunk: {prefill_chunk} differs from the engine config's "
-                f"{self.config.prefill_chunk}; set it in EngineConfig"
-            )
+        if prefill_chunk is not None and prefill_chunk < 1:
+            raise ValueError(f"prefill_chunk: must be >= 1, got {prefill_chunk}")
         if self._loop is not None and not self._loop.closed:
             raise RuntimeError("start_loop: this engine already runs a loop; close it first")
-        self._loop = EngineLoop(self._batch(max_batch_size, None), self._lock)
+        self._loop = EngineLoop(self._batch(max_batch_size, None, prefill_chunk), self._lock)
         return self._loop
 
     def generate_many(
