@@ -20,6 +20,7 @@ from app.settings import Settings
 if TYPE_CHECKING:  # both import torch; they load with the models, not with this module
     from generation import Engine
     from generation.base import GenerationLoop
+    from generation.config import EngineConfig
     from retrieval import RetrievalService
 
 log = logging.getLogger(__name__)
@@ -73,6 +74,7 @@ class Resources:
                     str(s.draft_model) if s.draft_model else None,
                     s.device,
                     s.vllm_options if s.engine == "vllm" else None,
+                    config=engine_config(s),
                 )
             return self._engine
 
@@ -173,6 +175,19 @@ class Resources:
             if callable(warmup):
                 warmup(**_batch_warmup(warmup, self.settings))
             self.loop  # noqa: B018 - started (and its concurrency checked) before any query
+
+
+def engine_config(settings: Settings) -> EngineConfig:
+    """The engine config of this process: its batch, k_max and prefill chunk from ``settings``."""
+    from generation.config import EngineConfig  # generation's package imports torch
+
+    fields: dict[str, Any] = {
+        "max_batch_size": worker_concurrency(settings),
+        "max_speculative_tokens": settings.max_speculative_tokens,
+    }
+    if settings.prefill_chunk is not None:
+        fields["prefill_chunk"] = settings.prefill_chunk
+    return EngineConfig(**fields)
 
 
 def _batch_warmup(warmup: Any, settings: Settings) -> dict[str, Any]:

@@ -97,7 +97,8 @@ class Settings(BaseSettings):
         default=Method.DRAFT_MODEL, description="Method when the request names none."
     )
     max_speculative_tokens: int = Field(
-        default=8, description="Largest fixed k a request may ask for; also k_max of 'auto'."
+        default=8,
+        description="Largest fixed k a request may ask for; also the engine's k_max of 'auto'.",
     )
     default_top_k: int = Field(default=3, description="Passages retrieved per question.")
     max_question_tokens: int = Field(
@@ -245,9 +246,7 @@ class Settings(BaseSettings):
             "Engine loop: most prompt tokens prefilled per step while other queries decode "
             "(None: the engine's default, 512 on the torch engine). "
             "Smaller keeps running answers smoother when a long prompt arrives, at some "
-            "throughput (docs/benchmarks.md, stall: on the CPU demo pair a 1,968-token prompt "
-            "stalls them ~550 ms beyond a step at 512, ~60 ms at 128, which cost ~20 % "
-            "throughput at 4 in flight). vLLM schedules its own prefill."
+            "throughput (docs/benchmarks.md, stall). vLLM schedules its own prefill."
         ),
     )
     broker_polling_interval: float = Field(

@@ -18,6 +18,7 @@ Parts (``--parts``, default all), each comparing its variants side by side in on
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import statistics
 import sys
@@ -31,9 +32,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from generation import SamplingParams, SpeculativeEngine  # noqa: E402
-from generation.engine_loop import EngineLoop  # noqa: E402
+from generation.config import EngineConfig  # noqa: E402
+from generation.kv_store import kv_bytes_per_token  # noqa: E402
 from generation.loading import load_tokenizer  # noqa: E402
-from generation.slots import kv_bytes_per_token  # noqa: E402
 
 MAX_NEW = 64
 
@@ -109,14 +110,15 @@ def prefill_seconds(engine: SpeculativeEngine, prompts: list[list[int]]) -> floa
     """Seconds to prefill every prompt into a fresh slot, target and draft, as both paths do."""
     from generation.model_runner import ModelRunner
 
-    runners = [ModelRunner(engine.target_forward, "target")]
+    capacity = max(map(len, prompts))
+    runners = [ModelRunner(engine.target_forward, 1, capacity)]
     if engine.draft_forward is not None:
-        runners.append(ModelRunner(engine.draft_forward, "draft"))
+        runners.append(ModelRunner(engine.draft_forward, 1, capacity))
     start = time.perf_counter()
     with torch.inference_mode():
         for prompt in prompts:
             for runner in runners:
-                runner.clear(0)
+                runner.set_length(0, 0)
                 runner.prefill(0, prompt)
     return time.perf_counter() - start
 
@@ -172,7 +174,8 @@ def part_stall(engine: SpeculativeEngine, prompts: list[list[int]], chunks: list
     print("|---|---|---|")
     params = SamplingParams(max_new_tokens=400, method="draft_model", num_speculative_tokens=2)
     for chunk in chunks:
-        loop = EngineLoop(engine, max_batch_size=9, prefill_chunk=chunk)
+        config = dataclasses.replace(engine.config, max_batch_size=9, prefill_chunk=chunk)
+        loop = SpeculativeEngine(engine.target, engine.draft, config=config).start_loop(9)
         # Every row's bursts are stamped; a step's bursts land together, so stamps more than a
         # millisecond apart mark the steps (any row may stop at EOS, the batch goes on).
         stamps: list[float] = []
@@ -209,15 +212,10 @@ def part_memory(engine: SpeculativeEngine) -> None:
         print(
             f"| {name} | {per} | {per * 512 / 2**20:.1f} MiB | {per * engine.max_context / 2**20:.1f} MiB |"
         )
-    total = sum(
-        kv_bytes_per_token(m.config, next(m.parameters()).dtype)
-        for m in (engine.target, engine.draft)
-        if m is not None
-    )
     print(
-        f"default max_batch_size={engine.max_batch_size}: {total * 512 * engine.max_batch_size / 2**20:.0f} MiB "
-        f"at 512 positions per slot, {total * engine.max_context * engine.max_batch_size / 2**20:.0f} MiB at the full "
-        f"context of {engine.max_context}"
+        f"max_concurrency={engine.max_concurrency}: {engine.kv_bytes_per_slot / 2**20:.0f} MiB per slot "
+        f"(the full context of {engine.max_context} and one round), "
+        f"{engine.kv_bytes_per_slot * engine.max_concurrency / 2**20:.0f} MiB allocated"
     )
 
 
@@ -231,16 +229,15 @@ def main() -> None:
     parser.add_argument("--chunks", default="4096,512,256,128")
     args = parser.parse_args()
     torch.set_num_threads(int(os.environ.get("SPECRAG_TORCH_THREADS", "1")))
-    engine = SpeculativeEngine.from_pretrained(args.target, args.draft, device="cpu")
+    sizes = [int(s) for s in args.sizes.split(",")]
+    config = EngineConfig(max_batch_size=max(16, *sizes))
+    engine = SpeculativeEngine.from_pretrained(args.target, args.draft, device="cpu", config=config)
     tokenizer = load_tokenizer(args.target)
     prompts = rag_prompts(tokenizer, 16)
     print(f"prompt lengths: {min(map(len, prompts))}..{max(map(len, prompts))} tokens")
-    sizes = [int(s) for s in args.sizes.split(",")]
     start = time.perf_counter()
     engine.warmup(batch_sizes=tuple(sizes))
-    print(
-        f"warm-up (adaptive costs and T(B, k) for B in {sizes}): {time.perf_counter() - start:.1f} s"
-    )
+    print(f"warm-up (KV store and T(B, k) for B in {sizes}): {time.perf_counter() - start:.1f} s")
     parts = args.parts.split(",")
     if "memory" in parts:
         part_memory(engine)

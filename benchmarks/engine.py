@@ -29,8 +29,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from generation import SamplingParams, SpeculativeEngine  # noqa: E402
+from generation.config import EngineConfig  # noqa: E402
 from generation.forward import Forward  # noqa: E402
 from generation.loading import has_tokenizer, load_tokenizer  # noqa: E402
+from generation.model_runner import ModelRunner  # noqa: E402
 
 
 def random_pair(vocab: int, hidden: int, layers: int, weak: float, seed: int) -> tuple[Any, Any]:
@@ -128,9 +130,9 @@ def probe_costs(
     for name, model in (("target", target), ("draft", draft)):
         if model is None:
             continue
-        cache = model.new_cache()
+        runner = ModelRunner(model, 1, len(prompt) + max(ks) + 2)
         start = clock()
-        model(torch.tensor([prompt]), cache, logits_to_keep=1)
+        runner.prefill(0, prompt)
         if name == "draft":
             probes["draft_prefill"].append(clock() - start)
         sizes = [1] + ([k + 1 for k in ks] if name == "target" else [])
@@ -138,9 +140,9 @@ def probe_costs(
             for size in sizes:
                 ids = torch.tensor([prompt[:size]])
                 start = clock()
-                model(ids, cache)
+                runner.run([0], ids, [size])
                 probes[f"{name}_{size}"].append(clock() - start)
-                cache.crop(-size)
+                runner.set_length(0, len(prompt))
     return probes
 
 
@@ -161,8 +163,10 @@ def run_rows(
     generation) is timed too, so decode-phase speedups exclude it for every row alike.
     """
     max_new, ks, hf_ks, clock = args.max_new_tokens, args.ks, args.hf_ks, args.clock
-    engine = SpeculativeEngine(target, draft, max_speculative_tokens=max(ks))
-    on_hf = SpeculativeEngine(target, draft, max_speculative_tokens=max(ks), fast_forward=False)
+    engine = SpeculativeEngine(target, draft, config=EngineConfig(max_speculative_tokens=max(ks)))
+    on_hf = SpeculativeEngine(
+        target, draft, config=EngineConfig(max_speculative_tokens=max(ks), fast_forward=False)
+    )
     rows: list[tuple[str, Any, Any]] = [("none", "none", 1), ("transformers greedy", "hf_none", 1)]
     rows += [(f"draft_model k={k}", "draft_model", k) for k in [*ks, "auto"]]
     rows += [(f"ngram k={k}", "ngram", k) for k in (4, "auto")]

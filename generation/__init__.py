@@ -13,6 +13,7 @@ from generation.base import (
     GenerationResult,
     RequestHandle,
 )
+from generation.config import EngineConfig
 from generation.engine_loop import BatchRequestError, EngineLoop
 from generation.factory import load_engine
 from generation.loading import (
@@ -32,6 +33,7 @@ __all__ = [
     "CheckpointError",
     "DeltaCallback",
     "Engine",
+    "EngineConfig",
     "EngineLoop",
     "GenerationLoop",
     "GenerationResult",

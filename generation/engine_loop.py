@@ -1,8 +1,7 @@
 """The engine's online loop: a thread that steps the running batch while requests come and go.
 
-``EngineLoop(engine, max_batch_size)`` owns a ``BatchEngine`` (generation/batching.py) and one
-thread. ``submit`` returns a handle at once; the request joins the batch at the next step,
-its verified tokens reach ``handle.deltas()`` (and ``on_delta``) after every round, and it
+An ``EngineLoop`` owns a ``BatchEngine`` (generation/batching.py) and one thread. ``submit``
+returns a handle at once; the request joins the batch at the next step, its verified tokens reach ``handle.deltas()`` (and ``on_delta``) after every round, and it
 leaves when it finishes, freeing its slot for the next waiting request. ``handle.cancel()``
 takes effect at the next step boundary: the slot is freed, the other rows go on undisturbed,
 and ``result()`` raises ``Cancelled``. A request the engine cannot serve (empty prompt, too
@@ -15,49 +14,25 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import TYPE_CHECKING
 
 import torch
 
 from generation.base import Cancelled, DeltaCallback, GenerationResult
-from generation.batching import BACKGROUND_PREFILL_CHUNK, DEFAULT_PREFILL_CHUNK, BatchEngine
+from generation.batching import BatchEngine
 from generation.params import SamplingParams
 from generation.sequence import LoopHandle
-
-if TYPE_CHECKING:
-    from generation.torch_engine import SpeculativeEngine
 
 log = logging.getLogger(__name__)
 
 
 class EngineLoop:
-    """A ``GenerationLoop`` over one ``SpeculativeEngine`` (see the module docstring)."""
+    """A ``GenerationLoop`` stepping one ``BatchEngine`` in its own thread (see the module
+    docstring)."""
 
-    def __init__(
-        self,
-        engine: SpeculativeEngine,
-        max_batch_size: int,
-        prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
-        pause_background: bool | None = None,
-        max_background_pause: float = 5.0,
-    ) -> None:
-        """``pause_background``: background requests sit out the steps while a foreground one
-        runs, and prefill in short chunks (default: on a CPU, where every extra row of a pass
-        costs arithmetic; a GPU pass carries them almost free, so there they share the steps).
-        ``max_background_pause``: seconds a paused background request waits at most before it
-        takes part in a step anyway (a stream of foreground requests cannot starve it)."""
-        if pause_background is None:
-            pause_background = engine.device.type == "cpu"
-        self._batch = BatchEngine(
-            engine,
-            max_batch_size,
-            prefill_chunk,
-            pause_background,
-            background_chunk=BACKGROUND_PREFILL_CHUNK if pause_background else None,
-            max_background_pause=max_background_pause,
-        )
-        with torch.inference_mode():
-            self._batch.preallocate()
+    def __init__(self, batch: BatchEngine, lock: threading.Lock | None = None) -> None:
+        """``lock``: held by the loop's thread while it runs (the engine's KV store's lock)."""
+        self._batch = batch
+        self._lock = lock or threading.Lock()
         self._wake = threading.Condition()
         self._inbox: list[tuple[list[int], SamplingParams, LoopHandle, bool]] = []
         self._closed = False
@@ -87,7 +62,7 @@ class EngineLoop:
         ``background``: a batch job's request, behind foreground ones (``pause_background``)."""
         handle = LoopHandle(on_delta)
         try:
-            self._batch.engine.check_request(prompt_token_ids, params)
+            self._batch.core.check_request(prompt_token_ids, params)
         except (TypeError, ValueError) as exc:
             handle.fail(exc)
             return handle
@@ -109,7 +84,7 @@ class EngineLoop:
 
     def _run(self) -> None:
         # Slot moves and releases touch inference tensors, in steps and outside them.
-        with torch.inference_mode():
+        with self._lock, torch.inference_mode():
             self._serve()
 
     def _serve(self) -> None:
@@ -152,32 +127,29 @@ class BatchRequestError(ValueError):
 
 
 def run_many(
-    engine: SpeculativeEngine,
-    prompts: list[list[int]],
-    params: list[SamplingParams],
-    max_batch_size: int,
+    batch: BatchEngine, prompts: list[list[int]], params: list[SamplingParams]
 ) -> list[GenerationResult]:
-    """Return each request's result in input order, stepping one batch in this thread.
+    """Return each request's result in input order, stepping ``batch`` in this thread.
 
     Raises ``BatchRequestError`` (naming each bad request's index) after every other request
     was answered, so a bad request never costs the others their results.
     """
-    if len(params) != len(prompts):
-        raise ValueError(
-            f"params: expected one SamplingParams per prompt ({len(prompts)}), got {len(params)}"
-        )
-    batch = BatchEngine(engine, max(1, min(max_batch_size, len(prompts))))
     handles = [LoopHandle() for _ in prompts]
     for prompt, sampling, handle in zip(prompts, params, handles, strict=True):
         batch.add(prompt, sampling, handle)
     with torch.inference_mode():
         while batch.has_work:
             batch.step()
+    return collect(handles)
+
+
+def collect(handles: list[LoopHandle], timeout: float | None = 0) -> list[GenerationResult]:
+    """Return every handle's result in order; ``BatchRequestError`` names the failed ones."""
     results: list[GenerationResult | None] = []
     errors: dict[int, BaseException] = {}
     for i, handle in enumerate(handles):
         try:
-            results.append(handle.result(timeout=0))
+            results.append(handle.result(timeout=timeout))
         except Exception as exc:
             errors[i] = exc
             results.append(None)

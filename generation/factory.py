@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from generation.base import Engine
+from generation.config import EngineConfig
 
 ENGINE_KINDS = ("torch", "vllm")
 
@@ -16,11 +17,15 @@ def load_engine(
     draft_dir: str | Path | None = None,
     device: str = "auto",
     options: dict[str, Any] | None = None,
+    *,
+    config: EngineConfig | None = None,
 ) -> Engine:
     """Return a loaded engine of ``kind`` ("torch" or "vllm"); vLLM is imported only when asked.
 
     ``options`` go to the vLLM engine's ``from_pretrained`` (tensor_parallel_size, method,
     num_speculative_tokens, gpu_memory_utilization, max_model_len, ...); the torch engine takes none.
+    ``config``: the engine config (generation/config.py); the vLLM engine takes from it room
+    for ``max_batch_size`` requests (``max_num_seqs``) unless ``options`` name one.
     """
     options = options or {}
     if kind == "torch":
@@ -28,15 +33,23 @@ def load_engine(
             raise ValueError(f"engine options: the torch engine takes none, got {sorted(options)}")
         from generation.torch_engine import SpeculativeEngine  # heavy: torch
 
-        return SpeculativeEngine.from_pretrained(target_dir, draft_dir, device=device)
+        return SpeculativeEngine.from_pretrained(
+            target_dir, draft_dir, device=device, config=config
+        )
     if kind == "vllm":
         try:
             from generation.vllm_engine import VLLMEngine  # type: ignore[import-not-found]
+            from generation.vllm_engine.engine import DEFAULT_MAX_NUM_SEQS
         except ImportError as exc:
             raise RuntimeError(
                 f"engine 'vllm' is not available here ({exc}); install the vllm extra on a GPU "
                 "host, or `make vllm-venv` (vLLM's CPU build) on a CPU host"
             ) from exc
-        engine: Engine = VLLMEngine.from_pretrained(target_dir, draft_dir, device=device, **options)
+        if config is not None:  # room for the batch the config asks for, at least vLLM's default
+            seqs = max(config.max_batch_size, DEFAULT_MAX_NUM_SEQS)
+            options = {"max_num_seqs": seqs, **options}
+        engine: Engine = VLLMEngine.from_pretrained(
+            target_dir, draft_dir, device=device, **options
+        )
         return engine
     raise ValueError(f"engine: unknown kind {kind!r}; expected one of {', '.join(ENGINE_KINDS)}")

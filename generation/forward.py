@@ -1,27 +1,16 @@
-"""How the engine runs a model: one forward pass over new tokens on a KV cache.
+"""How the engine runs a model: one forward pass over ``input_ids [B, n]`` on KV slots.
 
-Single-stream decoding on a CPU (and small models anywhere) is bound by per-call overhead, not
-arithmetic: a decode step of the demo target runs ~150 tiny kernels, and Hugging Face's module
-tree adds its own Python around each (hooks, output dataclasses, mask construction, cache
-bookkeeping).  So, as vLLM does with its own model implementations, the engine runs Llama-family
-models through ``FastLlamaForward``: the same weights and the same operations in the same order,
-with
+A pass takes B rows of new tokens, right-padded, each row's slot in the model's ``KVStore`` and
+its start (the slot's length): prefill is one row over a prompt chunk, a step every running
+row's last token and drafts. Keys and values go into each row's slot at its own positions, so
+padding never shifts a real token, and what padding writes past a length is never attended.
 
-- no modules, hooks, output objects or per-pass mask and position bookkeeping;
-- rotary cos/sin tables computed once for every position, by the model's own rotary module;
-- the engine's in-place KV cache (generation/kv_cache.py, the same one ``HFForward`` uses):
-  each pass writes its keys and values, rollback moves the end;
-- attention by ``scaled_dot_product_attention`` with the same masks transformers would pass.
-
-Fusing q/k/v (and gate/up) into one matrix multiply, as vLLM does on GPUs, was tried and
-dropped: on this CPU it was no faster (71 vs 74 us per layer at 384 wide), and for narrow
-k/v projections the fused GEMM picked another kernel whose sums differ in the last bit, which
-would break token-identity with transformers.
-
-Every other model runs through ``HFForward`` (transformers' forward with the in-place cache of
-generation/kv_cache.py).  Both return logits; tests/generation/test_forward.py checks the fast
-path against transformers' forward for Llama and Qwen2 (with GQA and biases), through growth
-and rollback.
+Decoding on a CPU is bound by per-call overhead, so, as vLLM does with its own model code,
+Llama-family models run ``FastLlamaForward``: transformers' weights and operations in the same
+order, without modules, hooks or output objects. One row gets the masks transformers passes to
+SDPA (a lone request is token-identical to transformers); several rows one additive mask that
+lets each query see its slot up to its own position. Other models run ``HFForward``
+(transformers' forward row by row, writing through ``SlotLayer`` into the same store).
 """
 
 from __future__ import annotations
@@ -31,8 +20,9 @@ from typing import Any, Protocol
 import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
 
-from generation.kv_cache import MIN_CAPACITY, new_cache
+from generation.kv_store import KVStore, SlotLayer
 
 
 class Forward(Protocol):
@@ -40,36 +30,54 @@ class Forward(Protocol):
 
     config: Any
     device: torch.device
-
-    def new_cache(self) -> Any:
-        """An empty KV cache with ``crop(-n)`` (drop the last n positions)."""
-        ...
+    dtype: torch.dtype
 
     def __call__(
-        self, input_ids: torch.Tensor, cache: Any, logits_to_keep: int = 0
+        self,
+        input_ids: torch.Tensor,  # [B, n], right-padded
+        store: KVStore,
+        slots: list[int],
+        starts: list[int],
+        last: list[int] | None = None,
     ) -> torch.Tensor:
-        """Logits [n, vocab] of the last ``logits_to_keep`` (0: all) of ``input_ids`` [1, n]."""
+        """Logits [B, n, vocab], or [B, vocab] at position ``last[b]`` of each row when given.
+
+        Writes each row's keys and values at ``starts[b]`` of its slot; lengths are the caller's.
+        """
         ...
 
 
 class HFForward:
-    """transformers' own forward pass, on the in-place cache (any causal LM)."""
+    """transformers' own forward pass, one row at a time, on the engine's KV store."""
 
     def __init__(self, model: Any) -> None:
         self.model = model
         self.config = model.config
         self.device = next(model.parameters()).device
-
-    def new_cache(self) -> Any:
-        return new_cache(self.config)
+        self.dtype = next(model.parameters()).dtype
+        kinds = {type(layer) for layer in DynamicCache(config=self.config).layers}
+        if kinds - {DynamicLayer}:
+            raise ValueError(
+                f"{type(model).__name__}: cache layers {sorted(k.__name__ for k in kinds)}; "
+                "the engine's KV store holds full-attention layers only"
+            )
 
     def __call__(
-        self, input_ids: torch.Tensor, cache: Any, logits_to_keep: int = 0
+        self,
+        input_ids: torch.Tensor,
+        store: KVStore,
+        slots: list[int],
+        starts: list[int],
+        last: list[int] | None = None,
     ) -> torch.Tensor:
-        out = self.model(
-            input_ids=input_ids, cache=cache, use_cache=True, logits_to_keep=logits_to_keep
-        )
-        return out.logits[0]
+        rows = []
+        for b, (slot, start) in enumerate(zip(slots, starts, strict=True)):
+            n = input_ids.shape[1] if last is None else last[b] + 1
+            cache = DynamicCache(config=self.config)
+            cache.layers = [SlotLayer(store, i, slot, start) for i in range(len(cache.layers))]
+            out = self.model(input_ids=input_ids[b : b + 1, :n], cache=cache, use_cache=True)
+            rows.append(out.logits[0, -1] if last is not None else out.logits[0])
+        return torch.stack(rows)
 
 
 # Causal LMs whose decoder layer is exactly: RMSNorm, attention (q/k/v/o projections, optional
@@ -110,18 +118,15 @@ class _Layer:
     def __init__(self, layer: Any) -> None:
         attn, mlp = layer.self_attn, layer.mlp
         self.q, self.k, self.v, self.o = attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj
-        self.gate, self.up, self.down = (
-            mlp.gate_proj.weight,
-            mlp.up_proj.weight,
-            mlp.down_proj.weight,
-        )
+        self.gate, self.up = mlp.gate_proj.weight, mlp.up_proj.weight
+        self.down = mlp.down_proj.weight
         self.in_norm = layer.input_layernorm
         self.post_norm = layer.post_attention_layernorm
         self.q_size = attn.q_proj.weight.shape[0]
         self.scaling = attn.scaling
 
 
-def _rms_norm(x: torch.Tensor, norm: Any) -> torch.Tensor:
+def rms_norm(x: torch.Tensor, norm: Any) -> torch.Tensor:
     """transformers' RMSNorm, operation for operation (float32 statistics)."""
     dtype = x.dtype
     h = x.to(torch.float32)
@@ -130,7 +135,8 @@ def _rms_norm(x: torch.Tensor, norm: Any) -> torch.Tensor:
     return norm.weight * h.to(dtype)
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding of ``x`` [..., n, head_dim] at the positions of ``cos``/``sin``."""
     half = x.shape[-1] // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
     return (x * cos) + (rotated * sin)
@@ -145,10 +151,10 @@ class FastLlamaForward:
             raise ValueError(f"FastLlamaForward: cannot run this model exactly: {reason}")
         self.model = model
         self.config = model.config
-        self.max_positions = int(model.config.max_position_embeddings)
         inner = model.model
         self.device = next(model.parameters()).device
         self.embed = inner.embed_tokens.weight
+        self.dtype = self.embed.dtype
         self.layers = [_Layer(layer) for layer in inner.layers]
         self.norm = inner.norm
         self.lm_head = model.lm_head.weight
@@ -160,66 +166,87 @@ class FastLlamaForward:
         self.cos = self.sin = self.embed.new_empty((0, self.head_dim))  # [positions, head_dim]
 
     def _rope(self, end: int) -> None:
-        """Make the cos/sin tables cover positions < ``end`` (doubling; a model with a 128k
-        context does not pay for 128k positions up front)."""
+        """Make the cos/sin tables cover positions < ``end`` (by the model's own rotary module)."""
         if end <= self.cos.shape[0]:
             return
-        count = min(max(end, 2 * self.cos.shape[0], MIN_CAPACITY), self.max_positions)
-        positions = torch.arange(max(end, count), device=self.device).view(1, -1)
+        positions = torch.arange(max(end, 2 * self.cos.shape[0]), device=self.device)
         with torch.no_grad():
-            cos, sin = self.rotary(self.embed[:1], positions)
+            cos, sin = self.rotary(self.embed[:1], positions.view(1, -1))
         self.cos, self.sin = cos[0], sin[0]
 
-    def new_cache(self) -> DynamicCache:
-        return new_cache(self.config)
-
     def __call__(
-        self, input_ids: torch.Tensor, cache: DynamicCache, logits_to_keep: int = 0
+        self,
+        input_ids: torch.Tensor,
+        store: KVStore,
+        slots: list[int],
+        starts: list[int],
+        last: list[int] | None = None,
     ) -> torch.Tensor:
-        n = input_ids.shape[1]
-        start = cache.get_seq_length()
-        end = start + n
-        self._rope(end)
-        cos, sin = self.cos[start:end].unsqueeze(0), self.sin[start:end].unsqueeze(0)
-        # The masks transformers passes to SDPA: none for one token or a prompt on an empty
-        # cache (is_causal), a boolean causal mask for several tokens after cached ones.
-        mask = None
-        if n > 1 and start > 0:
-            mask = torch.ones(n, end, dtype=torch.bool, device=self.device).tril(start)
-        is_causal = n > 1 and start == 0
+        batch, n = input_ids.shape
+        device = self.device
+        # Padding of a row near the end of its slot is written at the slot's last position,
+        # which no real token reaches.
+        end = min(max(starts) + n, store.capacity)
+        self._rope(max(starts) + n)
         groups = self.heads // self.kv_heads
-        x = F.embedding(input_ids[0], self.embed)  # [n, hidden]
+        mask, is_causal, gqa = None, False, groups > 1
+        if batch == 1:
+            # One row: the masks transformers passes to SDPA (none for one token; causal for a
+            # prompt on an empty slot; a boolean causal mask after cached positions).
+            slot, start = slots[0], starts[0]
+            write: Any = (slot, slice(None), slice(start, start + n))
+            rows: Any = slot
+            cos = self.cos[start : start + n].unsqueeze(0)  # [1, n, head_dim]
+            sin = self.sin[start : start + n].unsqueeze(0)
+            if n > 1 and start > 0:
+                mask = torch.ones(n, end, dtype=torch.bool, device=device).tril(start)
+                gqa = False
+            is_causal = n > 1 and start == 0
+        else:
+            pos = torch.tensor(starts, device=device)[:, None] + torch.arange(n, device=device)
+            pos = pos.clamp_(max=store.capacity - 1)  # [B, n]
+            slot_ids = torch.tensor(slots, device=device)
+            write = (slot_ids[:, None], slice(None), pos)
+            dense = slots == list(range(slots[0], slots[0] + batch))
+            rows = slice(slots[0], slots[0] + batch) if dense else slot_ids  # a view, or a gather
+            cos, sin = self.cos[pos].unsqueeze(1), self.sin[pos].unsqueeze(1)  # [B, 1, n, hd]
+            # Query (b, j) sees its slot's positions up to its own. Additive, not boolean:
+            # SDPA's CPU kernel converts a boolean mask on every call.
+            seen = torch.arange(end, device=device) <= pos[:, :, None]  # [B, n, end]
+            mask = torch.zeros(seen.shape, dtype=self.dtype, device=device)
+            mask = mask.masked_fill_(~seen, float("-inf")).unsqueeze(1)  # [B, 1, n, end]
+            gqa = False
+        x = F.embedding(input_ids, self.embed)  # [B, n, hidden]
         for i, layer in enumerate(self.layers):
-            h = _rms_norm(x, layer.in_norm)
-            q = F.linear(h, layer.q.weight, layer.q.bias)
-            k = F.linear(h, layer.k.weight, layer.k.bias)
-            v = F.linear(h, layer.v.weight, layer.v.bias)
-            q = _rotate(q.view(n, self.heads, self.head_dim).transpose(0, 1), cos, sin)
-            k = _rotate(k.view(n, self.kv_heads, self.head_dim).transpose(0, 1), cos, sin)
-            v = v.view(n, self.kv_heads, self.head_dim).transpose(0, 1)
-            # [1, kv_heads, end, head_dim]: the cache's views, this pass's positions written in.
-            k_all, v_all = cache.update(k.unsqueeze(0), v.unsqueeze(0), i)
-            # As transformers: SDPA's own grouped-query attention without a mask, else
-            # keys/values repeated per query head.
-            if groups > 1 and mask is not None:
+            h = rms_norm(x, layer.in_norm)
+            q = F.linear(h, layer.q.weight, layer.q.bias).view(batch, n, self.heads, -1)
+            k = F.linear(h, layer.k.weight, layer.k.bias).view(batch, n, self.kv_heads, -1)
+            v = F.linear(h, layer.v.weight, layer.v.bias).view(batch, n, self.kv_heads, -1)
+            q = rotate(q.transpose(1, 2), cos, sin)  # [B, heads, n, head_dim]
+            k = rotate(k.transpose(1, 2), cos, sin)  # [B, kv_heads, n, head_dim]
+            keys, values = store.keys[i], store.values[i]  # [slots, kv, capacity, head_dim]
+            keys[write] = k[0] if batch == 1 else k.transpose(1, 2)
+            values[write] = v[0].transpose(0, 1) if batch == 1 else v
+            k_all = keys[rows, :, :end]  # [(B,) kv_heads, end, head_dim]
+            v_all = values[rows, :, :end]
+            if batch == 1:
+                k_all, v_all = k_all.unsqueeze(0), v_all.unsqueeze(0)
+            if groups > 1 and not gqa:
                 k_all = k_all.repeat_interleave(groups, dim=1)
                 v_all = v_all.repeat_interleave(groups, dim=1)
             attn = F.scaled_dot_product_attention(
-                q.unsqueeze(0),
-                k_all,
-                v_all,
-                attn_mask=mask,
-                is_causal=is_causal,
-                scale=layer.scaling,
-                enable_gqa=groups > 1 and mask is None,
-            )  # [1, heads, n, head_dim]
-            attn = attn[0].transpose(0, 1).reshape(n, layer.q_size)
+                q, k_all, v_all, attn_mask=mask, is_causal=is_causal, scale=layer.scaling,
+                enable_gqa=gqa,
+            )  # [B, heads, n, head_dim]  # fmt: skip
+            attn = attn.transpose(1, 2).reshape(batch, n, layer.q_size)
             x = x + F.linear(attn, layer.o.weight, layer.o.bias)
-            h = _rms_norm(x, layer.post_norm)
+            h = rms_norm(x, layer.post_norm)
             x = x + F.linear(F.silu(F.linear(h, layer.gate)) * F.linear(h, layer.up), layer.down)
-        if logits_to_keep:
-            x = x[-logits_to_keep:]
-        return F.linear(_rms_norm(x, self.norm), self.lm_head)
+        if last is not None and batch == 1:
+            x = x[:, last[0]]  # [1, hidden]
+        elif last is not None:
+            x = x[torch.arange(batch, device=device), torch.tensor(last, device=device)]
+        return F.linear(rms_norm(x, self.norm), self.lm_head)
 
 
 def forward_for(model: Any, fast: bool = True) -> Forward:

@@ -1,22 +1,25 @@
 """k by goodput: how many tokens each step of the batch drafts (0 = no speculation).
 
-Each step the batch engine picks the k that maximises expected emitted tokens per second of
-the whole batch,
+Each step the engine picks the k that maximises expected emitted tokens per second of the
+whole batch (a lone request is a batch of one: the same rule is its per-request policy),
 
     goodput(k) = sum over rows of E(alpha_row, min(k, cap_row)) / T(B, k),
 
-with E(alpha, k) = (1 - alpha^(k+1)) / (1 - alpha) (generation/adaptive.py), each row's alpha
-its own running estimate (seeded by recent requests of its method), cap_row its remaining
-budget, and T(B, k) the seconds of a step of B rows that drafts k tokens (a target pass over
-k + 1 tokens per row plus k draft-model passes when a row drafts with the model). Rows that
-asked for a fixed k draft exactly that k (so their output and stats are what they get alone);
-only ``"auto"`` rows follow the batch's choice. As the batch grows the target pass turns from
-per-call overhead into arithmetic, T(B, k) climbs with k, and the chosen k falls, down to 0.
+with E(alpha, k) = (1 - alpha^(k+1)) / (1 - alpha) the expected tokens of a round when each
+draft is accepted with probability alpha (Leviathan et al. 2023), each row's alpha its own
+running estimate (``Acceptance``, seeded by recent requests of its method), cap_row its
+remaining budget, and T(B, k) the seconds of a step of B rows that drafts k tokens (a target
+pass over k + 1 tokens per row plus k draft-model passes when a row drafts with the model).
+Rows that asked for a fixed k draft exactly that k (their output and stats do not depend on
+the company they keep); only ``"auto"`` rows follow the batch's choice. As the batch grows the
+target pass turns from per-call overhead into arithmetic, T(B, k) climbs with k, and the
+chosen k falls, down to 0.
 
 T(B, k) is a table per batch-size bucket (powers of two) and per kind of step (with or
 without draft-model passes), measured once when first needed (or at warm-up) and refined from
-the engine's own timed steps: it is ``adaptive.CostModel`` with its index shifted by one
-(entry k + 1 prices k drafts), which blends the measurement with observed steps.
+the engine's own timed steps (``CostModel``). A table, not a line: on a CPU a pass's cost is
+a staircase in its width (matrix-vector for one token, then matrix-product kernels whose cost
+jumps at a few widths), so every k up to ``DENSE_KS`` is timed.
 """
 
 from __future__ import annotations
@@ -24,7 +27,113 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from generation.adaptive import CostModel, expected_tokens
+
+def expected_tokens(alpha: float, k: int) -> float:
+    """Return E(k): expected tokens per round when each draft is accepted with prob ``alpha``."""
+    if alpha >= 1.0:
+        return float(k + 1)
+    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+
+
+@dataclass
+class Acceptance:
+    """One request's running estimate of alpha, the per-token acceptance probability.
+
+    Acceptance is a Bernoulli(alpha) trial per draft position until the first rejection, so the
+    estimate is accepted / (accepted + rejections); counts decay per observed position, so a
+    request moving between free text and quoting its passages is followed within a few rounds.
+    """
+
+    prior_alpha: float = 0.6
+    """Starting estimate (recent requests of the same method, or a neutral 0.6)."""
+    prior_weight: float = 2.0
+    """How many draft positions' worth of evidence the prior counts for."""
+    decay: float = 0.9
+    """Decay of the counts per observed draft position: about the last 10 positions matter."""
+    accepted: float = 0.0
+    rejected: float = 0.0
+    total_accepted: int = 0
+    total_rejected: int = 0
+
+    @property
+    def alpha(self) -> float:
+        """Current estimate of the per-token acceptance probability."""
+        a = self.accepted + self.prior_weight * self.prior_alpha
+        return a / (self.accepted + self.rejected + self.prior_weight)
+
+    def observe(self, num_draft_tokens: int, num_accepted: int) -> None:
+        """Record a round: ``num_accepted`` leading drafts of ``num_draft_tokens`` were kept."""
+        if num_draft_tokens == 0:
+            return
+        rejection = 1 if num_accepted < num_draft_tokens else 0
+        forget = self.decay ** (num_accepted + rejection)
+        self.accepted = forget * self.accepted + num_accepted
+        self.rejected = forget * self.rejected + rejection
+        self.total_accepted += num_accepted
+        self.total_rejected += rejection
+
+    def request_alpha(self) -> float | None:
+        """Return alpha as seen over the whole request (undecayed), or None without evidence."""
+        seen = self.total_accepted + self.total_rejected
+        return self.total_accepted / seen if seen else None
+
+
+@dataclass
+class RecentAcceptance:
+    """What recent requests of one method saw: an exponential average of their alpha."""
+
+    alpha: float = 0.6
+    weight: float = 0.3
+    """Share of the newest request in the average."""
+
+    def update(self, request_alpha: float | None) -> None:
+        """Fold in a finished request's alpha (ignored when it drafted nothing)."""
+        if request_alpha is not None:
+            self.alpha = (1.0 - self.weight) * self.alpha + self.weight * request_alpha
+
+
+@dataclass
+class CostModel:
+    """Seconds of a step by k (``measured[k]``, k = 0 .. k_max), following the observed steps.
+
+    Each k's estimate is the decayed mean of its observed steps, blended with the measurement
+    scaled by the load factor (observed / measured over every k seen), in proportion to how
+    many steps of that k were seen: a busy machine scales the whole table, a k never tried
+    keeps its measured shape, and a k tried often is known from its own steps.
+    """
+
+    measured: list[float]
+    prior_weight: float = 4.0
+    """How many observed steps of a k the measurement counts for."""
+    decay: float = 0.99
+    """Per-step decay of observed steps: about the last 100 steps matter."""
+    _count: list[float] = field(default_factory=list, init=False, repr=False)
+    _total: list[float] = field(default_factory=list, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if not self.measured or any(t <= 0 for t in self.measured):
+            raise ValueError(f"measured: need positive step costs, got {self.measured}")
+        self._count = [0.0] * len(self.measured)
+        self._total = [0.0] * len(self.measured)
+
+    def observe(self, k: int, seconds: float) -> None:
+        """Record the wall time of a step that drafted up to ``k`` tokens."""
+        if not 0 <= k < len(self.measured):
+            return
+        self._count = [self.decay * n for n in self._count]
+        self._total = [self.decay * t for t in self._total]
+        self._count[k] += 1.0
+        self._total[k] += seconds
+
+    def _estimate(self, k: int) -> float:
+        seen = sum(n * m for n, m in zip(self._count, self.measured, strict=True))
+        load = sum(self._total) / seen if seen > 0 else 1.0
+        prior = self.measured[k] * load
+        return (self._total[k] + self.prior_weight * prior) / (self._count[k] + self.prior_weight)
+
+    def relative(self, k: int) -> float:
+        """Return the cost of a step drafting ``k`` relative to a step drafting none."""
+        return self._estimate(k) / self._estimate(0)
 
 
 def bucket(batch_size: int) -> int:
@@ -39,9 +148,7 @@ StepTimer = Callable[[int, list[int], bool], dict[int, float]]
 """(batch_size, ks, with_draft_model) -> seconds of one step for each k."""
 
 DENSE_KS = 8
-"""Every k up to this one is timed: a step's cost is a staircase in k (on this CPU a 16-row
-step costs 34, 44, 46, 64 and 108-157 ms at k = 1, 2, 3, 4, 6), and a line between k = 4 and 8
-priced k = 6 at 1.55x k = 3 where it cost 2.3-3.4x, so goodput chose it."""
+"""Every k up to this one is timed (docs/benchmarks.md, batching: the staircase a line missed)."""
 
 
 def measured_ks(k_max: int) -> list[int]:
@@ -78,16 +185,16 @@ class StepCosts:
         key = (bucket(batch_size), with_draft)
         if key not in self.tables:
             points = self.timer(key[0], measured_ks(self.k_max), with_draft)
-            self.tables[key] = CostModel([0.0, *interpolate(points, self.k_max)])
+            self.tables[key] = CostModel(interpolate(points, self.k_max))
         return self.tables[key]
 
     def cost(self, batch_size: int, k: int, with_draft: bool) -> float:
         """Return T(B, k) relative to T(B, 0) of the same bucket."""
-        return self.table(batch_size, with_draft).round_cost(k + 1)
+        return self.table(batch_size, with_draft).relative(k)
 
     def observe(self, batch_size: int, k: int, with_draft: bool, seconds: float) -> None:
         """Record the wall time of a step of ``batch_size`` rows that drafted up to ``k``."""
-        self.table(batch_size, with_draft).observe(k + 1, seconds)
+        self.table(batch_size, with_draft).observe(k, seconds)
 
 
 @dataclass
@@ -121,7 +228,8 @@ def choose_k(rows: list[RowPlan], costs: StepCosts) -> int:
         tokens = sum(
             expected_tokens(min(r.alpha, 0.999), rk) for r, rk in zip(rows, ks, strict=True)
         )
-        rate = tokens / costs.cost(len(rows), max(ks), with_draft)
+        # A fixed k above k_max (allowed: any k is served) is priced as k_max.
+        rate = tokens / costs.cost(len(rows), min(max(ks), costs.k_max), with_draft)
         if rate > best * 1.0001:  # ties go to the smaller k
             best_k, best = k, rate
     return best_k

@@ -1,180 +1,148 @@
-"""One batched forward pass: many requests' new tokens on their KV slots, per-row positions.
+"""One batched forward of a model on its KV store, and how many slots the engine can hold.
 
-A pass takes ``input_ids`` [B, n], right-padded: row b holds ``num_tokens[b]`` real tokens
-(the last emitted token and its draft tokens, or a draft model's pending tokens) at positions
-``length[b] .. length[b] + n - 1`` of its slot. Rotary embeddings are taken per position, every
-row's keys and values are written into its own slot, and an explicit mask lets each query see
-its slot's positions up to its own. Padding therefore never shifts a real token's position
-(the trap of left padding), and what padding writes past a row's length is overwritten later
-and never attended. After the pass each slot's length grows by its real tokens only;
-rejected draft tokens are rolled back by the caller by lowering the length.
-
-Llama-family models (generation/forward.py's ``FastLlamaForward``) run the batch in one pass.
-A batch of one, a prefill, and every other model run row by row through the single-sequence
-forward pass on the row's slot, which is exactly what ``SpeculativeEngine.generate`` does.
+``ModelRunner`` pairs a model's forward pass (generation/forward.py) with its ``KVStore``: a
+pass reads each row's start from its slot's length and advances the length by the row's real
+tokens. ``plan_slots`` decides once, before anything is allocated (as nano-vLLM's
+``allocate_kv_cache``), how many slots fit: every slot holds the full context, so a full batch
+never runs out of memory mid-step.
 """
 
 from __future__ import annotations
 
-import logging
+import os
+import statistics
+import time
 
 import torch
-import torch.nn.functional as F
 
-from generation.forward import FastLlamaForward, Forward, _rms_norm, _rotate
-from generation.slots import RowCaches, SlotCache
-
-log = logging.getLogger(__name__)
+from generation.forward import Forward
+from generation.kv_store import KVStore, kv_bytes_per_token
 
 
 class ModelRunner:
     """A model (target or draft) with a KV slot per running request."""
 
-    def __init__(self, fwd: Forward, name: str) -> None:
+    def __init__(self, fwd: Forward, num_slots: int, capacity: int) -> None:
         self.fwd = fwd
-        self.batched = isinstance(fwd, FastLlamaForward)
-        """Whether a batch runs as one pass (else row after row)."""
-        self.cache: SlotCache | RowCaches
-        if isinstance(fwd, FastLlamaForward):
-            self.cache = SlotCache(
-                len(fwd.layers),
-                fwd.kv_heads,
-                fwd.head_dim,
-                dtype=fwd.embed.dtype,
-                device=fwd.device,
-                max_length=fwd.max_positions,
+        self.num_slots = num_slots
+        self.capacity = capacity
+        self._store: KVStore | None = None
+
+    @property
+    def store(self) -> KVStore:
+        """The model's KV store, allocated on first use."""
+        if self._store is None:
+            fwd = self.fwd
+            self._store = KVStore(
+                fwd.config, self.num_slots, self.capacity, dtype=fwd.dtype, device=fwd.device
             )
-        else:
-            log.info("%s: %s runs batched requests one after another", name, type(fwd).__name__)
-            self.cache = RowCaches(fwd.config)
+        return self._store
 
     def length(self, slot: int) -> int:
         """Positions of slot ``slot`` that hold the sequence's keys and values."""
-        return self.cache.lengths[slot]
+        return self.store.lengths[slot]
 
     def set_length(self, slot: int, length: int) -> None:
         """Roll slot ``slot`` back to ``length`` positions (rejected drafts are forgotten)."""
-        if isinstance(self.cache, SlotCache):
-            self.cache.lengths[slot] = length
-        else:
-            self.cache.set_length(slot, length)
+        self.store.lengths[slot] = length
 
-    def clear(self, slot: int) -> None:
-        """Free slot ``slot``."""
-        self.cache.reserve(slot + 1, 0)
-        self.set_length(slot, 0)
-
-    def move(self, src: int, dst: int) -> None:
-        """Move the sequence in slot ``src`` to slot ``dst``."""
-        self.cache.move(src, dst)
-
-    def prefill(self, slot: int, token_ids: list[int]) -> torch.Tensor:
-        """Append ``token_ids`` to slot ``slot``; return the logits after the last one [vocab]."""
-        self.cache.reserve(slot + 1, 0)
-        self.cache.reserve(slot + 1, self.length(slot) + len(token_ids))
-        ids = torch.tensor([token_ids], dtype=torch.long, device=self.fwd.device)
-        return self.fwd(ids, self.cache.view(slot), logits_to_keep=1)[-1].float()
-
-    @torch.inference_mode()
     def run(
         self,
         slots: list[int],
-        input_ids: torch.Tensor,  # [B, n] right-padded
+        input_ids: torch.Tensor,  # [B, n], right-padded
         num_tokens: list[int],
         last_only: bool = False,
     ) -> torch.Tensor:
-        """Return logits [B, n, vocab] (``last_only``: [B, vocab] at each row's last real token).
+        """Append each row's real tokens to its slot; return logits [B, n, vocab] (``last_only``:
+        [B, vocab] at each row's last real token). A row of 0 tokens is carried along."""
+        store = self.store
+        starts = [store.lengths[s] for s in slots]
+        last = [max(c, 1) - 1 for c in num_tokens] if last_only else None
+        logits = self.fwd(input_ids, store, slots, starts, last)
+        for slot, start, count in zip(slots, starts, num_tokens, strict=True):
+            store.lengths[slot] = start + count
+        return logits.float()
 
-        Rows with ``num_tokens[b] == 0`` are carried along (their logits are meaningless).
-        """
-        if self.batched and len(slots) > 1:
-            return self._run_batched(slots, input_ids, num_tokens, last_only)
-        rows: list[torch.Tensor | None] = []
-        for b, slot in enumerate(slots):
-            count = num_tokens[b]
-            if count == 0:
-                rows.append(None)
-                continue
-            self.cache.reserve(slot + 1, 0)
-            self.cache.reserve(slot + 1, self.length(slot) + count)
-            logits = self.fwd(
-                input_ids[b : b + 1, :count], self.cache.view(slot), 1 if last_only else 0
-            )
-            rows.append(logits.float())
-        return _stack(rows, input_ids.shape[1], last_only)
-
-    def _run_batched(
-        self, slots: list[int], input_ids: torch.Tensor, num_tokens: list[int], last_only: bool
-    ) -> torch.Tensor:
-        fwd = self.fwd
-        cache = self.cache
-        assert isinstance(fwd, FastLlamaForward) and isinstance(cache, SlotCache)
-        device = fwd.device
-        batch, n = input_ids.shape
-        starts = [cache.lengths[s] for s in slots]
-        end = max(starts) + n
-        cache.reserve(max(slots) + 1, end)
-        fwd._rope(end)
-        start = torch.tensor(starts, device=device)
-        pos = start[:, None] + torch.arange(n, device=device)  # [B, n]
-        cos, sin = fwd.cos[pos].unsqueeze(1), fwd.sin[pos].unsqueeze(1)  # [B, 1, n, head_dim]
-        # Query (b, j) sees its slot's positions up to its own, len[b] + j. Additive, not
-        # boolean: SDPA's CPU kernel converts a boolean mask on every call (3x slower here).
-        seen = torch.arange(end, device=device) <= pos[:, :, None]  # [B, n, end]
-        mask = torch.zeros(seen.shape, dtype=x_dtype(fwd), device=device)
-        mask = mask.masked_fill_(~seen, float("-inf")).unsqueeze(1)  # [B, 1, n, end]
-        slot_ids = torch.tensor(slots, device=device)
-        # A dense run of slots is read as a view; any other set is gathered (a copy).
-        rows: slice | torch.Tensor = (
-            slice(slots[0], slots[0] + batch)
-            if slots == list(range(slots[0], slots[0] + batch))
-            else slot_ids
-        )
-        groups = fwd.heads // fwd.kv_heads
-        x = F.embedding(input_ids, fwd.embed)  # [B, n, hidden]
-        for i, layer in enumerate(fwd.layers):
-            h = _rms_norm(x, layer.in_norm)
-            q = F.linear(h, layer.q.weight, layer.q.bias).view(batch, n, fwd.heads, fwd.head_dim)
-            k = F.linear(h, layer.k.weight, layer.k.bias).view(batch, n, fwd.kv_heads, -1)
-            v = F.linear(h, layer.v.weight, layer.v.bias).view(batch, n, fwd.kv_heads, -1)
-            q = _rotate(q.transpose(1, 2), cos, sin)  # [B, heads, n, head_dim]
-            k = _rotate(k.transpose(1, 2), cos, sin)  # [B, kv_heads, n, head_dim]
-            keys, values = cache.keys[i], cache.values[i]  # [slots, capacity, kv, head_dim]
-            keys[slot_ids[:, None], pos] = k.transpose(1, 2)
-            values[slot_ids[:, None], pos] = v
-            k_all = keys[rows, :end].transpose(1, 2)  # [B, kv_heads, end, head_dim]
-            v_all = values[rows, :end].transpose(1, 2)
-            if groups > 1:
-                k_all = k_all.repeat_interleave(groups, dim=1)
-                v_all = v_all.repeat_interleave(groups, dim=1)
-            attn = F.scaled_dot_product_attention(
-                q, k_all, v_all, attn_mask=mask, scale=layer.scaling
-            )  # [B, heads, n, head_dim]
-            attn = attn.transpose(1, 2).reshape(batch, n, layer.q_size)
-            x = x + F.linear(attn, layer.o.weight, layer.o.bias)
-            h = _rms_norm(x, layer.post_norm)
-            x = x + F.linear(F.silu(F.linear(h, layer.gate)) * F.linear(h, layer.up), layer.down)
-        for b, slot in enumerate(slots):
-            cache.lengths[slot] = starts[b] + num_tokens[b]
-        if last_only:
-            last = torch.tensor([max(c, 1) - 1 for c in num_tokens], device=device)
-            x = x[torch.arange(batch, device=device), last]  # [B, hidden]
-        return F.linear(_rms_norm(x, fwd.norm), fwd.lm_head).float()
+    def prefill(self, slot: int, token_ids: list[int]) -> torch.Tensor:
+        """Append ``token_ids`` to slot ``slot``; return the logits after the last one [vocab]."""
+        ids = torch.tensor([token_ids], dtype=torch.long, device=self.fwd.device)
+        return self.run([slot], ids, [len(token_ids)], last_only=True)[0]
 
 
-def x_dtype(fwd: FastLlamaForward) -> torch.dtype:
-    """The dtype of the model's activations (its embedding's)."""
-    return fwd.embed.dtype
+def free_memory_bytes(device: torch.device) -> int | None:
+    """Free memory on ``device`` (CUDA: the driver's figure; CPU: MemAvailable)."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    try:
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    pages = os.sysconf("SC_AVPHYS_PAGES") if hasattr(os, "sysconf") else 0
+    return int(pages) * int(os.sysconf("SC_PAGE_SIZE")) if pages else None
 
 
-def _stack(rows: list[torch.Tensor | None], width: int, last_only: bool) -> torch.Tensor:
-    """Stack per-row logits ([m, vocab] each) into [B, width, vocab] (or [B, vocab])."""
-    like = next(r for r in rows if r is not None)
-    vocab = like.shape[-1]
-    if last_only:
-        return torch.stack([like.new_zeros(vocab) if r is None else r[-1] for r in rows])
-    out = like.new_zeros((len(rows), width, vocab))
-    for b, r in enumerate(rows):
-        if r is not None:
-            out[b, : r.shape[0]] = r
-    return out
+def slot_bytes(models: list[Forward], capacity: int) -> int:
+    """Bytes of KV one slot takes at ``capacity`` positions, every model together."""
+    return sum(kv_bytes_per_token(m.config, m.dtype) * capacity for m in models)
+
+
+def plan_slots(models: list[Forward], capacity: int, wanted: int, memory_fraction: float) -> int:
+    """Return how many slots of ``capacity`` positions to allocate: ``wanted``, or fewer (at
+    least 1) where ``memory_fraction`` of the device's free memory cannot hold them."""
+    free = free_memory_bytes(models[0].device)
+    per_slot = slot_bytes(models, capacity)
+    if free is None or per_slot == 0:
+        return wanted
+    return max(1, min(wanted, int(memory_fraction * free) // per_slot))
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_batch_steps(
+    target: Forward,
+    draft: Forward | None,
+    batch_size: int,
+    ks: list[int],
+    context_len: int = 64,
+    repeats: int = 2,
+) -> dict[int, float]:
+    """Return the median seconds of a batch step of ``batch_size`` rows for each k in ``ks``.
+
+    A step is one target pass over ``[batch_size, k + 1]`` and, with a draft model, ``k``
+    draft passes over ``[batch_size, 1]``, on scratch slots (not the engine's) that hold
+    ``context_len`` tokens.
+    """
+    capacity = context_len + max(ks) + 2
+    runners = [ModelRunner(m, batch_size, capacity) for m in (target, draft) if m is not None]
+    device = target.device
+    vocab = int(target.config.vocab_size)
+    context = [i % vocab for i in range(context_len)]
+    slots = list(range(batch_size))
+    times: dict[int, list[float]] = {k: [] for k in ks}
+    with torch.inference_mode():
+        for runner in runners:
+            for slot in slots:
+                runner.prefill(slot, context)
+        for attempt in range(repeats + 1):  # the first round warms up allocators and kernels
+            for k in ks:
+                _synchronize(device)
+                start = time.perf_counter()
+                if draft is not None and k:
+                    ids = torch.ones((batch_size, 1), dtype=torch.long, device=device)
+                    for _ in range(k):
+                        runners[1].run(slots, ids, [1] * batch_size, last_only=True)
+                ids = torch.ones((batch_size, k + 1), dtype=torch.long, device=device)
+                runners[0].run(slots, ids, [k + 1] * batch_size).argmax(dim=-1).tolist()
+                _synchronize(device)
+                if attempt:
+                    times[k].append(time.perf_counter() - start)
+                for runner in runners:
+                    for slot in slots:
+                        runner.set_length(slot, context_len)
+    return {k: statistics.median(t) for k, t in times.items()}

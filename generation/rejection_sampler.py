@@ -7,29 +7,56 @@ when all ``k`` are accepted it emits a *bonus* token from its last distribution.
 round yields ``num_accepted + 1`` tokens, and the output follows the target's distribution
 exactly (Leviathan et al. 2023; Chen et al. 2023).
 
-Both functions stay on the device: they return tensors, and the caller moves them to the host
-once per round.
+``verify`` decides a whole step: greedy rows by the target's argmax (the limit of the rule at
+temperature 0, ties to the lowest id), sampled rows by ``rejection_sample`` with each row's own
+generator, so a seeded row draws the same numbers whatever company it keeps. Its result reaches
+the host in one copy.
 """
 
 from __future__ import annotations
 
 import torch
 
+from generation.proposers.base import Drafts
 
-def greedy_verify(
-    target_logits: torch.Tensor,  # [k + 1, vocab_size]
-    draft_token_ids: torch.Tensor,  # [k]
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Return (num_accepted [1], next token [1]) under greedy decoding.
+PLACEHOLDER = -1
+"""Pads a row of ``verify``'s output after its last emitted token."""
 
-    A draft token is accepted while it equals the target's argmax (ties to the lowest id); the
-    next token is the target's argmax after the last accepted one (recovered or bonus).
-    """
-    k = draft_token_ids.shape[0]
-    target_argmax = target_logits.argmax(dim=-1)  # [k + 1]
-    matches = (draft_token_ids == target_argmax[:k]).to(torch.int64)  # [k]
-    num_accepted = matches.cumprod(dim=0).sum().view(1)  # [1]
-    return num_accepted, target_argmax.index_select(0, num_accepted)
+
+def verify(
+    logits: torch.Tensor,  # [B, k + 1, vocab_size]: the target after the last token and each draft
+    drafts: Drafts,
+    temperatures: list[float],
+    generators: list[torch.Generator | None],
+) -> list[list[int]]:
+    """Return each row's emitted tokens ``[B, k + 1]`` (host lists, ``PLACEHOLDER``-padded):
+    its accepted draft tokens, then the recovered or bonus token."""
+    batch, width, _ = logits.shape
+    k = width - 1
+    argmax = logits.argmax(dim=-1)  # [B, k + 1]
+    num_drafts = torch.tensor(drafts.num_tokens, device=logits.device)  # [B]
+    positions = torch.arange(k, device=logits.device)  # [k]
+    matches = (drafts.token_ids == argmax[:, :k]) & (positions < num_drafts[:, None])  # [B, k]
+    accepted = matches.to(torch.int64).cumprod(dim=1).sum(dim=1)  # [B]
+    next_token = argmax.gather(1, accepted[:, None])[:, 0]  # [B]
+    for b, temperature in enumerate(temperatures):
+        if temperature == 0.0:
+            continue
+        n = drafts.num_tokens[b]
+        if n == 0:
+            next_token[b] = sample_from_logits(logits[b, 0], temperature, generators[b])[0]
+            accepted[b] = 0
+            continue
+        target_probs = torch.softmax(logits[b, : n + 1] / temperature, dim=-1)  # [n + 1, vocab]
+        num, token = rejection_sample(
+            target_probs, drafts.probs[b], drafts.token_ids[b, :n], generators[b]
+        )
+        accepted[b], next_token[b] = num[0], token[0]
+    out = torch.where(positions < accepted[:, None], drafts.token_ids, PLACEHOLDER)  # [B, k]
+    pad = torch.full((batch, 1), PLACEHOLDER, dtype=out.dtype, device=out.device)
+    out = torch.cat([out, pad], dim=1)  # [B, k + 1]
+    out.scatter_(1, accepted[:, None], next_token[:, None])
+    return out.tolist()
 
 
 def rejection_sample(

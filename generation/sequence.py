@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from generation.adaptive import AdaptiveK
 from generation.base import Cancelled, DeltaCallback, GenerationResult
+from generation.goodput import Acceptance
 from generation.params import SamplingParams
-from generation.proposers import NgramProposer
+from generation.proposers.ngram import NgramProposer
 from generation.stats import GenerationStats
 
 _END = object()
@@ -129,7 +129,8 @@ class Sequence:
     last_token: int = -1
     """The newest emitted token: not yet in the target's slot (the next pass feeds it)."""
     ngram: NgramProposer | None = None
-    adaptive: AdaptiveK | None = None
+    acceptance: Acceptance | None = None
+    """The row's running alpha (None for method ``none``)."""
     finished: bool = False
     background: bool = False
     """A batch job's request: yields its slot order and, when the loop pauses background rows,

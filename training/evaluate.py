@@ -23,9 +23,31 @@ from typing import Any
 import torch
 
 from generation import SamplingParams, SpeculativeEngine, load_tokenizer
-from generation.costs import time_forward
+from generation.forward import Forward, HFForward
+from generation.model_runner import ModelRunner
 from training.corpus import build_corpus
 from training.qa import chunk_documents, make_examples
+
+
+def time_forward(model: Any, context_len: int, num_tokens: int, repeats: int = 5) -> float:
+    """Return the median seconds of a one-row pass over ``num_tokens`` after ``context_len``
+    (CPU timing).
+
+    ``model`` is a ``Forward`` (as the engine runs it) or a transformers model (its own forward).
+    """
+    fwd: Forward = HFForward(model) if isinstance(model, torch.nn.Module) else model
+    runner = ModelRunner(fwd, 1, context_len + num_tokens)
+    vocab = int(fwd.config.vocab_size)
+    ids = torch.arange(context_len + num_tokens, device=fwd.device).remainder(vocab).view(1, -1)
+    times = []
+    with torch.inference_mode():
+        runner.run([0], ids[:, :context_len], [context_len])
+        for _ in range(repeats + 1):  # the first pass warms up allocators and kernels
+            start = time.perf_counter()
+            runner.run([0], ids[:, context_len:], [num_tokens])
+            times.append(time.perf_counter() - start)
+            runner.set_length(0, context_len)
+    return statistics.median(times[1:])
 
 
 @dataclass

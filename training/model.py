@@ -13,7 +13,7 @@ from training.induction_init import ROPE_THETA, wire_induction
 
 # Target: deep enough that one decode step costs >= 8x a draft step on this CPU, where a step is
 # mostly per-layer overhead (12 x 384: 12.1 ms vs 1.1 ms for the draft at a 900-token context,
-# measured with generation.costs.time_forward, one thread).  Draft: two layers, the least that
+# measured with training/evaluate.py time_forward, one thread).  Draft: two layers, the least that
 # holds an induction circuit (copying from the passages), and as narrow as the circuit allows
 # (head_dim 64, hidden >= 1 + 3 x 63).  Both start from training/induction_init.py.
 TARGET_SHAPE: dict[str, Any] = {

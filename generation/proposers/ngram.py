@@ -10,10 +10,6 @@ from __future__ import annotations
 
 from bisect import bisect_right
 
-import torch
-
-from generation.proposers.base import Draft
-
 
 def pick_start(starts: list[int], n: int, k: int, seq_len: int) -> int | None:
     """Return where the proposal begins, given the sorted earlier ``starts`` of the suffix n-gram.
@@ -30,42 +26,21 @@ def pick_start(starts: list[int], n: int, k: int, seq_len: int) -> int | None:
     return (starts[full - 1] if full else starts[0]) + n
 
 
-def find_continuation(tokens: list[int], k: int, max_n: int, min_n: int = 1) -> list[int]:
-    """Return up to ``k`` tokens that followed an earlier match of the longest suffix n-gram.
-
-    A direct scan, the reference for ``NgramProposer``'s incremental index.
-    """
-    seq_len = len(tokens)
-    for n in range(min(max_n, seq_len - 1), min_n - 1, -1):
-        suffix = tokens[seq_len - n :]
-        starts = [i for i in range(seq_len - n) if tokens[i : i + n] == suffix]
-        start = pick_start(starts, n, k, seq_len)
-        if start is not None:
-            return tokens[start : start + k]
-    return []
-
-
 class NgramProposer:
     """Drafts by prompt lookup from an index of every n-gram's start positions.
 
     The index grows with the sequence (``max_n`` dictionary updates per token), so a lookup
-    costs ``max_n`` dictionary reads however long the context is.
+    costs ``max_n`` dictionary reads however long the context is (tests/generation check it
+    against a direct scan).
     """
 
-    def __init__(self, device: torch.device, max_n: int = 4, min_n: int = 1) -> None:
+    def __init__(self, max_n: int = 4, min_n: int = 1) -> None:
         if not 1 <= min_n <= max_n:
             raise ValueError(f"ngram: need 1 <= min_n <= max_n, got {min_n}, {max_n}")
-        self.device = device
         self.max_n = max_n
         self.min_n = min_n
-        self._index: list[dict[tuple[int, ...], list[int]]] = []
+        self._index: list[dict[tuple[int, ...], list[int]]] = [{} for _ in range(max_n + 1)]
         self._indexed = 0
-
-    def begin(self, tokens: list[int]) -> None:
-        """Index the prompt (and any token already emitted)."""
-        self._index = [{} for _ in range(self.max_n + 1)]
-        self._indexed = 0
-        self._extend(tokens)
 
     def _extend(self, tokens: list[int]) -> None:
         for end in range(self._indexed + 1, len(tokens) + 1):
@@ -74,10 +49,8 @@ class NgramProposer:
                 self._index[n].setdefault(key, []).append(end - n)
         self._indexed = len(tokens)
 
-    def propose(
-        self, tokens: list[int], k: int, temperature: float, generator: torch.Generator | None
-    ) -> Draft:
-        """Return the looked-up continuation (possibly empty) with a one-hot distribution."""
+    def propose(self, tokens: list[int], k: int) -> list[int]:
+        """Return up to ``k`` looked-up tokens continuing ``tokens`` (the index catches up)."""
         self._extend(tokens)
         seq_len = len(tokens)
         found: list[int] = []
@@ -87,9 +60,4 @@ class NgramProposer:
             if start is not None:
                 found = tokens[start : start + k]
                 break
-        return Draft(
-            token_ids=torch.tensor(found, dtype=torch.long, device=self.device), probs=None
-        )
-
-    def rollback(self, tokens: list[int], num_draft_tokens: int, num_accepted: int) -> None:
-        """Nothing to undo: drafts never entered the index."""
+        return found

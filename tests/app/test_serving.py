@@ -6,12 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from app.serving import (
-    DEFAULT_CONCURRENCY,
-    check_concurrency,
-    kv_bytes_per_query,
-    worker_concurrency,
-)
+from app.serving import DEFAULT_CONCURRENCY, check_concurrency, worker_concurrency
 from app.settings import Settings
 
 
@@ -22,16 +17,27 @@ def test_concurrency_defaults_per_engine_and_the_setting_wins() -> None:
 
 
 def test_an_engine_is_refused_a_concurrency_it_cannot_hold(tiny_models: dict[str, Path]) -> None:
-    from generation import SpeculativeEngine
+    from generation import EngineConfig, SpeculativeEngine
 
-    engine = SpeculativeEngine.from_pretrained(tiny_models["target"], tiny_models["draft"])
-    per_query = kv_bytes_per_query(engine)
-    assert per_query > 0
+    engine = SpeculativeEngine.from_pretrained(
+        tiny_models["target"], tiny_models["draft"], config=EngineConfig(max_batch_size=4)
+    )
+    assert engine.max_concurrency == 4 and engine.kv_bytes_per_slot > 0
     check_concurrency(engine, 4)  # the tiny pair holds a few easily
     with pytest.raises(ValueError, match="SPECRAG_WORKER_CONCURRENCY: must be >= 1"):
         check_concurrency(engine, 0)
-    with pytest.raises(ValueError, match=r"SPECRAG_WORKER_CONCURRENCY: .* MiB of KV cache"):
-        check_concurrency(engine, 10**9)
+    with pytest.raises(ValueError, match="holds at most 4"):
+        check_concurrency(engine, 5)
+    # The engine decides its slots from memory: a batch no memory holds gets fewer slots.
+    huge = SpeculativeEngine(engine.target, engine.draft, config=EngineConfig(max_batch_size=10**9))
+    assert 1 <= huge.max_concurrency < 10**9
+    assert huge.max_concurrency * huge.kv_bytes_per_slot < 10**9 * engine.kv_bytes_per_slot
+    with pytest.raises(ValueError, match=r"SPECRAG_WORKER_CONCURRENCY: .* holds at most"):
+        check_concurrency(huge, 10**9)
+    # Allocated once, at the size decided: every slot holds the full context and one round.
+    store = engine.kv_stores[0]
+    assert store.num_slots == 4
+    assert store.capacity == engine.max_context + engine.max_speculative_tokens + 1
 
 
 def test_an_engine_that_states_its_limit_is_held_to_it() -> None:
@@ -66,3 +72,33 @@ def test_the_prefill_chunk_setting_reaches_the_torch_engine_loop(
         engine.dispose()
     with pytest.raises(ValueError, match="prefill_chunk"):
         Settings(prefill_chunk=0)
+
+
+def test_max_speculative_tokens_reaches_the_torch_engine(
+    tiny_models: dict[str, Path], tmp_path: Path
+) -> None:
+    """SPECRAG_MAX_SPECULATIVE_TOKENS=12 admits k = 12: a k = 12 row beside an "auto" row must be
+    served (the engine's goodput table must price k + 1 = 13), not fail the step."""
+    from app.db import prepare
+    from app.resources import Resources
+    from generation import SamplingParams
+
+    settings = Settings(
+        data_dir=tmp_path, device="cpu", max_speculative_tokens=12, worker_concurrency=2,
+        target_model=tiny_models["target"], draft_model=tiny_models["draft"],
+    )  # fmt: skip
+    db, session_factory = prepare(settings)
+    resources = Resources(settings, session_factory)
+    try:
+        engine = resources.engine
+        ids = resources.tokenizer.encode("a b c d e f g h", add_special_tokens=False)
+        params = [
+            SamplingParams(max_new_tokens=40, num_speculative_tokens=12),
+            SamplingParams(max_new_tokens=40, num_speculative_tokens="auto"),
+        ]
+        fixed, auto = engine.generate_many([ids, ids[:5]], params)
+        assert fixed.stats.num_draft_tokens > 0 and len(fixed.token_ids) > 0
+        assert len(fixed.stats.accepted_per_position) <= 12 and auto.token_ids
+    finally:
+        resources.close()
+        db.dispose()

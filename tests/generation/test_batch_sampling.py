@@ -12,7 +12,7 @@ import itertools
 import numpy as np
 import pytest
 
-from generation import SamplingParams, SpeculativeEngine
+from generation import EngineConfig, SamplingParams, SpeculativeEngine
 from tests.generation.test_sampling_distribution import (
     NUM_TOKENS,
     PROMPT,
@@ -28,7 +28,9 @@ NUM_SAMPLES = 2000
 @pytest.fixture(scope="module")
 def engine() -> SpeculativeEngine:
     target = build_model("llama", vocab_size=VOCAB, seed=11, logit_scale=30.0)
-    return SpeculativeEngine(target, perturbed_copy(target, noise=0.6))
+    return SpeculativeEngine(
+        target, perturbed_copy(target, noise=0.6), config=EngineConfig(max_batch_size=64)
+    )
 
 
 def test_first_tokens_follow_the_target_joint_law_in_a_batch(engine: SpeculativeEngine) -> None:

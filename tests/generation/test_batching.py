@@ -13,6 +13,7 @@ import warnings
 import pytest
 
 from generation import SamplingParams, SpeculativeEngine
+from generation.config import EngineConfig
 from generation.engine_loop import BatchRequestError
 from tests.generation.batch_support import References, check_greedy, mixed_requests
 from tests.generation.conformance import check_stats_invariants
@@ -33,7 +34,9 @@ def _engine(family: str, hidden: int, layers: int, seed: int) -> SpeculativeEngi
         family, vocab_size=VOCAB, seed=seed, hidden_size=hidden, num_layers=layers, logit_scale=3.0
     )
     return SpeculativeEngine(
-        target, perturbed_copy(target, noise=0.4, seed=seed), max_speculative_tokens=6
+        target,
+        perturbed_copy(target, noise=0.4, seed=seed),
+        config=EngineConfig(max_speculative_tokens=6),
     )
 
 
@@ -159,7 +162,7 @@ def test_params_must_match_prompts() -> None:
 
 def test_context_limit_caps_each_row() -> None:
     target = build_model("llama", vocab_size=VOCAB, seed=2, max_positions=40)
-    engine = SpeculativeEngine(target, target, max_speculative_tokens=6)
+    engine = SpeculativeEngine(target, target, config=EngineConfig(max_speculative_tokens=6))
     prompts = [list(range(30)), [1, 2, 3], list(range(35, 0, -1))]
     params = [SamplingParams(max_new_tokens=64, num_speculative_tokens=k) for k in (4, 6, 2)]
     results = engine.generate_many(prompts, params)

@@ -10,6 +10,7 @@ import pytest
 
 from generation import SamplingParams, SpeculativeEngine
 from generation.base import Cancelled, GenerationLoop
+from generation.config import EngineConfig
 from generation.engine_loop import EngineLoop
 from tests.generation.batch_support import References, check_greedy, mixed_requests
 from tests.generation.tiny_models import build_model, perturbed_copy
@@ -21,7 +22,9 @@ WAIT = 120.0  # seconds; every wait in these tests is bounded
 @pytest.fixture(scope="module")
 def engine() -> SpeculativeEngine:
     target = build_model("llama", vocab_size=VOCAB, seed=12, logit_scale=3.0)
-    return SpeculativeEngine(target, perturbed_copy(target, noise=0.4), max_speculative_tokens=4)
+    return SpeculativeEngine(
+        target, perturbed_copy(target, noise=0.4), config=EngineConfig(max_speculative_tokens=4)
+    )
 
 
 @pytest.fixture
@@ -157,7 +160,14 @@ def _run_beside_background(
     """A background request decodes; a foreground one arrives. Returns the order in which the
     loop emitted their bursts ("b" / "f") and both requests' tokens."""
     # A long enough pause limit that the background request never steps in out of turn here.
-    loop = EngineLoop(engine, max_batch_size=3, pause_background=pause, max_background_pause=600)
+    patient = SpeculativeEngine(
+        engine.target,
+        engine.draft,
+        config=EngineConfig(
+            max_speculative_tokens=4, pause_background=pause, max_background_pause=600
+        ),
+    )
+    loop = patient.start_loop(max_batch_size=3)
     events: list[str] = []
     started, gate = threading.Event(), threading.Event()
 
@@ -214,7 +224,10 @@ def test_background_requests_sit_out_the_steps_of_a_foreground_one(
 def test_foreground_requests_take_free_slots_before_background_ones(
     engine: SpeculativeEngine,
 ) -> None:
-    loop = EngineLoop(engine, max_batch_size=1, pause_background=False)
+    sharing = SpeculativeEngine(
+        engine.target, engine.draft, config=EngineConfig(pause_background=False)
+    )
+    loop = sharing.start_loop(max_batch_size=1)
     order: list[str] = []
     started, gate = threading.Event(), threading.Event()
 

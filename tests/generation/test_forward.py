@@ -1,4 +1,5 @@
-"""The engine's own Llama-family forward pass gives transformers' logits bit for bit."""
+"""The engine's forward pass on its KV store: transformers' logits bit for bit for one row,
+through prefill chunks and rollbacks; several rows in one pass give each row's own logits."""
 
 from __future__ import annotations
 
@@ -7,78 +8,115 @@ import torch
 from transformers import DynamicCache
 
 from generation.forward import FastLlamaForward, HFForward, fast_path_refusal, forward_for
-from generation.kv_cache import MIN_CAPACITY
-from tests.generation.tiny_models import build_model
+from generation.kv_store import KVStore
+from generation.model_runner import ModelRunner
+from tests.generation.tiny_models import FAMILIES, build_model
 
 VOCAB = 96
+SIZES = [1, 5, 1, 3, 9, 2]
 
 
-def run_with_rollbacks(step, ids: torch.Tensor) -> torch.Tensor:
-    """Prefill 20, then passes of 1, 5, 1, 3 tokens..., each followed by a rollback of 2."""
-    out = [step(ids[:, :20])]
-    pos, sizes = 20, [1, 5, 1, 3, 9, 2]
-    i = 0
-    while pos + 9 < ids.shape[1]:
-        n = sizes[i % len(sizes)]
-        out.append(step(ids[:, pos : pos + n]))
-        out.append(step(None))  # rollback marker
-        pos += n - 2
-        i += 1
-    return torch.cat([o for o in out if o is not None])
-
-
-def stepper(fwd, cache):
-    def step(chunk):
-        if chunk is None:
+def transformers_with_rollbacks(model, ids: torch.Tensor) -> torch.Tensor:
+    """Prefill 20, then passes of SIZES tokens, each followed by a rollback of 2 (reference)."""
+    out = []
+    pos, i = 20, 0
+    cache = DynamicCache(config=model.config)
+    with torch.inference_mode():
+        out.append(model(input_ids=ids[:, :20], cache=cache, use_cache=True).logits[0])
+        while pos + 9 < ids.shape[1]:
+            n = SIZES[i % len(SIZES)]
+            out.append(
+                model(input_ids=ids[:, pos : pos + n], cache=cache, use_cache=True).logits[0]
+            )
             cache.crop(-2)
-            return None
-        return fwd(chunk, cache)
+            pos, i = pos + n - 2, i + 1
+    return torch.cat(out)
 
-    return step
+
+def engine_with_rollbacks(runner: ModelRunner, ids: torch.Tensor, slot: int) -> torch.Tensor:
+    """The same passes on one slot of the engine's store (rollback = a lower length)."""
+    out = []
+    pos, i = 20, 0
+    with torch.inference_mode():
+        out.append(runner.run([slot], ids[:, :20], [20])[0])
+        while pos + 9 < ids.shape[1]:
+            n = SIZES[i % len(SIZES)]
+            out.append(runner.run([slot], ids[:, pos : pos + n], [n])[0])
+            runner.set_length(slot, runner.length(slot) - 2)
+            pos, i = pos + n - 2, i + 1
+    return torch.cat(out)
+
+
+def sharp(family: str, kv_heads: int = 2) -> torch.nn.Module:
+    model = build_model(family, vocab_size=VOCAB, seed=kv_heads, max_positions=160)
+    if family != "gpt2":
+        model.config.num_key_value_heads = kv_heads  # rebuild with this many kv heads
+        model = type(model)(model.config).eval()
+    with torch.no_grad():
+        for p in model.parameters():  # sharper than the default init: logits far from uniform
+            p.normal_(0, 0.3)
+    return model
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
 @pytest.mark.parametrize("kv_heads", [4, 2, 1])
-def test_fast_path_equals_transformers_through_growth_and_rollback(
-    family: str, kv_heads: int
-) -> None:
-    model = build_model(family, vocab_size=VOCAB, seed=kv_heads, max_positions=MIN_CAPACITY * 3)
-    model.config.num_key_value_heads = kv_heads  # rebuild with this many kv heads
-    model = type(model)(model.config).eval()
-    with torch.no_grad():
-        for p in model.parameters():  # sharper than the default init: logits far from uniform
-            p.normal_(0, 0.3)
+def test_fast_path_equals_transformers_through_rollback(family: str, kv_heads: int) -> None:
+    model = sharp(family, kv_heads)
     assert fast_path_refusal(model) is None
-    # Longer than the first buffer, so the cache grows (and copies) at least once.
-    ids = torch.randint(
-        0, VOCAB, (1, MIN_CAPACITY + 80), generator=torch.Generator().manual_seed(1)
-    )
-    with torch.inference_mode():
-        expected = run_with_rollbacks(
-            stepper(HFForward(model), DynamicCache(config=model.config)), ids
-        )
-        fast = FastLlamaForward(model)
-        cache = fast.new_cache()
-        got = run_with_rollbacks(stepper(fast, cache), ids)
-        after = HFForward(model)(ids[:, :20], DynamicCache(config=model.config))
+    ids = torch.randint(0, VOCAB, (1, 140), generator=torch.Generator().manual_seed(1))
+    expected = transformers_with_rollbacks(model, ids)
+    fast = FastLlamaForward(model)
+    got = engine_with_rollbacks(ModelRunner(fast, 3, 160), ids, slot=2)
     assert torch.equal(expected, got)
-    assert cache.layers[0]._key_buf.shape[-2] > MIN_CAPACITY  # it grew
     # The fast path reads the module's own weights and leaves the model as it was.
-    assert torch.equal(after, expected[:20])
+    assert torch.equal(transformers_with_rollbacks(model, ids), expected)
     assert fast.layers[0].k.weight is model.model.layers[0].self_attn.k_proj.weight
 
 
-def test_logits_to_keep_and_shapes() -> None:
-    model = build_model("llama", vocab_size=VOCAB)
-    fast = FastLlamaForward(model)
-    cache = fast.new_cache()
+@pytest.mark.parametrize("family", FAMILIES)
+def test_transformers_forward_on_the_store_equals_its_own_cache(family: str) -> None:
+    model = sharp(family)
+    ids = torch.randint(0, VOCAB, (1, 140), generator=torch.Generator().manual_seed(2))
+    got = engine_with_rollbacks(ModelRunner(HFForward(model), 2, 160), ids, slot=1)
+    torch.testing.assert_close(got, transformers_with_rollbacks(model, ids), rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_batched_pass_gives_each_row_its_own_logits(family: str) -> None:
+    model = sharp(family)
+    fwd = forward_for(model)
+    prompts = [list(range(3, 3 + n)) for n in (7, 12, 4)]
+    alone, batched = ModelRunner(fwd, 3, 160), ModelRunner(fwd, 4, 160)
+    slots = [3, 0, 2]  # not a dense run: the store is gathered
     with torch.inference_mode():
-        all_logits = fast(torch.arange(12).view(1, -1), cache)
-        cache.crop(-12)
-        last = fast(torch.arange(12).view(1, -1), cache, logits_to_keep=1)
-    assert all_logits.shape == (12, VOCAB) and last.shape == (1, VOCAB)
-    torch.testing.assert_close(all_logits[-1:], last)  # a 1-row GEMM may round differently
-    assert cache.get_seq_length() == 12
+        for slot, prompt in zip(slots, prompts, strict=True):
+            batched.prefill(slot, prompt)
+        for b, prompt in enumerate(prompts):
+            alone.prefill(b, prompt)
+        # Right-padded: row 1 has 3 real tokens, rows 0 and 2 have 1 and 2.
+        new = torch.tensor([[5, 0, 0], [6, 7, 8], [9, 10, 0]])
+        counts = [1, 3, 2]
+        got = batched.run(slots, new, counts)
+        for b, count in enumerate(counts):
+            want = alone.run([b], new[b : b + 1, :count], [count])[0]
+            torch.testing.assert_close(got[b, :count], want, rtol=1e-4, atol=1e-4)
+        last = batched.run(slots, new, [1, 1, 1], last_only=True)  # [B, vocab]
+    assert last.shape == (3, VOCAB)
+    assert [batched.length(s) for s in slots] == [7 + 1 + 1, 12 + 3 + 1, 4 + 2 + 1]
+
+
+def test_store_read_and_write_move_a_prefix_between_slots() -> None:
+    model = sharp("llama")
+    fwd = FastLlamaForward(model)
+    runner = ModelRunner(fwd, 2, 64)
+    prompt = list(range(1, 30))
+    with torch.inference_mode():
+        want = runner.prefill(0, prompt)
+        store: KVStore = runner.store
+        store.write(1, 0, store.read(0, 0, 20))  # the first 20 prompt positions, attached
+        got = runner.prefill(1, prompt[20:])  # the rest prefilled after the prefix
+    assert runner.length(1) == len(prompt)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
 def test_other_families_and_variants_run_on_transformers() -> None:

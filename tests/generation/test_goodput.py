@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import pytest
 
-from generation.adaptive import expected_tokens
 from generation.goodput import (
     RowPlan,
     StepCosts,
     bucket,
     choose_k,
+    expected_tokens,
     interpolate,
     measured_ks,
     row_k,

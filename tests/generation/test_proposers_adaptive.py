@@ -1,21 +1,36 @@
-"""Prompt lookup (n-gram proposer) and the adaptive-k policy."""
+"""Prompt lookup (n-gram proposer), and the acceptance estimate and step costs goodput reads."""
 
 from __future__ import annotations
 
 import random
 
 import pytest
-import torch
 
-from generation.adaptive import AdaptiveK, CostModel, RecentAcceptance, best_k, expected_tokens
-from generation.proposers import NgramProposer, find_continuation
+from generation.goodput import Acceptance, CostModel, RecentAcceptance, expected_tokens
+from generation.proposers import NgramProposer
+from generation.proposers.ngram import pick_start
+
+
+def find_continuation(tokens: list[int], k: int, max_n: int, min_n: int = 1) -> list[int]:
+    """Return up to ``k`` tokens that followed an earlier match of the longest suffix n-gram.
+
+    A direct scan: the reference for ``NgramProposer``'s incremental index.
+    """
+    seq_len = len(tokens)
+    for n in range(min(max_n, seq_len - 1), min_n - 1, -1):
+        suffix = tokens[seq_len - n :]
+        starts = [i for i in range(seq_len - n) if tokens[i : i + n] == suffix]
+        start = pick_start(starts, n, k, seq_len)
+        if start is not None:
+            return tokens[start : start + k]
+    return []
 
 
 def lookup(tokens: list[int], k: int, max_n: int = 4) -> list[int]:
     """Return the proposer's draft, checked against the direct-scan reference."""
-    proposer = NgramProposer(torch.device("cpu"), max_n=max_n)
-    proposer.begin(tokens[:3])
-    found = proposer.propose(tokens, k, 0.0, None).token_ids.tolist()
+    proposer = NgramProposer(max_n=max_n)
+    proposer.propose(tokens[:3], 1)
+    found = proposer.propose(tokens, k)
     assert found == find_continuation(tokens, k, max_n)
     return found
 
@@ -49,17 +64,16 @@ def test_incremental_index_agrees_with_a_direct_scan() -> None:
     for trial in range(30):
         vocab = rng.choice([2, 3, 5, 20])
         tokens = [rng.randrange(vocab) for _ in range(rng.randrange(1, 60))]
-        proposer = NgramProposer(torch.device("cpu"), max_n=3)
-        proposer.begin(tokens[:1])
+        proposer = NgramProposer(max_n=3)
         for end in range(1, len(tokens) + 1):  # the sequence grows as in generation
             k = rng.randrange(1, 6)
-            found = proposer.propose(tokens[:end], k, 0.0, None).token_ids.tolist()
+            found = proposer.propose(tokens[:end], k)
             assert found == find_continuation(tokens[:end], k, 3), (trial, end)
 
 
 def test_rejects_bad_n_range() -> None:
     with pytest.raises(ValueError, match="min_n <= max_n"):
-        NgramProposer(torch.device("cpu"), max_n=0)
+        NgramProposer(max_n=0)
 
 
 def test_expected_tokens_matches_the_formula() -> None:
@@ -68,25 +82,18 @@ def test_expected_tokens_matches_the_formula() -> None:
     assert expected_tokens(0.5, 2) == pytest.approx(1 + 0.5 + 0.25)
 
 
-def test_best_k_grows_with_acceptance_and_shrinks_with_cost() -> None:
-    cheap = CostModel.linear(target_slope=0.1, proposer_cost=0.05)
-    ks = [best_k(alpha, cheap, 8) for alpha in (0.1, 0.5, 0.8, 0.95)]
-    assert ks == sorted(ks) and ks[0] == 1 and ks[-1] >= 6
-    dear = CostModel.linear(target_slope=0.1, proposer_cost=0.5)
-    assert best_k(0.8, dear, 8) < best_k(0.8, cheap, 8)
-
-
-def test_adaptive_k_follows_the_request() -> None:
-    policy = AdaptiveK(cost=CostModel.linear(target_slope=0.1, proposer_cost=0.05), prior_alpha=0.6)
-    start = policy.next_k()
+def test_acceptance_follows_the_request() -> None:
+    estimate = Acceptance(prior_alpha=0.6)
+    assert estimate.alpha == pytest.approx(0.6) and estimate.request_alpha() is None
     for _ in range(6):
-        policy.observe(policy.next_k(), policy.next_k())  # everything accepted
-    assert policy.next_k() > start
-    high = policy.next_k()
+        estimate.observe(4, 4)  # everything accepted
+    high = estimate.alpha
+    assert high > 0.9
     for _ in range(20):
-        policy.observe(policy.next_k(), 0)  # everything rejected
-    assert policy.next_k() < high and policy.next_k() == 1
-    assert policy.request_alpha() is not None and 0 < policy.request_alpha() < 1  # type: ignore[operator]
+        estimate.observe(4, 0)  # everything rejected
+    assert estimate.alpha < 0.25 < high
+    estimate.observe(0, 0)  # a round without drafts says nothing
+    assert estimate.request_alpha() == pytest.approx(24 / (24 + 20))
 
 
 def test_recent_acceptance_moves_toward_finished_requests() -> None:
@@ -97,33 +104,29 @@ def test_recent_acceptance_moves_toward_finished_requests() -> None:
     assert 0.6 < recent.alpha < 1.0
 
 
-def test_cost_model_learns_each_k_from_timed_rounds() -> None:
-    # Measured as a line, but this machine's rounds are a staircase: 2 and 3 drafts cost the same.
-    cost = CostModel.linear(target_slope=0.05, proposer_cost=0.05)
-    assert cost.round_cost(4) == pytest.approx(1.4 / 1.1)
-    stairs = {1: 1.3, 2: 1.6, 3: 1.6, 4: 2.0}
+def test_cost_model_learns_each_k_from_timed_steps() -> None:
+    # Measured as a line, but this machine's steps are a staircase: k = 2 and 3 cost the same.
+    cost = CostModel([1.0 + 0.1 * k for k in range(5)])
+    assert cost.relative(4) == pytest.approx(1.4)
+    stairs = {0: 1.0, 1: 1.3, 2: 1.6, 3: 1.6, 4: 2.0}
     for i in range(300):
-        k = 1 + i % 4
-        cost.observe(k, 0.004 * stairs[k] * (1.1 if (i // 4) % 2 else 0.9))
-    for k in (2, 3, 4):
-        assert cost.round_cost(k) == pytest.approx(stairs[k] / stairs[1], rel=0.05)
-    # With alpha 0.7, k = 3 beats k = 2 on the staircase, where the line would pick k = 4.
-    assert best_k(0.7, cost, 4) == 3
+        k = i % 5
+        cost.observe(k, 0.004 * stairs[k] * (1.1 if (i // 5) % 2 else 0.9))
+    for k in (1, 2, 3, 4):
+        assert cost.relative(k) == pytest.approx(stairs[k], rel=0.1)  # the line says 1.2 at k = 2
 
 
 def test_cost_model_scales_untried_k_by_the_load_it_sees() -> None:
-    cost = CostModel.linear(target_slope=0.1, proposer_cost=0.2, k_max=8)
+    cost = CostModel([1.0 + 0.3 * k for k in range(9)])
     for _ in range(50):
-        cost.observe(3, 2.0 * (1.0 + 0.3 * 3))  # every round twice as slow as measured
+        cost.observe(3, 2.0 * (1.0 + 0.3 * 3))  # every step twice as slow as measured
     # Relative costs keep the measured shape: a machine twice as busy slows every k alike.
-    assert cost.round_cost(6) / cost.round_cost(3) == pytest.approx(2.8 / 1.9, rel=0.02)
-    assert cost.round_cost(6) == pytest.approx(2.8 / 1.3, rel=0.02)
+    assert cost.relative(6) / cost.relative(3) == pytest.approx(2.8 / 1.9, rel=0.02)
+    assert cost.relative(6) == pytest.approx(2.8, rel=0.02)
 
 
 def test_cost_model_refuses_an_empty_or_non_positive_table() -> None:
     with pytest.raises(ValueError, match="measured"):
-        CostModel([1.0])
+        CostModel([])
     with pytest.raises(ValueError, match="measured"):
         CostModel([1.0, 0.0, 2.0])
-    with pytest.raises(ValueError, match="k: must be in"):
-        CostModel.linear(0.1, 0.1, k_max=4).round_cost(5)

@@ -6,7 +6,8 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from generation.rejection_sampler import greedy_verify, rejection_sample
+from generation.proposers import Drafts
+from generation.rejection_sampler import PLACEHOLDER, rejection_sample, verify
 
 VOCAB = 30
 
@@ -107,11 +108,42 @@ def test_zero_target_probability_is_always_rejected() -> None:
     assert int(num_accepted) == 0 and int(next_token) == 5
 
 
-def test_greedy_verify_stops_at_first_mismatch_and_breaks_ties_low() -> None:
-    logits = torch.zeros(4, VOCAB)  # [k + 1, vocab]
-    logits[0, 7] = logits[1, 8] = 1.0
-    logits[2, 9] = logits[2, 2] = 1.0  # a tie: argmax takes the lowest id, 2
-    num_accepted, next_token = greedy_verify(logits, torch.tensor([7, 8, 9]))
-    assert int(num_accepted) == 2 and int(next_token) == 2
-    num_accepted, next_token = greedy_verify(logits, torch.tensor([7, 8, 2]))
-    assert int(num_accepted) == 3 and int(next_token) == 0  # bonus from the all-zero last row
+def _drafts(rows: list[list[int]], probs: list[torch.Tensor | None] | None = None) -> Drafts:
+    width = max(len(r) for r in rows)
+    padded = torch.tensor([r + [0] * (width - len(r)) for r in rows]).view(len(rows), width)
+    return Drafts(padded, [len(r) for r in rows], probs or [None] * len(rows))
+
+
+def test_greedy_rows_stop_at_the_first_mismatch_and_break_ties_low() -> None:
+    logits = torch.zeros(4, 4, VOCAB)  # [B, k + 1, vocab]
+    logits[:, 0, 7] = logits[:, 1, 8] = 1.0
+    logits[:, 2, 9] = logits[:, 2, 2] = 1.0  # a tie: argmax takes the lowest id, 2
+    drafts = _drafts([[7, 8, 9], [7, 8, 2], [7], []])
+    out = verify(logits, drafts, [0.0] * 4, [None] * 4)
+    P = PLACEHOLDER
+    assert out == [
+        [7, 8, 2, P],  # two accepted, then the target's token where the third differed
+        [7, 8, 2, 0],  # all accepted, and the bonus token from the all-zero last row
+        [7, 8, P, P],  # a shorter draft (padding is never accepted)
+        [7, P, P, P],  # no draft: the target's next token
+    ]
+
+
+def test_sampled_rows_draw_from_their_own_generator_in_any_company() -> None:
+    generator = torch.Generator().manual_seed(4)
+    target = torch.randn(3, 3, VOCAB, generator=generator) * 2.0  # [B, k + 1, vocab]
+    draft_probs = torch.softmax(torch.randn(2, VOCAB, generator=generator), dim=-1)
+    rows = [[3, 4], [5], [6, 7]]
+
+    def run(temperatures: list[float], seed: int) -> list[list[int]]:
+        gens = [torch.Generator().manual_seed(seed + b) for b in range(3)]
+        drafts = _drafts(rows, [draft_probs, None, None])
+        return verify(target, drafts, temperatures, gens)
+
+    mixed = run([1.0, 0.0, 0.7], 10)
+    # Row 0 gets the same tokens whatever the other rows are (greedy, sampled, other seeds).
+    assert run([1.0, 0.7, 0.0], 10)[0] == mixed[0]
+    gens = [torch.Generator().manual_seed(10)]
+    alone = verify(target[:1], _drafts(rows[:1], [draft_probs]), [1.0], gens)
+    assert alone[0] == mixed[0]
+    assert mixed[1] == verify(target, _drafts(rows), [0.0] * 3, [None] * 3)[1]

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from generation import SamplingParams, SpeculativeEngine
-from generation.adaptive import CostModel
+from generation.config import EngineConfig
 from tests.generation.conformance import EngineConformance, check_stats_invariants, make_prompts
 from tests.generation.tiny_models import build_model, perturbed_copy, reference_greedy
 
@@ -25,7 +25,7 @@ def pair(request: pytest.FixtureRequest) -> tuple[Any, Any]:
 
 @pytest.fixture(scope="module")
 def engine(pair: tuple[Any, Any]) -> SpeculativeEngine:
-    return SpeculativeEngine(pair[0], pair[1], max_speculative_tokens=6)
+    return SpeculativeEngine(pair[0], pair[1], config=EngineConfig(max_speculative_tokens=6))
 
 
 @pytest.fixture(scope="module")
@@ -116,18 +116,33 @@ def test_numpy_token_ids_are_accepted() -> None:
     assert all(type(t) is int for t in result.token_ids)
 
 
-def test_warmup_measures_costs_once() -> None:
+def test_warmup_allocates_the_kv_store_and_measures_step_costs_once() -> None:
     target = build_model("llama", vocab_size=VOCAB, seed=2)
-    engine = SpeculativeEngine(target, perturbed_copy(target, noise=0.2))
-    engine.warmup()
-    costs = dict(engine._costs)
-    assert set(costs) == {"draft_model", "ngram"}
-    # Every k is priced (no timing comparison here: on a shared machine a round's wall time
+    engine = SpeculativeEngine(
+        target, perturbed_copy(target, noise=0.2), config=EngineConfig(max_batch_size=4)
+    )
+    engine.warmup(batch_sizes=(1, 4))
+    tables = dict(engine.step_costs().tables)
+    assert set(tables) == {(1, False), (1, True), (4, False), (4, True)}
+    # Every k is priced (no timing comparison here: on a shared machine a step's wall time
     # says little; docs/benchmarks.md quotes the costs).
-    assert all(t > 0 for t in costs["draft_model"].measured[1:] + costs["ngram"].measured[1:])
-    assert costs["ngram"].k_max == costs["draft_model"].k_max == engine.max_speculative_tokens
+    assert all(len(t.measured) == engine.max_speculative_tokens + 1 for t in tables.values())
+    assert [s.num_slots for s in engine.kv_stores] == [engine.max_concurrency] * 2 == [4, 4]
     engine.generate([1, 2, 3], SamplingParams(max_new_tokens=4, num_speculative_tokens="auto"))
-    assert engine._costs["draft_model"] is costs["draft_model"]
+    assert engine.step_costs().tables[(1, True)] is tables[(1, True)]
+
+
+def test_a_fixed_k_above_k_max_beside_an_auto_row_is_served() -> None:
+    target = build_model("llama", vocab_size=VOCAB, seed=2)
+    engine = SpeculativeEngine(target, target, config=EngineConfig(max_speculative_tokens=3))
+    params = [
+        SamplingParams(max_new_tokens=20, num_speculative_tokens=5),
+        SamplingParams(max_new_tokens=20, num_speculative_tokens="auto"),
+    ]
+    fixed, auto = engine.generate_many([[1, 2, 3], [4, 5]], params)
+    assert len(fixed.stats.accepted_per_position) == 5  # k = 5 drafted as asked
+    assert fixed.token_ids == reference_greedy(target, [1, 2, 3], 20)
+    assert auto.token_ids == reference_greedy(target, [4, 5], 20)
 
 
 def test_context_limit_caps_generation() -> None:
@@ -148,20 +163,18 @@ def test_draft_method_without_draft_is_refused() -> None:
 
 def test_adaptive_k_uses_recent_requests_of_the_same_method() -> None:
     target = build_model("llama", vocab_size=VOCAB, seed=5)
-    # The draft is the target itself, so its real cost would make k=1 best; give it the costs
-    # of a cheap draft, trusted over the timed rounds (huge prior weight).
-    costs = {
-        "draft_model": CostModel.linear(target_slope=0.1, proposer_cost=0.1, prior_weight=1e12)
-    }
-    engine = SpeculativeEngine(target, target, max_speculative_tokens=8, costs=costs)
-    before = engine._recent["draft_model"].alpha
+    engine = SpeculativeEngine(target, target, config=EngineConfig(max_speculative_tokens=8))
+    # The draft is the target itself, so its real cost would make short drafts best; price
+    # every step alike, as a cheap draft would be.
+    engine.step_costs().timer = lambda batch_size, ks, with_draft: {k: 0.01 for k in ks}
+    before = engine.recent_alpha("draft_model")
     for _ in range(3):
         result = engine.generate(
             list(range(12)), SamplingParams(max_new_tokens=40, num_speculative_tokens="auto")
         )
         assert result.stats.acceptance_rate == 1.0
-    assert engine._recent["draft_model"].alpha > before
-    assert engine._recent["ngram"].alpha == before
+    assert engine.recent_alpha("draft_model") > before
+    assert engine.recent_alpha("ngram") == before
     # With everything accepted the policy drafts long: few target passes for 40 tokens.
     assert result.stats.num_target_forwards <= 40 // 4
     assert torch.get_num_threads() == 1

@@ -166,6 +166,26 @@ def test_load_engine_passes_settings_options_to_vllm(
         load_engine("torch", tiny_models["target"], None, "cpu", options)
 
 
+def test_load_engine_applies_the_engine_config_to_vllm(
+    tiny_models: dict[str, Path], standin_vllm: Any
+) -> None:
+    """The engine config's batch reaches vLLM as room for that many requests (max_num_seqs),
+    never below vLLM's default; options still win."""
+    from generation import EngineConfig, load_engine
+
+    target, draft = tiny_models["target"], tiny_models["draft"]
+    engine = load_engine("vllm", target, draft, "cuda", config=EngineConfig(max_batch_size=100))
+    assert isinstance(engine, VLLMEngine) and engine.max_num_seqs == 100
+    engine.close()
+    small = load_engine("vllm", target, draft, "cuda", config=EngineConfig(max_batch_size=4))
+    assert isinstance(small, VLLMEngine) and small.max_num_seqs == 64  # vLLM's default room
+    small.close()
+    options = {"max_num_seqs": 70}
+    chosen = load_engine("vllm", target, draft, "cuda", options, config=EngineConfig())
+    assert isinstance(chosen, VLLMEngine) and chosen.max_num_seqs == 70
+    chosen.close()
+
+
 def test_without_a_gpu_the_error_says_so(
     tiny_models: dict[str, Path], standin_vllm: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:

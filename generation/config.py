@@ -1,0 +1,56 @@
+"""``EngineConfig``: what an engine is set up with, built once (from Settings) and passed whole."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """How an engine batches, speculates and prefills; every field is validated on construction."""
+
+    max_batch_size: int = 16
+    """Most requests in one step; the torch engine allocates this many KV slots (fewer if the
+    device's memory cannot hold them at the full context: its ``max_concurrency``)."""
+    max_speculative_tokens: int = 8
+    """k_max: the largest fixed k a request may ask for, and the longest draft of ``"auto"``."""
+    prefill_chunk: int = 512
+    """Most prompt tokens prefilled in one step while other requests decode."""
+    background_prefill_chunk: int = 128
+    """Most prompt tokens of a background (batch-job) request prefilled in one step, where
+    background requests pause for foreground ones."""
+    pause_background: bool | None = None
+    """Background requests sit out the steps while a foreground one runs (None: on a CPU, where
+    every extra row of a pass costs arithmetic; a GPU pass carries extra rows almost free)."""
+    max_background_pause: float = 5.0
+    """Seconds a paused background request waits at most before it takes a step anyway."""
+    ngram_max_n: int = 4
+    """Longest n-gram that prompt lookup matches (down to 1)."""
+    kv_memory_fraction: float = 0.8
+    """Share of the device's free memory the KV slots may take at the full context."""
+    fast_forward: bool = True
+    """Run Llama-family models on the engine's own forward pass (False: transformers')."""
+
+    def __post_init__(self) -> None:
+        for name in ("max_batch_size", "max_speculative_tokens", "prefill_chunk",
+                     "background_prefill_chunk", "ngram_max_n"):  # fmt: skip
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"engine config: {name} must be an int >= 1, got {value!r}")
+        if not isinstance(self.max_background_pause, (int, float)) or self.max_background_pause < 0:
+            raise ValueError(
+                f"engine config: max_background_pause must be a number >= 0, "
+                f"got {self.max_background_pause!r}"
+            )
+        if not isinstance(self.kv_memory_fraction, (int, float)) or not (
+            0 < self.kv_memory_fraction <= 1
+        ):
+            raise ValueError(
+                f"engine config: kv_memory_fraction must be in (0, 1], "
+                f"got {self.kv_memory_fraction!r}"
+            )
+        if self.pause_background not in (None, True, False):
+            raise ValueError(
+                f"engine config: pause_background must be a bool or None, "
+                f"got {self.pause_background!r}"
+            )
