@@ -6,9 +6,11 @@ for the oldest release) on random traffic of recurring passages (hypothesis).
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass, field
 
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -19,6 +21,7 @@ from generation.prefix_cache import (
     blocks_for_budget,
     root_hash,
 )
+from generation.prefix_kv import KVShape, PrefixCache, SlotKV
 
 ROOT = root_hash("target", "draft", "float32", "cpu")
 
@@ -196,3 +199,56 @@ def test_index_matches_the_brute_force_reference(
         assert all(index.get(b.parent_hash, b.tokens) is b for b in in_use)
         assert len({b.block_id for b in in_use}) == len(set(map(id, in_use)))
         assert index.num_referenced == len({id(b) for b in in_use})
+
+
+# -- the KV pool ------------------------------------------------------------------------------
+def _slot(shape: KVShape, positions: int, seed: int) -> SlotKV:
+    g = torch.Generator().manual_seed(seed)
+    size = (positions, shape.kv_heads, shape.head_dim)
+    return (
+        [torch.randn(size, generator=g) for _ in range(shape.num_layers)],
+        [torch.randn(size, generator=g) for _ in range(shape.num_layers)],
+    )
+
+
+TARGET, DRAFT_SHAPE = KVShape(3, 2, 8, torch.float32), KVShape(1, 2, 4, torch.float32)
+
+
+def test_kept_blocks_are_copied_back_exactly_and_the_draft_only_where_it_was_kept() -> None:
+    block_bytes = 4 * (TARGET.bytes_per_token() + DRAFT_SHAPE.bytes_per_token())
+    cache = PrefixCache(8 * block_bytes, ROOT, TARGET, DRAFT_SHAPE, block_size=4)
+    assert cache.nbytes() == 8 * block_bytes <= cache.budget_bytes
+    prompt = list(range(1, 14))  # 3 full blocks and one token
+    src_t, src_d = _slot(TARGET, 16, 0), _slot(DRAFT_SHAPE, 16, 1)
+    assert cache.keep(prompt, src_t, None) == 3  # a request without the draft model
+    dst_t, dst_d = _slot(TARGET, 16, 2), _slot(DRAFT_SHAPE, 16, 3)
+    assert cache.reuse(prompt, dst_t, dst_d) == 0  # drafting needs the draft's KV too
+    assert cache.reuse(prompt + [99], dst_t, None) == 12
+    for got, want in zip([*dst_t[0], *dst_t[1]], [*src_t[0], *src_t[1]], strict=True):
+        assert torch.equal(got[:12], want[:12]) and not torch.equal(got[12:], want[12:])
+    # A draft-model request fills the draft part in; the target part is not rewritten.
+    assert cache.keep(prompt, _slot(TARGET, 16, 4), src_d) == 0
+    assert cache.reuse(prompt, dst_t, dst_d) == 12
+    for got, want in zip([*dst_d[0], *dst_d[1]], [*src_d[0], *src_d[1]], strict=True):
+        assert torch.equal(got[:12], want[:12])
+    assert torch.equal(dst_t[0][0][:12], src_t[0][0][:12])
+
+
+def test_the_pool_stays_at_its_bound_under_a_long_soak() -> None:
+    block_bytes = 4 * TARGET.bytes_per_token()
+    cache = PrefixCache(5 * block_bytes + block_bytes // 2, ROOT, TARGET, block_size=4)
+    assert cache.index.num_blocks == 5 and cache.nbytes() == 5 * block_bytes
+    rng = random.Random(0)
+    kept = 0
+    for i in range(400):
+        prompt = [rng.randrange(4) for _ in range(rng.randrange(1, 30))]
+        slot = _slot(TARGET, 32, i)
+        cached = cache.reuse(prompt, slot, None)
+        assert cached % 4 == 0 and cached <= len(prompt) - 1
+        kept += cache.keep(prompt, slot, None)
+        assert cache.index.num_cached <= 5 and cache.index.num_referenced == 0
+    assert kept > 5 and cache.nbytes() == 5 * block_bytes  # it evicted, and never grew
+    assert cache.reset() == 5 and cache.index.num_cached == 0
+    assert cache.reuse(prompt + [1], slot, None) == 0  # invalidated: nothing is reused
+    with pytest.raises(PrefixCacheBudgetError, match="at least 1 MB"):
+        PrefixCache(block_bytes - 1, ROOT, TARGET, block_size=4)
