@@ -33,7 +33,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.prefix_runners import Outcome, TorchRunner, VLLMRunner  # noqa: E402
+from benchmarks.prefix_runners import Outcome, TorchRunner, VLLMRunner, target_alone  # noqa: E402
 from benchmarks.prefix_traffic import build_traffic, shared_prefix_share  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -91,6 +91,7 @@ def main() -> None:
         "--threads", type=int, default=int(os.environ.get("SPECRAG_TORCH_THREADS", "2"))
     )
     ap.add_argument("--engines", default="torch,vllm")
+    ap.add_argument("--prefix-mb", type=float, default=256.0, help="torch engine's prefix cache")
     args = ap.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
@@ -118,8 +119,10 @@ def main() -> None:
     runners: dict[str, Any] = {}
     for name in args.engines.split(","):
         t = time.perf_counter()
-        cls = TorchRunner if name == "torch" else VLLMRunner
-        runners[name] = cls(target, draft, args.k, args.max_batch)
+        if name == "torch":
+            runners[name] = TorchRunner(target, draft, args.k, args.max_batch, args.prefix_mb)
+        else:
+            runners[name] = VLLMRunner(target, draft, args.k, args.max_batch)
         warm = [random.Random(i).choices(range(300, 8000), k=200) for i in range(3)]
         burst(runners[name], warm, 8)
         print(f"{name}: loaded and warmed in {time.perf_counter() - t:.0f} s")
@@ -161,12 +164,13 @@ def main() -> None:
             a, b = answers["torch" + part], answers["vllm" + part]
             same = sum(x == y for x, y in zip(a, b, strict=True))
             print(f"answers torch == vllm{part or ' (one by one)'}: {same}/{len(a)}")
-    if "torch" in runners:
-        alone = [runners["torch"].target_alone(p, args.max_tokens) for p in seq]
-        same = sum(x == y for x, y in zip(answers["torch"], alone, strict=True))
-        print(f"answers torch == target alone (one by one): {same}/{len(seq)}")
     for r in runners.values():
         r.close()
+    alone = target_alone(target, seq + bur, args.max_tokens)
+    for name in runners:
+        got = answers[name] + answers[name + "-burst"]
+        same = sum(x == y for x, y in zip(got, alone, strict=True))
+        print(f"answers {name} == target alone (one by one and burst): {same}/{len(got)}")
 
 
 def report(rows: dict[str, dict[str, Any]], args: Any, rate: float) -> None:

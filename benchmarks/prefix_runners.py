@@ -39,11 +39,16 @@ class TorchRunner:
 
     name = "torch"
 
-    def __init__(self, target: str, draft: str, k: int, max_batch: int, **loop_kw: Any) -> None:
+    def __init__(
+        self, target: str, draft: str, k: int, max_batch: int, prefix_mb: float = 0.0
+    ) -> None:
+        from generation.config import EngineConfig
+
         from generation import SamplingParams, SpeculativeEngine
 
-        self.engine = SpeculativeEngine.from_pretrained(target, draft, device="cpu")
-        self.loop = self.engine.start_loop(max_batch, **loop_kw)
+        config = EngineConfig(max_batch_size=max_batch, prefix_cache_mb=prefix_mb)
+        self.engine = SpeculativeEngine.from_pretrained(target, draft, device="cpu", config=config)
+        self.loop = self.engine.start_loop(max_batch)
         self._params = lambda n: SamplingParams(
             max_new_tokens=n, method="draft_model", num_speculative_tokens=k
         )
@@ -73,15 +78,7 @@ class TorchRunner:
         return fut
 
     def reset_cache(self) -> None:
-        reset = getattr(self.engine, "reset_prefix_cache", None)
-        if callable(reset):
-            reset()
-
-    def target_alone(self, prompt: list[int], max_tokens: int) -> list[int]:
-        from generation import SamplingParams
-
-        params = SamplingParams(max_new_tokens=max_tokens, method="none")
-        return list(self.engine.generate(prompt, params).token_ids)
+        self.engine.reset_prefix_cache()
 
     def close(self) -> None:
         self.loop.close()
@@ -148,3 +145,12 @@ class VLLMRunner:
     def close(self) -> None:
         self.llm.shutdown()
         self._aio.call_soon_threadsafe(self._aio.stop)
+
+
+def target_alone(target: str, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
+    """Greedy answers of the target alone: an engine without a draft or a prefix cache."""
+    from generation import SamplingParams, SpeculativeEngine
+
+    engine = SpeculativeEngine.from_pretrained(target, None, device="cpu")
+    params = SamplingParams(max_new_tokens=max_tokens, method="none")
+    return [list(r.token_ids) for r in engine.generate_many(prompts, params)]

@@ -94,6 +94,8 @@ class BlockIndex:
         """Prompt tokens looked up (vLLM's ``prefix_cache_queries``)."""
         self.hits = 0
         """Prompt tokens found cached (vLLM's ``prefix_cache_hits``)."""
+        self.evictions = 0
+        """Cached blocks evicted to make room for new ones."""
 
     # -- reading ---------------------------------------------------------------------------
     @property
@@ -172,6 +174,7 @@ class BlockIndex:
             _, evicted = self._lru.popitem(last=False)
             del self._by_hash[evicted.block_hash]
             block_id = evicted.block_id
+            self.evictions += 1
         else:
             return None
         block = CachedBlock(block_id, block_hash(parent, tokens), parent, tuple(tokens), 1)

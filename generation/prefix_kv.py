@@ -21,8 +21,10 @@ operating system commits the pages as blocks fill, and the bytes held never exce
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -31,6 +33,7 @@ from generation.prefix_cache import (
     BlockIndex,
     CachedBlock,
     blocks_for_budget,
+    root_hash,
 )
 
 SETTING = "SPECRAG_PREFIX_CACHE_MB"
@@ -48,6 +51,16 @@ class KVShape:
     kv_heads: int
     head_dim: int
     dtype: torch.dtype
+
+    @classmethod
+    def of(cls, model: Any) -> KVShape:
+        """The KV shape of a loaded causal LM (its config and its parameters' dtype)."""
+        cfg = model.config
+        heads = int(cfg.num_attention_heads)
+        kv_heads = int(getattr(cfg, "num_key_value_heads", None) or heads)
+        head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // heads)
+        dtype = next(model.parameters()).dtype
+        return cls(int(cfg.num_hidden_layers), kv_heads, head_dim, dtype)
 
     def bytes_per_token(self) -> int:
         """Keys and values of one token in every layer."""
@@ -117,6 +130,25 @@ class PrefixCache:
         dev = torch.device(device)
         self.target = ModelBlocks(target, num_blocks, block_size, dev)
         self.draft = ModelBlocks(draft, num_blocks, block_size, dev) if draft else None
+        # The loop's thread reuses and keeps; a reset may come from any thread.
+        self._lock = threading.Lock()
+
+    @classmethod
+    def for_models(
+        cls, megabytes: float, target: Any, draft: Any | None, label: str, block_size: int
+    ) -> PrefixCache | None:
+        """The cache for a loaded pair at ``megabytes`` (None when 0: reuse off).
+
+        The root names the pair, its dtypes and device, and this engine instance's weights
+        (``id``): another checkpoint is another engine, and its cache starts empty.
+        """
+        if megabytes <= 0:
+            return None
+        shapes = [KVShape.of(target), KVShape.of(draft) if draft is not None else None]
+        device = next(target.parameters()).device
+        root = root_hash(label, shapes, str(device), id(target), id(draft), block_size)
+        budget = int(megabytes * (1 << 20))
+        return cls(budget, root, shapes[0], shapes[1], device=device, block_size=block_size)
 
     @property
     def block_size(self) -> int:
@@ -134,16 +166,17 @@ class PrefixCache:
         carry the draft's KV are then reused). The caller sets the slot lengths.
         """
         need = DRAFT if draft is not None else None
-        blocks = self.index.lookup(self.root, prompt, need=need)
-        if not blocks:
-            return 0
-        self.index.acquire(blocks)
-        try:
-            self.target.load(blocks, target)
-            if draft is not None and self.draft is not None:
-                self.draft.load(blocks, draft)
-        finally:
-            self.index.release(blocks)
+        with self._lock:
+            blocks = self.index.lookup(self.root, prompt, need=need)
+            if not blocks:
+                return 0
+            self.index.acquire(blocks)
+            try:
+                self.target.load(blocks, target)
+                if draft is not None and self.draft is not None:
+                    self.draft.load(blocks, draft)
+            finally:
+                self.index.release(blocks)
         return len(blocks) * self.block_size
 
     def keep(self, prompt: Sequence[int], target: SlotKV, draft: SlotKV | None) -> int:
@@ -156,6 +189,7 @@ class PrefixCache:
         size, index = self.block_size, self.index
         with_draft = draft is not None and self.draft is not None
         parent, held, new = self.root, [], 0
+        self._lock.acquire()
         try:
             for i in range(len(prompt) // size):
                 block, is_new = index.get_or_allocate(parent, prompt[i * size : (i + 1) * size])
@@ -172,8 +206,15 @@ class PrefixCache:
                 parent = block.block_hash
         finally:
             index.release(held)
+            self._lock.release()
         return new
 
     def reset(self) -> int:
         """Forget every cached prefix (a new index of passages, an operator's wish); return how many."""
-        return self.index.clear()
+        with self._lock:
+            return self.index.clear()
+
+
+def slot_kv(store: Any, slot: int) -> SlotKV:
+    """One slot of a KV store (per layer ``[num_slots, capacity, kv_heads, head_dim]``)."""
+    return [k[slot] for k in store.keys], [v[slot] for v in store.values]
