@@ -42,9 +42,8 @@ class TorchRunner:
     def __init__(
         self, target: str, draft: str, k: int, max_batch: int, prefix_mb: float = 0.0
     ) -> None:
-        from generation.config import EngineConfig
-
         from generation import SamplingParams, SpeculativeEngine
+        from generation.config import EngineConfig
 
         config = EngineConfig(max_batch_size=max_batch, prefix_cache_mb=prefix_mb)
         self.engine = SpeculativeEngine.from_pretrained(target, draft, device="cpu", config=config)

@@ -144,11 +144,14 @@ class PrefixCache:
         """
         if megabytes <= 0:
             return None
-        shapes = [KVShape.of(target), KVShape.of(draft) if draft is not None else None]
+        target_shape = KVShape.of(target)
+        draft_shape = KVShape.of(draft) if draft is not None else None
         device = next(target.parameters()).device
-        root = root_hash(label, shapes, str(device), id(target), id(draft), block_size)
+        root = root_hash(
+            label, target_shape, draft_shape, str(device), id(target), id(draft), block_size
+        )
         budget = int(megabytes * (1 << 20))
-        return cls(budget, root, shapes[0], shapes[1], device=device, block_size=block_size)
+        return cls(budget, root, target_shape, draft_shape, device=device, block_size=block_size)
 
     @property
     def block_size(self) -> int:
