@@ -18,6 +18,7 @@ import pytest
 from generation import SamplingParams, SpeculativeEngine
 from generation.config import EngineConfig
 from generation.prefix_cache import PrefixCacheBudgetError
+from tests.generation.conformance import EngineConformance, make_prompts
 from tests.generation.test_sampling_distribution import (
     NUM_TOKENS,
     chi_square_pvalue,
@@ -35,7 +36,7 @@ def _engine(target: Any, draft: Any, mb: float, **kw: Any) -> SpeculativeEngine:
 
 
 @pytest.fixture(scope="module")
-def pair() -> tuple[Any, Any]:
+def small_pair() -> tuple[Any, Any]:
     target = build_model("llama", vocab_size=64, seed=3)
     return target, perturbed_copy(target, noise=0.05)
 
@@ -52,9 +53,9 @@ def _prompts(n: int, seed: int = 0) -> list[list[int]]:
 
 @pytest.mark.parametrize(("method", "k"), [("draft_model", 3), ("ngram", 2), ("none", 1)])
 def test_greedy_answers_are_the_target_alone_and_reuse_is_counted(
-    pair: tuple[Any, Any], method: str, k: int
+    small_pair: tuple[Any, Any], method: str, k: int
 ) -> None:
-    target, draft = pair
+    target, draft = small_pair
     on, off = _engine(target, draft, 1.0), _engine(target, draft, 0.0)
     params = SamplingParams(max_new_tokens=12, method=method, num_speculative_tokens=k)
     prompts = _prompts(12)
@@ -94,8 +95,8 @@ def test_sampling_follows_the_target_law_with_a_reused_prefix() -> None:
     assert chi_square_pvalue(observed, exact_joint(target, prompt, 1.3)) < 1e-6  # has power
 
 
-def test_memory_stays_under_the_setting_over_a_long_soak(pair: tuple[Any, Any]) -> None:
-    target, draft = pair
+def test_memory_stays_under_the_setting_over_a_long_soak(small_pair: tuple[Any, Any]) -> None:
+    target, draft = small_pair
     engine = _engine(target, draft, 0.05)
     cache = engine.prefix_cache
     assert cache is not None and cache.nbytes() <= 0.05 * MB
@@ -116,9 +117,34 @@ def test_memory_stays_under_the_setting_over_a_long_soak(pair: tuple[Any, Any]) 
 
 
 def test_reuse_off_is_the_default_and_a_budget_below_one_block_is_refused(
-    pair: tuple[Any, Any],
+    small_pair: tuple[Any, Any],
 ) -> None:
-    target, draft = pair
+    target, draft = small_pair
     assert SpeculativeEngine(target, draft).prefix_cache is None
     with pytest.raises(PrefixCacheBudgetError, match=r"SPECRAG_PREFIX_CACHE_MB.*at least 1 MB"):
         _engine(target, draft, 0.0001)
+
+
+# -- the whole engine contract with reuse on ---------------------------------------------------
+CONFORMANCE_VOCAB = 96
+
+
+@pytest.fixture(scope="module", params=["llama", "gpt2"])
+def engine(request: pytest.FixtureRequest) -> SpeculativeEngine:
+    """Both forward paths (the fast Llama one, transformers' for GPT-2), reuse on."""
+    target = build_model(request.param, vocab_size=CONFORMANCE_VOCAB, seed=3, logit_scale=4.0)
+    return _engine(target, perturbed_copy(target, noise=0.3), 1.0, max_speculative_tokens=6)
+
+
+@pytest.fixture(scope="module")
+def reference(engine: SpeculativeEngine) -> Any:
+    return lambda prompt, n: reference_greedy(engine.target, prompt, n)
+
+
+@pytest.fixture(scope="module")
+def prompts() -> list[list[int]]:
+    return make_prompts(CONFORMANCE_VOCAB, range(3))
+
+
+class TestConformanceWithPrefixReuse(EngineConformance):
+    """Every engine rule holds while requests reuse each other's prompt prefixes."""
