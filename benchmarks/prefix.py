@@ -141,6 +141,7 @@ def main() -> None:
             seq_load=f"{before} -> {load()}",
         )  # fmt: skip
         answers[name] = [o.tokens for o in outs]
+        print(f"{name} one by one: {rows[name]}", flush=True)
     for name, r in runners.items():
         r.reset_cache()
         before = load()
@@ -148,6 +149,7 @@ def main() -> None:
         rows[name].update(burst_tps=tokens(outs) / secs, burst_hit=hit_rate(outs, bur),
                           burst_load=f"{before} -> {load()}", burst_rps=len(bur) / secs)  # fmt: skip
         answers[name + "-burst"] = [o.tokens for o in outs]
+        print(f"{name} burst: {rows[name]['burst_tps']:.1f} tokens/s", flush=True)
     rate = args.rate or 0.6 * min(row["burst_rps"] for row in rows.values())
     rng = random.Random(args.seed + 1)
     gaps = [rng.expovariate(rate) for _ in seq]
