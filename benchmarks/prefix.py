@@ -90,7 +90,7 @@ def main() -> None:
     ap.add_argument(
         "--threads", type=int, default=int(os.environ.get("SPECRAG_TORCH_THREADS", "2"))
     )
-    ap.add_argument("--engines", default="torch,vllm")
+    ap.add_argument("--engines", default="torch,vllm", help="of torch, torch-off, vllm")
     ap.add_argument("--prefix-mb", type=float, default=256.0, help="torch engine's prefix cache")
     args = ap.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -119,8 +119,9 @@ def main() -> None:
     runners: dict[str, Any] = {}
     for name in args.engines.split(","):
         t = time.perf_counter()
-        if name == "torch":
-            runners[name] = TorchRunner(target, draft, args.k, args.max_batch, args.prefix_mb)
+        if name in ("torch", "torch-off"):  # torch-off: the same engine with reuse off
+            mb = args.prefix_mb if name == "torch" else 0.0
+            runners[name] = TorchRunner(target, draft, args.k, args.max_batch, mb)
         else:
             runners[name] = VLLMRunner(target, draft, args.k, args.max_batch)
         warm = [random.Random(i).choices(range(300, 8000), k=200) for i in range(3)]
@@ -161,11 +162,12 @@ def main() -> None:
         rows[name].update(p_ttft50=pct(ttft, 50), p_ttft95=pct(ttft, 95),
                           p_hit=hit_rate(outs, seq), p_load=f"{before} -> {load()}")  # fmt: skip
     report(rows, args, rate)
-    if "torch" in runners and "vllm" in runners:
+    others = [n for n in runners if n != "torch"]
+    if "torch" in runners and others:
         for part in ("", "-burst"):
-            a, b = answers["torch" + part], answers["vllm" + part]
+            a, b = answers["torch" + part], answers[others[0] + part]
             same = sum(x == y for x, y in zip(a, b, strict=True))
-            print(f"answers torch == vllm{part or ' (one by one)'}: {same}/{len(a)}")
+            print(f"answers torch == {others[0]}{part or ' (one by one)'}: {same}/{len(a)}")
     for r in runners.values():
         r.close()
     alone = target_alone(target, seq + bur, args.max_tokens)
@@ -177,16 +179,13 @@ def main() -> None:
 
 def report(rows: dict[str, dict[str, Any]], args: Any, rate: float) -> None:
     names = list(rows)
-    base = rows.get("vllm")
+    other = "vllm" if "vllm" in rows else "torch-off"
+    base = rows.get(other) if "torch" in rows else None
     print(f"\n## prefix: {args.requests} one by one / burst of {args.burst} / Poisson "
           f"{rate:.2f} req/s; {args.max_tokens} new tokens, draft k={args.k}, "
           f"max batch {args.max_batch}")  # fmt: skip
-    print(
-        "| metric | "
-        + " | ".join(names)
-        + (" | torch / vllm |" if base and "torch" in rows else " |")
-    )
-    print("|---|" + "---|" * (len(names) + (1 if base and "torch" in rows else 0)))
+    print("| metric | " + " | ".join(names) + (f" | torch / {other} |" if base else " |"))
+    print("|---|" + "---|" * (len(names) + (1 if base else 0)))
     for key, label, fmt in (
         ("stream_tps", "one stream decode tokens/s (median)", "{:.1f}"),
         ("seq_tps", "one by one tokens/s (end to end)", "{:.1f}"),
@@ -201,9 +200,9 @@ def report(rows: dict[str, dict[str, Any]], args: Any, rate: float) -> None:
     ):
         cells = [fmt.format(rows[n][key]) for n in names]
         ratio = ""
-        if base and "torch" in rows and "hit" not in key:
+        if base and "hit" not in key:
             ratio = f" {rows['torch'][key] / base[key]:.2f} |" if base[key] else " - |"
-        elif base and "torch" in rows:
+        elif base:
             ratio = " |"
         print(f"| {label} | " + " | ".join(cells) + " |" + ratio)
     for n in names:
