@@ -178,7 +178,7 @@ class Resources:
 
 
 def engine_config(settings: Settings) -> EngineConfig:
-    """The engine config of this process: its batch, k_max and prefill chunk from ``settings``."""
+    """The engine config of this process: its batch, k_max, prefill chunk and prefix cache."""
     from generation.config import EngineConfig  # generation's package imports torch
 
     fields: dict[str, Any] = {
@@ -187,6 +187,8 @@ def engine_config(settings: Settings) -> EngineConfig:
     }
     if settings.prefill_chunk is not None:
         fields["prefill_chunk"] = settings.prefill_chunk
+    if settings.prefix_cache_mb:
+        fields["prefix_cache_mb"] = settings.prefix_cache_mb
     return EngineConfig(**fields)
 
 

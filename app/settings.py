@@ -249,6 +249,16 @@ class Settings(BaseSettings):
             "throughput (docs/benchmarks.md, stall). vLLM schedules its own prefill."
         ),
     )
+    prefix_cache_mb: float = Field(
+        default=0.0,
+        ge=0,
+        description=(
+            "Torch engine: MB of KV kept for prompt prefixes computed earlier (exact reuse: a "
+            "request prefills only past its longest cached prefix; 0: off). Refused at start "
+            "when it cannot hold one block (16 tokens of the model pair). vLLM has its own "
+            "prefix caching (enable_prefix_caching, on by default)."
+        ),
+    )
     broker_polling_interval: float = Field(
         default=0.05,
         description="Seconds between polls of the embedded (SQLAlchemy) broker; Redis needs none.",

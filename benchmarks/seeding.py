@@ -67,6 +67,7 @@ def seed(
     rng = np.random.default_rng(seed)
     # Load figures from a stream of their own, so the other columns stay what they were.
     load_rng = np.random.default_rng(seed + 10_000)
+    cache_rng = np.random.default_rng(seed + 20_000)  # prompt lengths and prefix-cache hits
     tenants = _tenant_ids(engine)
     out = Seeded()
     shadows = 0
@@ -104,6 +105,11 @@ def seed(
             )
             if not failed:
                 out_tokens = int(rng.integers(8, 64))
+                prompt_tokens = int(cache_rng.integers(64, 1024))
+                # Some rows predate migration 0010 (null); of the rest, most reuse a prefix.
+                cached = (
+                    None if cache_rng.random() < 0.1 else int(prompt_tokens * cache_rng.random())
+                )
                 if method == "none":
                     drafts, per_pos = 0, [0] * 0
                 else:
@@ -142,10 +148,15 @@ def seed(
                     "mean_chosen_k": (
                         None if load_rng.random() < 0.2 else float(load_rng.uniform(0.0, 4.0))
                     ),
+                    "num_cached_prompt_tokens": cached,
                     **lat,
                 }
                 srows.append(stats)
-                arows.append({"query_id": qid, "text": "a", "model_pair": pair, "engine": "torch"})
+                arows.append(
+                    {"query_id": qid, "text": "a", "model_pair": pair, "engine": "torch",
+                     "prompt_tokens": prompt_tokens}
+                )  # fmt: skip
+                row["prompt_tokens"] = prompt_tokens
                 srcrows.append(qid)
                 row.update(stats)
                 if method != "none" and rng.random() < shadow_share:

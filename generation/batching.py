@@ -24,6 +24,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -31,6 +32,7 @@ from generation.config import EngineConfig
 from generation.goodput import Acceptance, RecentAcceptance, RowPlan, StepCosts, choose_k, row_k
 from generation.model_runner import ModelRunner
 from generation.params import SamplingParams
+from generation.prefix_kv import PrefixCache, slot_kv
 from generation.proposers import NgramProposer, Proposer
 from generation.rejection_sampler import PLACEHOLDER, sample_from_logits, verify
 from generation.scheduler import Scheduler
@@ -53,6 +55,8 @@ class EngineCore:
     costs: StepCosts
     recent: dict[str, RecentAcceptance]
     """Acceptance recent ``"auto"`` requests saw, per method: the prior of a new request."""
+    prefix: PrefixCache | None = None
+    """KV of earlier prompts' prefixes, shared by every request (None: reuse off)."""
 
 
 class BatchEngine:
@@ -154,9 +158,32 @@ class BatchEngine:
             self._finish(seq)
         return self.scheduler.decoding()
 
+    def _slots(self, seq: Sequence) -> tuple[Any, Any]:
+        """The request's slot in the target's store and, if it drafts with it, the draft's."""
+        core = self.core
+        drafting = seq.params.method == "draft_model" and core.draft is not None
+        draft = slot_kv(core.draft.store, seq.slot) if drafting and core.draft else None
+        return slot_kv(core.target.store, seq.slot), draft
+
+    def _reuse_prefix(self, seq: Sequence, prefix: PrefixCache) -> None:
+        """Start the request's slots with its longest cached prefix; prefill resumes after it."""
+        target, draft = self._slots(seq)
+        cached = prefix.reuse(seq.prompt, target, draft)
+        if cached:
+            self.core.target.set_length(seq.slot, cached)
+            if draft is not None and self.core.draft is not None:
+                self.core.draft.set_length(seq.slot, cached)
+        seq.prefilled = cached
+        seq.stats.num_cached_prompt_tokens = cached
+
     def _prefill(self, seq: Sequence, count: int) -> None:
         """Prefill the next ``count`` prompt tokens; after the last, sample the first token."""
         core = self.core
+        if seq.prefilled == 0 and core.prefix is not None:
+            # Looked up at the first chunk, not at admission: a request admitted beside another
+            # with the same passage reuses what that one's prefill kept earlier in this step.
+            self._reuse_prefix(seq, core.prefix)
+            count = min(count, len(seq.prompt) - seq.prefilled)
         chunk = seq.prompt[seq.prefilled : seq.prefilled + count]
         logits = core.target.prefill(seq.slot, chunk)
         if seq.params.method == "draft_model":
@@ -165,6 +192,8 @@ class BatchEngine:
         seq.prefilled += count
         if seq.prefilled < len(seq.prompt):
             return
+        if core.prefix is not None:
+            core.prefix.keep(seq.prompt, *self._slots(seq))
         first = int(sample_from_logits(logits, seq.temperature, seq.generator).item())
         seq.output.append(first)
         seq.tokens = seq.prompt + [first]

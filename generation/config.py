@@ -30,10 +30,15 @@ class EngineConfig:
     """Share of the device's free memory the KV slots may take at the full context."""
     fast_forward: bool = True
     """Run Llama-family models on the engine's own forward pass (False: transformers')."""
+    prefix_cache_mb: float = 0.0
+    """MB of KV kept for computed prompt prefixes, reused exactly by later requests (0: off;
+    generation/prefix_kv.py)."""
+    prefix_block_size: int = 16
+    """Tokens per prefix-cache block: the grain at which prompts share KV."""
 
     def __post_init__(self) -> None:
         for name in ("max_batch_size", "max_speculative_tokens", "prefill_chunk",
-                     "background_prefill_chunk", "ngram_max_n"):  # fmt: skip
+                     "background_prefill_chunk", "ngram_max_n", "prefix_block_size"):  # fmt: skip
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"engine config: {name} must be an int >= 1, got {value!r}")
@@ -48,6 +53,10 @@ class EngineConfig:
             raise ValueError(
                 f"engine config: kv_memory_fraction must be in (0, 1], "
                 f"got {self.kv_memory_fraction!r}"
+            )
+        if not isinstance(self.prefix_cache_mb, (int, float)) or self.prefix_cache_mb < 0:
+            raise ValueError(
+                f"engine config: prefix_cache_mb must be a number >= 0, got {self.prefix_cache_mb!r}"
             )
         if self.pause_background not in (None, True, False):
             raise ValueError(

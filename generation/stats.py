@@ -46,6 +46,9 @@ class GenerationStats:
     mean_chosen_k: float | None = None
     """Mean k the engine chose over this request's target passes (0 for a plain pass); None
     when the engine does not choose per step."""
+    num_cached_prompt_tokens: int = 0
+    """Prompt tokens whose KV was reused from earlier requests (0 when none; vLLM:
+    ``num_cached_tokens``): the prefill ran only past them."""
 
     def record_round(self, num_draft_tokens: int, num_accepted: int, num_emitted: int) -> None:
         """Count one target pass that verified ``num_draft_tokens`` and kept ``num_emitted``.

@@ -33,6 +33,7 @@ from generation.loading import (
 )
 from generation.model_runner import ModelRunner, plan_slots, slot_bytes, time_batch_steps
 from generation.params import SamplingParams
+from generation.prefix_kv import PrefixCache
 
 
 def _label(model: Any) -> str:
@@ -93,6 +94,12 @@ class SpeculativeEngine:
             costs=StepCosts(timer, config.max_speculative_tokens),
             recent={"draft_model": RecentAcceptance(), "ngram": RecentAcceptance()},
         )
+        self.prefix_cache = PrefixCache.for_models(
+            config.prefix_cache_mb, self.target, self.draft, self._model_pair,
+            config.prefix_block_size,
+        )  # fmt: skip
+        """KV of earlier prompts' prefixes (generation/prefix_kv.py); None when reuse is off."""
+        self._core.prefix = self.prefix_cache
         self._lock = threading.Lock()
         """Held by whoever steps the KV store: a running loop's thread, or ``generate_many``."""
         self._loop: EngineLoop | None = None
@@ -115,6 +122,11 @@ class SpeculativeEngine:
             check_vocab_compatible(target, draft, target_dir, draft_dir)
             pair = f"{pair}+{Path(draft_dir).name}"
         return cls(target, draft, model_pair=pair, config=config)
+
+    def reset_prefix_cache(self) -> int:
+        """Forget every cached prompt prefix not in use (as vLLM's ``reset_prefix_cache``);
+        return how many blocks were dropped (0 when reuse is off)."""
+        return self.prefix_cache.reset() if self.prefix_cache is not None else 0
 
     @property
     def vocab_size(self) -> int:

@@ -108,6 +108,7 @@ def base_select(window: Window) -> Select[Any]:
         q.c.collection,
         method.label("method"),
         a.c.model_pair,
+        a.c.prompt_tokens,
         k.label("num_speculative_tokens"),
         s.c.id.label("stats_id"),
         s.c.num_output_tokens,
@@ -119,6 +120,7 @@ def base_select(window: Window) -> Select[Any]:
         *(s.c[f"{m}_ms"] for m in LATENCY_METRICS),
         s.c.mean_batch_size,
         s.c.mean_chosen_k,
+        s.c.num_cached_prompt_tokens,
         batch_bucket.label("batch_size"),
         chosen_k.label("chosen_k"),
         sh.c.status.label("shadow_status"),
@@ -152,6 +154,7 @@ def counters(session: Session, b: FromClause, keys: Sequence[str]) -> dict[tuple
     spec = and_(answered, b.c.method != "none")
     shadow_done = and_(b.c.shadow_status == "done", b.c.generation_ms > 0)
     shadow_done = and_(shadow_done, b.c.baseline_generation_ms > 0)
+    cached_known = b.c.num_cached_prompt_tokens.is_not(None)
     cols = {
         "requests": func.count(),
         "succeeded": _count(b.c.status == "succeeded"),
@@ -180,6 +183,10 @@ def counters(session: Session, b: FromClause, keys: Sequence[str]) -> dict[tuple
         "batch_size_n": _count(and_(answered, b.c.mean_batch_size.is_not(None))),
         "chosen_k_sum": _sum(b.c.mean_chosen_k, answered),
         "chosen_k_n": _count(and_(answered, b.c.mean_chosen_k.is_not(None))),
+        # vLLM's prefix_cache_queries / _hits: prompt tokens looked up, and found cached. Only
+        # answers that recorded the figure (migration 0010 on) count in either.
+        "prefix_queries": _sum(b.c.prompt_tokens, and_(answered, cached_known)),
+        "prefix_hits": _sum(b.c.num_cached_prompt_tokens, answered),
     }
     key_cols = [b.c[k] for k in keys]
     stmt = select(*key_cols, *(c.label(n) for n, c in cols.items())).group_by(*key_cols)
@@ -224,6 +231,11 @@ def summarize(c: dict[str, Any], pct: dict[str, dict], curve: list[int]) -> dict
         # is load; one alone with a small chosen k is draft quality.
         "mean_batch_size": _ratio(c["batch_size_sum"], c["batch_size_n"]),
         "mean_chosen_k": _ratio(c["chosen_k_sum"], c["chosen_k_n"]),
+        "prefix_cache": {
+            "queries": int(c["prefix_queries"] or 0),
+            "hits": int(c["prefix_hits"] or 0),
+            "hit_rate": _ratio(c["prefix_hits"], c["prefix_queries"]),
+        },
         "acceptance_curve": [
             {"position": i, "accepted": n, "rate": _ratio(n, drafts)}
             for i, n in enumerate(curve, start=1)

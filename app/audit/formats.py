@@ -42,6 +42,8 @@ def flat_row(row: dict[str, Any], keys: list[str]) -> dict[str, Any]:
         "net_loss_share",
     ):
         out[name] = row[name]
+    for name, value in row["prefix_cache"].items():
+        out[f"prefix_cache_{name}"] = value
     curve = {c["position"]: c["rate"] for c in row["acceptance_curve"]}
     for pos in range(1, CURVE_POSITIONS + 1):
         out[f"acceptance_pos_{pos}"] = curve.get(pos)

@@ -3,8 +3,8 @@
 Schema (stable; documented field by field in docs/audit.md): the contract's ``since, until,
 requests, succeeded, failed, latency_ms, acceptance_rate, mean_acceptance_length, groups`` plus
 ``schema_version, empty, note, group_by, in_flight, output_tokens, output_tokens_per_s,
-tokens_per_target_pass, mean_batch_size, mean_chosen_k, acceptance_curve, speculative_requests, net_loss_share, shadow, timeline,
-alerts, thresholds``. Golden-evaluation queries are not traffic and are left out.
+tokens_per_target_pass, mean_batch_size, mean_chosen_k, prefix_cache, acceptance_curve,
+speculative_requests, net_loss_share, shadow, timeline, alerts, thresholds``. Golden-evaluation queries are not traffic and are left out.
 """
 
 from __future__ import annotations

@@ -215,6 +215,8 @@ class GenerationStatsRecord(Base):
     # the engine chose per pass (null: recorded before migration 0006, or k not chosen per step).
     mean_batch_size: Mapped[float | None] = mapped_column(Float)
     mean_chosen_k: Mapped[float | None] = mapped_column(Float)
+    # Prompt tokens whose KV a prefix cache supplied (null: recorded before migration 0010).
+    num_cached_prompt_tokens: Mapped[int | None] = mapped_column(Integer)
 
     query: Mapped[Query] = relationship(back_populates="stats")
 
@@ -236,6 +238,7 @@ class GenerationStatsRecord(Base):
         "total_ms",
         "mean_batch_size",
         "mean_chosen_k",
+        "num_cached_prompt_tokens",
     )
 
     def to_dict(self) -> dict[str, Any]:

@@ -71,6 +71,19 @@ class WorkerMetrics:
         self.prompt_tokens = Counter(
             "specrag_prompt_tokens", "Prompt tokens the target prefilled.", base, registry=reg
         )
+        # vLLM's prefix_cache_queries / prefix_cache_hits, counted in prompt tokens.
+        self.prefix_queries = Counter(
+            "specrag_prefix_cache_queries",
+            "Prompt tokens looked up in the prefix cache (answers whose engine reports reuse).",
+            base,
+            registry=reg,
+        )
+        self.prefix_hits = Counter(
+            "specrag_prefix_cache_hits",
+            "Prompt tokens whose KV was reused from earlier requests.",
+            base,
+            registry=reg,
+        )
         self.queries = Counter(
             "specrag_queries",
             "Queries that became final on this worker, by queue and final status.",
@@ -122,6 +135,10 @@ class WorkerMetrics:
         for position, count in enumerate(stats.get("accepted_per_position") or ()):
             children.per_pos(position).inc(count)
         children.prompt_tokens.inc(len(answered.prompt_token_ids))
+        cached = stats.get("num_cached_prompt_tokens")
+        if cached is not None:
+            children.prefix_queries.inc(len(answered.prompt_token_ids))
+            children.prefix_hits.inc(int(cached))
         for stage, histogram in children.latency.items():
             ms = stats.get(f"{stage}_ms")
             if ms is not None:
@@ -148,6 +165,8 @@ class _Children:
         self._metrics, self._base = metrics, base
         self.counters = {f: c.labels(*base) for f, c in metrics.counters.items()}
         self.prompt_tokens = metrics.prompt_tokens.labels(*base)
+        self.prefix_queries = metrics.prefix_queries.labels(*base)
+        self.prefix_hits = metrics.prefix_hits.labels(*base)
         self.latency = {stage: metrics.latency.labels(stage, *base) for stage in STAGES}
         self.batch_size = metrics.batch_size.labels(*base)
         self.chosen_k = metrics.chosen_k.labels(*base)

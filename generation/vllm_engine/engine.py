@@ -24,6 +24,7 @@ from generation.vllm_engine.mapping import (
     UnsupportedSpeculationError,
     VLLMOptionError,
     build_stats,
+    cached_prompt_tokens,
     request_counters,
     request_timings_ms,
     sampling_kwargs,
@@ -372,6 +373,7 @@ class VLLMEngine:
         stats = build_stats(
             params, len(token_ids), counters, ttft_ms, generation_ms, max(1.0, mean_batch)
         )
+        stats.num_cached_prompt_tokens = cached_prompt_tokens(final)
         if self._k_varies and stats.num_target_forwards:
             stats.mean_chosen_k = sum(counters.drafted_per_round) / stats.num_target_forwards
         return GenerationResult(token_ids=token_ids, stats=stats)

@@ -270,6 +270,15 @@ def request_timings_ms(metrics: Any) -> tuple[float | None, float | None]:
     return ttft * 1000.0, (ttft + max(0.0, last - first)) * 1000.0
 
 
+def cached_prompt_tokens(final: Any) -> int:
+    """Return the prompt tokens vLLM's prefix cache supplied (``RequestOutput.num_cached_tokens``).
+
+    vLLM leaves it None before the request was scheduled, and older builds lack it: 0 then.
+    """
+    cached = _get(final, "num_cached_tokens")
+    return max(0, int(cached)) if cached is not None else 0
+
+
 def build_stats(
     params: SamplingParams,
     num_output_tokens: int,

@@ -74,6 +74,7 @@ def test_answer_is_recorded_once_with_sources_stats_and_timings(resources: Resou
         assert 1 <= stats["num_output_tokens"] <= 5
         assert stats["total_ms"] >= stats["retrieval_ms"] + stats["generation_ms"]
         assert len(stats["accepted_per_position"]) == 3
+        assert stats["num_cached_prompt_tokens"] == 0  # stored, and nothing was reused
         assert query.started_at <= query.retrieved_at <= query.done_at  # type: ignore[operator]
     assert _count(resources.session_factory, Answer, qid) == 1
 

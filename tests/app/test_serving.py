@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -102,3 +103,41 @@ def test_max_speculative_tokens_reaches_the_torch_engine(
     finally:
         resources.close()
         db.dispose()
+
+
+def test_the_prefix_cache_setting_reaches_the_engine_and_a_tiny_one_is_refused_at_start(
+    tiny_models: dict[str, Path], tmp_path: Path
+) -> None:
+    from app.db import prepare
+    from app.resources import Resources
+    from generation import SamplingParams
+    from generation.prefix_cache import PrefixCacheBudgetError
+
+    def resources_with(mb: float) -> tuple[Any, Resources]:
+        settings = Settings(
+            data_dir=tmp_path, device="cpu", prefix_cache_mb=mb, worker_concurrency=2,
+            target_model=tiny_models["target"], draft_model=tiny_models["draft"],
+        )  # fmt: skip
+        db, session_factory = prepare(settings)
+        return db, Resources(settings, session_factory)
+
+    db, resources = resources_with(0.5)
+    try:
+        cache = resources.engine.prefix_cache
+        assert cache is not None and cache.nbytes() <= 0.5 * 2**20
+        prompt = list(range(5, 45))
+        params = SamplingParams(max_new_tokens=3)
+        first, again = (resources.engine.generate(prompt, params) for _ in range(2))
+        assert first.stats.num_cached_prompt_tokens == 0
+        assert again.stats.num_cached_prompt_tokens == 32 and again.token_ids == first.token_ids
+    finally:
+        resources.close()
+        db.dispose()
+    db, resources = resources_with(0.000001)
+    try:
+        with pytest.raises(PrefixCacheBudgetError, match=r"SPECRAG_PREFIX_CACHE_MB: .* at least"):
+            resources.engine  # noqa: B018 - what a worker loads at start
+    finally:
+        db.dispose()
+    with pytest.raises(ValueError, match="prefix_cache_mb"):
+        Settings(prefix_cache_mb=-1)

@@ -104,6 +104,25 @@ def test_groups_by_load_and_chosen_k_match_numpy(audit_db: AuditDB) -> None:
     assert r["mean_batch_size"] == pytest.approx(np.mean(sizes))
 
 
+def test_prefix_cache_hit_rate_matches_numpy(audit_db: AuditDB) -> None:
+    """vLLM's queries / hits: prompt tokens of answers that recorded a figure, tokens reused."""
+    r = report(audit_db, MAIN, ("method",))
+    ok = [x for x in audit_db.main.rows if x["status"] == "succeeded"]
+    known = [x for x in ok if x["num_cached_prompt_tokens"] is not None]
+    assert 0 < len(known) < len(ok)  # rows from before migration 0010 are left out of both
+    queries = sum(x["prompt_tokens"] for x in known)
+    hits = sum(x["num_cached_prompt_tokens"] for x in known)
+    assert r["prefix_cache"] == {
+        "queries": queries,
+        "hits": hits,
+        "hit_rate": pytest.approx(hits / queries),
+    }
+    assert sum(g["prefix_cache"]["hits"] for g in r["groups"]) == hits
+    for g in r["groups"]:
+        rows = [x for x in known if x["method"] == g["method"]]
+        assert g["prefix_cache"]["queries"] == sum(x["prompt_tokens"] for x in rows)
+
+
 def test_shadow_speedup_and_exactness(audit_db: AuditDB) -> None:
     clean = report(audit_db, MAIN, ("method",))
     shadows = [x for x in audit_db.main.rows if x.get("baseline_generation_ms")]

@@ -34,6 +34,7 @@ from generation.vllm_engine import (
     speculative_config,
     startup,
 )
+from generation.vllm_engine.mapping import cached_prompt_tokens
 from tests.generation import vllm_standin
 from tests.generation.vllm_standin import (
     AsyncEngineArgs,
@@ -135,6 +136,15 @@ def test_build_stats_fills_every_contract_field() -> None:
     assert data["acceptance_rate"] == pytest.approx(8 / 12)
     assert data["mean_acceptance_length"] == pytest.approx(1 + 8 / 3)
     assert data["mean_batch_size"] == 2.5
+
+
+def test_cached_prompt_tokens_come_from_num_cached_tokens() -> None:
+    # vllm.outputs.RequestOutput.num_cached_tokens: None before scheduling (and absent in
+    # older builds) is no reuse.
+    assert cached_prompt_tokens(types.SimpleNamespace(num_cached_tokens=48)) == 48
+    assert cached_prompt_tokens(types.SimpleNamespace(num_cached_tokens=None)) == 0
+    assert cached_prompt_tokens(types.SimpleNamespace()) == 0
+    assert cached_prompt_tokens({"num_cached_tokens": 16}) == 16
 
 
 # --- errors, before and after vLLM is imported ----------------------------------------------

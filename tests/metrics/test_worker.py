@@ -95,6 +95,17 @@ def test_counters_add_up_the_stats_of_each_answer() -> None:
     assert _value(s, "specrag_engine_chosen_k_count") == 0  # the engine chose no k
 
 
+def test_prefix_cache_counters_are_prompt_tokens_queried_and_reused() -> None:
+    metrics = WorkerMetrics()
+    metrics(None, _answered(stats=_stats(num_cached_prompt_tokens=6)))
+    metrics(None, _answered(stats=_stats(num_cached_prompt_tokens=0)))
+    metrics(None, _answered(prompt_token_ids=list(range(30))))  # an engine that reports nothing
+    s = _samples(metrics)
+    assert _value(s, "specrag_prefix_cache_queries_total") == 18  # 9 + 9; the third not queried
+    assert _value(s, "specrag_prefix_cache_hits_total") == 6
+    assert _value(s, "specrag_prompt_tokens_total") == 48
+
+
 def test_a_failed_query_is_counted_by_status_only() -> None:
     metrics = WorkerMetrics()
     metrics(None, _answered("failed", queue="batch", model_pair=None))

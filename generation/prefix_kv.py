@@ -1,0 +1,223 @@
+"""Exact prefix reuse: KV of computed prompt blocks kept in a bounded pool, copied into new slots.
+
+``PrefixCache`` pairs the block index (generation/prefix_cache.py: hash chains, LRU, references)
+with the tensors it indexes: per model and layer, keys and values ``[num_blocks, block_size,
+kv_heads, head_dim]``, the rows of a slot's cache (generation/slots.py). A request that starts
+with a cached prefix gets that prefix's keys and values *copied* into its slot and prefills only
+the rest; when its prompt is prefilled, its full blocks not cached yet are copied out of the
+slot into the pool. A slot owns its copy, so a block is referenced only while it is copied (a
+block being filled is never handed to an eviction), and attention reads the dense slot exactly
+as before.
+
+Exactness: a position's keys and values depend only on the tokens up to it, so the copied prefix
+holds what the request's own prefill would have computed (to the last bit only where the same
+kernel ran the same chunking; otherwise as chunked prefill differs, ties excused as today). The
+draft model's KV rides in the same blocks: a draft-model request reuses only blocks that carry
+it (``"draft"`` extra), and fills it into a block cached by a request that ran no draft.
+
+The pools are allocated once, at their bound (``blocks_for_budget``), with ``torch.empty``: the
+operating system commits the pages as blocks fill, and the bytes held never exceed the setting.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from generation.prefix_cache import (
+    DEFAULT_BLOCK_SIZE,
+    BlockIndex,
+    CachedBlock,
+    blocks_for_budget,
+    root_hash,
+)
+
+SETTING = "SPECRAG_PREFIX_CACHE_MB"
+DRAFT = "draft"
+
+SlotKV = tuple[Sequence[torch.Tensor], Sequence[torch.Tensor]]
+"""One slot of one model: per layer keys and values ``[positions, kv_heads, head_dim]``."""
+
+
+@dataclass(frozen=True)
+class KVShape:
+    """What one model's KV looks like per token."""
+
+    num_layers: int
+    kv_heads: int
+    head_dim: int
+    dtype: torch.dtype
+
+    @classmethod
+    def of(cls, model: Any) -> KVShape:
+        """The KV shape of a loaded causal LM (its config and its parameters' dtype)."""
+        cfg = model.config
+        heads = int(cfg.num_attention_heads)
+        kv_heads = int(getattr(cfg, "num_key_value_heads", None) or heads)
+        head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // heads)
+        dtype = next(model.parameters()).dtype
+        return cls(int(cfg.num_hidden_layers), kv_heads, head_dim, dtype)
+
+    def bytes_per_token(self) -> int:
+        """Keys and values of one token in every layer."""
+        element = torch.empty((), dtype=self.dtype).element_size()
+        return 2 * self.num_layers * self.kv_heads * self.head_dim * element
+
+
+class ModelBlocks:
+    """One model's keys and values of every block in the pool, per layer."""
+
+    def __init__(self, shape: KVShape, num_blocks: int, block_size: int, device: torch.device):
+        size = (num_blocks, block_size, shape.kv_heads, shape.head_dim)
+        self.keys = [
+            torch.empty(size, dtype=shape.dtype, device=device) for _ in range(shape.num_layers)
+        ]
+        self.values = [
+            torch.empty(size, dtype=shape.dtype, device=device) for _ in range(shape.num_layers)
+        ]
+        self.block_size = block_size
+
+    def nbytes(self) -> int:
+        """Bytes this model's pool holds at most."""
+        return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values))
+
+    def load(self, blocks: Sequence[CachedBlock], slot: SlotKV) -> None:
+        """Copy ``blocks`` (a prefix, in order) into the slot's first positions."""
+        n = len(blocks) * self.block_size
+        ids = torch.tensor(
+            [b.block_id for b in blocks], dtype=torch.long, device=self.keys[0].device
+        )
+        for pool, dst in ((self.keys, slot[0]), (self.values, slot[1])):
+            for layer, src in enumerate(pool):
+                dst[layer][:n] = src.index_select(0, ids).flatten(0, 1)
+
+    def save(self, block: CachedBlock, index: int, slot: SlotKV) -> None:
+        """Copy the slot's block number ``index`` (positions index*size ...) into ``block``."""
+        lo, hi = index * self.block_size, (index + 1) * self.block_size
+        for pool, src in ((self.keys, slot[0]), (self.values, slot[1])):
+            for layer, dst in enumerate(pool):
+                dst[block.block_id] = src[layer][lo:hi]
+
+
+class PrefixCache:
+    """The worker's prefix cache: one bounded pool of blocks for the target and (optionally) draft.
+
+    ``budget_bytes``: the memory setting; a budget that cannot hold one block is refused
+    (``PrefixCacheBudgetError``, naming the minimum). ``root``: everything that makes KV differ
+    (generation/prefix_cache.py ``root_hash``).
+    """
+
+    def __init__(
+        self,
+        budget_bytes: int,
+        root: bytes,
+        target: KVShape,
+        draft: KVShape | None = None,
+        *,
+        device: torch.device | str = "cpu",
+        block_size: int = DEFAULT_BLOCK_SIZE,
+    ) -> None:
+        per_token = target.bytes_per_token() + (draft.bytes_per_token() if draft else 0)
+        self.block_bytes = per_token * block_size
+        self.budget_bytes = budget_bytes
+        num_blocks = blocks_for_budget(budget_bytes, self.block_bytes, SETTING)
+        self.index = BlockIndex(num_blocks, block_size)
+        self.root = root
+        dev = torch.device(device)
+        self.target = ModelBlocks(target, num_blocks, block_size, dev)
+        self.draft = ModelBlocks(draft, num_blocks, block_size, dev) if draft else None
+        # The loop's thread reuses and keeps; a reset may come from any thread.
+        self._lock = threading.Lock()
+
+    @classmethod
+    def for_models(
+        cls, megabytes: float, target: Any, draft: Any | None, label: str, block_size: int
+    ) -> PrefixCache | None:
+        """The cache for a loaded pair at ``megabytes`` (None when 0: reuse off).
+
+        The root names the pair, its dtypes and device, and this engine instance's weights
+        (``id``): another checkpoint is another engine, and its cache starts empty.
+        """
+        if megabytes <= 0:
+            return None
+        target_shape = KVShape.of(target)
+        draft_shape = KVShape.of(draft) if draft is not None else None
+        device = next(target.parameters()).device
+        root = root_hash(
+            label, target_shape, draft_shape, str(device), id(target), id(draft), block_size
+        )
+        budget = int(megabytes * (1 << 20))
+        return cls(budget, root, target_shape, draft_shape, device=device, block_size=block_size)
+
+    @property
+    def block_size(self) -> int:
+        """Tokens per block."""
+        return self.index.block_size
+
+    def nbytes(self) -> int:
+        """Bytes the pools hold at most (never above ``budget_bytes``)."""
+        return self.target.nbytes() + (self.draft.nbytes() if self.draft else 0)
+
+    def reuse(self, prompt: Sequence[int], target: SlotKV, draft: SlotKV | None) -> int:
+        """Copy the longest cached prefix of ``prompt`` into the slot; return its length in tokens.
+
+        ``draft``: the slot of the draft model when the request drafts with it (only blocks that
+        carry the draft's KV are then reused). The caller sets the slot lengths.
+        """
+        need = DRAFT if draft is not None else None
+        with self._lock:
+            blocks = self.index.lookup(self.root, prompt, need=need)
+            if not blocks:
+                return 0
+            self.index.acquire(blocks)
+            try:
+                self.target.load(blocks, target)
+                if draft is not None and self.draft is not None:
+                    self.draft.load(blocks, draft)
+            finally:
+                self.index.release(blocks)
+        return len(blocks) * self.block_size
+
+    def keep(self, prompt: Sequence[int], target: SlotKV, draft: SlotKV | None) -> int:
+        """Cache the full blocks of ``prompt`` whose KV the slot now holds; return how many are new.
+
+        A block cached already is left as it is (its draft part filled in when it lacks one and
+        ``draft`` has it). Stops at the first block the pool has no room for: every block is in
+        use, so the rest of this prompt is not cached (the request itself is unaffected).
+        """
+        size, index = self.block_size, self.index
+        with_draft = draft is not None and self.draft is not None
+        parent, held, new = self.root, [], 0
+        self._lock.acquire()
+        try:
+            for i in range(len(prompt) // size):
+                block, is_new = index.get_or_allocate(parent, prompt[i * size : (i + 1) * size])
+                if block is None:
+                    break
+                held.append(block)
+                if is_new:
+                    self.target.save(block, i, target)
+                    new += 1
+                if with_draft and DRAFT not in block.extras:
+                    assert self.draft is not None and draft is not None
+                    self.draft.save(block, i, draft)
+                    block.extras.add(DRAFT)
+                parent = block.block_hash
+        finally:
+            index.release(held)
+            self._lock.release()
+        return new
+
+    def reset(self) -> int:
+        """Forget every cached prefix (a new index of passages, an operator's wish); return how many."""
+        with self._lock:
+            return self.index.clear()
+
+
+def slot_kv(store: Any, slot: int) -> SlotKV:
+    """One slot of a KV store (per layer ``[num_slots, capacity, kv_heads, head_dim]``)."""
+    return [k[slot] for k in store.keys], [v[slot] for v in store.values]
