@@ -48,8 +48,6 @@ def load_engine(
         if config is not None:  # room for the batch the config asks for, at least vLLM's default
             seqs = max(config.max_batch_size, DEFAULT_MAX_NUM_SEQS)
             options = {"max_num_seqs": seqs, **options}
-        engine: Engine = VLLMEngine.from_pretrained(
-            target_dir, draft_dir, device=device, **options
-        )
+        engine: Engine = VLLMEngine.from_pretrained(target_dir, draft_dir, device=device, **options)
         return engine
     raise ValueError(f"engine: unknown kind {kind!r}; expected one of {', '.join(ENGINE_KINDS)}")
