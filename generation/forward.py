@@ -216,8 +216,8 @@ class FastLlamaForward:
             mask = torch.zeros(seen.shape, dtype=self.dtype, device=device)
             mask = mask.masked_fill_(~seen, float("-inf")).unsqueeze(1)  # [B, 1, n, end]
             gqa = False
-        # Activations stay 2-D, [B * n, hidden]: a 2-D linear skips the 3-D dispatch (~10 % of
-        # a one-token pass on a CPU) and runs the same GEMM.
+        # Activations stay 2-D, [B * n, hidden]: a 2-D linear runs the same GEMM without the
+        # 3-D dispatch around it (docs/benchmarks.md, issue 24).
         x = F.embedding(input_ids.reshape(-1), self.embed)  # [B * n, hidden]
         for i, layer in enumerate(self.layers):
             h = rms_norm(x, layer.in_norm)
