@@ -216,7 +216,9 @@ class FastLlamaForward:
             mask = torch.zeros(seen.shape, dtype=self.dtype, device=device)
             mask = mask.masked_fill_(~seen, float("-inf")).unsqueeze(1)  # [B, 1, n, end]
             gqa = False
-        x = F.embedding(input_ids, self.embed)  # [B, n, hidden]
+        # Activations stay 2-D, [B * n, hidden]: a 2-D linear runs the same GEMM without the
+        # 3-D dispatch around it (docs/benchmarks.md, issue 24).
+        x = F.embedding(input_ids.reshape(-1), self.embed)  # [B * n, hidden]
         for i, layer in enumerate(self.layers):
             h = rms_norm(x, layer.in_norm)
             q = F.linear(h, layer.q.weight, layer.q.bias).view(batch, n, self.heads, -1)
@@ -238,15 +240,17 @@ class FastLlamaForward:
                 q, k_all, v_all, attn_mask=mask, is_causal=is_causal, scale=layer.scaling,
                 enable_gqa=gqa,
             )  # [B, heads, n, head_dim]  # fmt: skip
-            attn = attn.transpose(1, 2).reshape(batch, n, layer.q_size)
+            attn = attn.transpose(1, 2).reshape(batch * n, layer.q_size)
             x = x + F.linear(attn, layer.o.weight, layer.o.bias)
             h = rms_norm(x, layer.post_norm)
             x = x + F.linear(F.silu(F.linear(h, layer.gate)) * F.linear(h, layer.up), layer.down)
         if last is not None and batch == 1:
-            x = x[:, last[0]]  # [1, hidden]
+            x = x[last[0] : last[0] + 1]  # [1, hidden]
         elif last is not None:
-            x = x[torch.arange(batch, device=device), torch.tensor(last, device=device)]
-        return F.linear(rms_norm(x, self.norm), self.lm_head)
+            rows_at = torch.arange(batch, device=device) * n + torch.tensor(last, device=device)
+            x = x[rows_at]  # [B, hidden]
+        logits = F.linear(rms_norm(x, self.norm), self.lm_head)
+        return logits if last is not None else logits.view(batch, n, -1)
 
 
 def forward_for(model: Any, fast: bool = True) -> Forward:
