@@ -2,8 +2,8 @@
 
 ``PrefixCache`` pairs the block index (generation/prefix_cache.py: hash chains, LRU, references)
 with the tensors it indexes: per model and layer, keys and values ``[num_blocks, block_size,
-kv_heads, head_dim]``, the rows of a slot's cache (generation/slots.py). A request that starts
-with a cached prefix gets that prefix's keys and values *copied* into its slot and prefills only
+kv_heads, head_dim]``, a slot's positions in the KV store (generation/kv_store.py, ``slot_kv``).
+A request that starts with a cached prefix gets that prefix's keys and values *copied* into its slot and prefills only
 the rest; when its prompt is prefilled, its full blocks not cached yet are copied out of the
 slot into the pool. A slot owns its copy, so a block is referenced only while it is copied (a
 block being filled is never handed to an eviction), and attention reads the dense slot exactly
@@ -219,5 +219,12 @@ class PrefixCache:
 
 
 def slot_kv(store: Any, slot: int) -> SlotKV:
-    """One slot of a KV store (per layer ``[num_slots, capacity, kv_heads, head_dim]``)."""
-    return [k[slot] for k in store.keys], [v[slot] for v in store.values]
+    """One slot of a KV store as per-layer views ``[capacity, kv_heads, head_dim]``.
+
+    The store lays a layer out ``[num_slots, kv_heads, capacity, head_dim]``
+    (generation/kv_store.py); the transposed view writes through to it, so copies in and out need no reshaping here.
+    """
+    return (
+        [k[slot].transpose(0, 1) for k in store.keys],
+        [v[slot].transpose(0, 1) for v in store.values],
+    )
