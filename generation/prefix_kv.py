@@ -4,8 +4,8 @@
 with the tensors it indexes: per model and layer, keys and values ``[num_blocks, block_size,
 kv_heads, head_dim]``, a slot's positions in the KV store (generation/kv_store.py, ``slot_kv``).
 A request that starts with a cached prefix gets that prefix's keys and values *copied* into its
-slot and prefills only the rest; when its prompt is prefilled, its full blocks not cached yet are copied out of the
-slot into the pool. A slot owns its copy, so a block is referenced only while it is copied (a
+slot and prefills only the rest; when its prompt is prefilled, its full blocks not cached yet
+are copied out of the slot into the pool. A slot owns its copy, so a block is referenced only while it is copied (a
 block being filled is never handed to an eviction), and attention reads the dense slot exactly
 as before.
 
