@@ -2,12 +2,12 @@
 
 ``PrefixCache`` pairs the block index (generation/prefix_cache.py: hash chains, LRU, references)
 with the tensors it indexes: per model and layer, keys and values ``[num_blocks, block_size,
-kv_heads, head_dim]``, a slot's positions in the KV store (generation/kv_store.py, ``slot_kv``).
-A request that starts with a cached prefix gets that prefix's keys and values *copied* into its
-slot and prefills only the rest; when its prompt is prefilled, its full blocks not cached yet
-are copied out of the slot into the pool. A slot owns its copy, so a block is referenced only while it is copied (a
-block being filled is never handed to an eviction), and attention reads the dense slot exactly
-as before.
+kv_heads, head_dim]``, a slot's positions in the KV store (generation/kv_store.py, ``slot_kv``). A
+request that starts with a cached prefix gets that prefix's keys and values *copied* into its slot
+and prefills only the rest; when its prompt is prefilled, its full blocks not cached yet are copied
+out of the slot into the pool. A slot owns its copy, so a block is referenced only while it is
+copied (a block being filled is never handed to an eviction), and attention reads the dense slot
+exactly as before.
 
 Exactness: a position's keys and values depend only on the tokens up to it, so the copied prefix
 holds what the request's own prefill would have computed (to the last bit only where the same
@@ -222,7 +222,8 @@ def slot_kv(store: Any, slot: int) -> SlotKV:
     """One slot of a KV store as per-layer views ``[capacity, kv_heads, head_dim]``.
 
     The store lays a layer out ``[num_slots, kv_heads, capacity, head_dim]``
-    (generation/kv_store.py); the transposed view writes through to it, so copies in and out need no reshaping here.
+    (generation/kv_store.py); the transposed view writes through to it, so copies in and out need
+    no reshaping here.
     """
     return (
         [k[slot].transpose(0, 1) for k in store.keys],
