@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from sqlalchemy import bindparam, select, update
@@ -59,19 +60,7 @@ def backfill_collection(
     the module doc. ``encode=None`` stores only the vectors this host's files hold;
     ``progress(n)``: after each batch of lexical terms stored."""
     result = BackfillResult(tenant, collection)
-    with session_factory() as session:
-        missing = list(
-            session.scalars(
-                select(Chunk.id)
-                .join(Document, Chunk.document_id == Document.id)
-                .where(
-                    Document.tenant == tenant,
-                    Document.collection == collection,
-                    Chunk.embedding.is_(None),
-                )
-                .order_by(Chunk.id)
-            )
-        )
+    missing = _chunk_ids(session_factory, tenant, collection, Chunk.embedding.is_(None))
     found = _from_files(store, tenant, collection, set(missing))
     result.from_files = _store(session_factory, found)
     rest = [c for c in missing if c not in found]
@@ -88,6 +77,21 @@ def backfill_collection(
     return result
 
 
+def _chunk_ids(
+    session_factory: sessionmaker[Session], tenant: str, collection: str, condition: Any
+) -> list[int]:
+    """The ids, in order, of the collection's chunks that meet ``condition`` (a column test)."""
+    with session_factory() as session:
+        return list(
+            session.scalars(
+                select(Chunk.id)
+                .join(Document, Chunk.document_id == Document.id)
+                .where(Document.tenant == tenant, Document.collection == collection, condition)
+                .order_by(Chunk.id)
+            )
+        )
+
+
 def backfill_terms(
     session_factory: sessionmaker[Session],
     tenant: str,
@@ -97,19 +101,7 @@ def backfill_terms(
     """Analyse and store the lexical terms of the collection's chunks that have none (ingested
     before migration 0008), ``BATCH`` at a time, calling ``progress(n)`` after each batch; the
     number stored. Terms depend on the text alone, so no version moves."""
-    with session_factory() as session:
-        missing = list(
-            session.scalars(
-                select(Chunk.id)
-                .join(Document, Chunk.document_id == Document.id)
-                .where(
-                    Document.tenant == tenant,
-                    Document.collection == collection,
-                    Chunk.lexical_terms.is_(None),
-                )
-                .order_by(Chunk.id)
-            )
-        )
+    missing = _chunk_ids(session_factory, tenant, collection, Chunk.lexical_terms.is_(None))
     stmt = (
         update(Chunk)
         .where(Chunk.id == bindparam("cid"), Chunk.lexical_terms.is_(None))
