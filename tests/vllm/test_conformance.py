@@ -65,6 +65,13 @@ def prompts() -> list[list[int]]:
     return make_prompts(VOCAB, range(3))
 
 
+_SEEDED = (
+    "vLLM 0.32 (CPU build): a seeded request with speculative decoding is not reproducible "
+    "(measured: draft_model with greedy and with probabilistic drafts, and ngram; without "
+    "speculation it is; docs/vllm.md)"
+)
+
+
 class TestVLLMConformance(EngineConformance):
     """The suite on real vLLM; the tests over k are re-parametrized with SPECULATIONS."""
 
@@ -96,13 +103,15 @@ class TestVLLMConformance(EngineConformance):
             if method == "none":
                 assert result.stats.num_draft_tokens == 0
 
-    @pytest.mark.xfail(
-        strict=True,
-        reason="vLLM 0.32 (CPU build): a seeded request with speculative decoding is not "
-        "reproducible (measured: draft_model with greedy and with probabilistic drafts, and "
-        "ngram; without speculation it is; docs/vllm.md)",
+    @pytest.mark.parametrize(
+        "method",
+        [
+            pytest.param("draft_model", marks=pytest.mark.xfail(strict=True, reason=_SEEDED)),
+            # Intermittent: on this pair ngram's drafts are rarely accepted (~5 %), and a run in
+            # which none lands is reproducible (seen once in a CI rehearsal), so not strict.
+            pytest.param("ngram", marks=pytest.mark.xfail(strict=False, reason=_SEEDED)),
+        ],
     )
-    @pytest.mark.parametrize("method", ["draft_model", "ngram"])
     def test_seeded_sampling_is_reproducible(
         self, engine: Engine, prompts: list[list[int]], method: str
     ) -> None:
