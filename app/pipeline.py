@@ -194,6 +194,8 @@ def build_request(resources: Resources, claimed: Claimed, hits: list[Any]) -> Bu
         seed=params.get("seed"),
         method=params["method"],
         num_speculative_tokens=params["num_speculative_tokens"],
+        # Cached prompt KV is shared within a tenant only: a hit's speed is a timing side channel.
+        cache_salt=f"tenant-{claimed.tenant_id}",
     )
     return BuiltRequest(tokenizer.encode(prompt, add_special_tokens=False), sampling, cited)
 

@@ -168,7 +168,7 @@ class BatchEngine:
     def _reuse_prefix(self, seq: Sequence, prefix: PrefixCache) -> None:
         """Start the request's slots with its longest cached prefix; prefill resumes after it."""
         target, draft = self._slots(seq)
-        cached = prefix.reuse(seq.prompt, target, draft)
+        cached = prefix.reuse(seq.prompt, target, draft, seq.params.cache_salt)
         if cached:
             self.core.target.set_length(seq.slot, cached)
             if draft is not None and self.core.draft is not None:
@@ -193,7 +193,7 @@ class BatchEngine:
         if seq.prefilled < len(seq.prompt):
             return
         if core.prefix is not None:
-            core.prefix.keep(seq.prompt, *self._slots(seq))
+            core.prefix.keep(seq.prompt, *self._slots(seq), seq.params.cache_salt)
         first = int(sample_from_logits(logits, seq.temperature, seq.generator).item())
         seq.output.append(first)
         seq.tokens = seq.prompt + [first]

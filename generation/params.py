@@ -23,6 +23,9 @@ class SamplingParams:
     """Proposer: ``draft_model``, ``ngram`` (prompt lookup) or ``none`` (target only)."""
     num_speculative_tokens: int | str = 4
     """Tokens drafted per verification round (k >= 1), or ``"auto"`` for adaptive k."""
+    cache_salt: str | None = None
+    """Requests with different salts never share cached prompt KV (vLLM's ``cache_salt``): the
+    service salts with the tenant, so a cache hit's speed tells no tenant of another's prompts."""
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -50,3 +53,9 @@ class SamplingParams:
             isinstance(self.seed, bool) or not isinstance(self.seed, int)
         ):
             raise ValueError(f"seed: must be an int or None, got {self.seed!r}")
+        if self.cache_salt is not None and (
+            not isinstance(self.cache_salt, str) or not self.cache_salt
+        ):
+            raise ValueError(
+                f"cache_salt: must be a non-empty string or None, got {self.cache_salt!r}"
+            )

@@ -162,15 +162,22 @@ class PrefixCache:
         """Bytes the pools hold at most (never above ``budget_bytes``)."""
         return self.target.nbytes() + (self.draft.nbytes() if self.draft else 0)
 
-    def reuse(self, prompt: Sequence[int], target: SlotKV, draft: SlotKV | None) -> int:
+    def root_for(self, salt: str | None) -> bytes:
+        """Return the chain's root for requests salted with ``salt`` (None: the unsalted root)."""
+        return self.root if salt is None else root_hash(self.root, salt)
+
+    def reuse(
+        self, prompt: Sequence[int], target: SlotKV, draft: SlotKV | None, salt: str | None = None
+    ) -> int:
         """Copy the longest cached prefix of ``prompt`` into the slot; return its length in tokens.
 
         ``draft``: the slot of the draft model when the request drafts with it (only blocks that
-        carry the draft's KV are then reused). The caller sets the slot lengths.
+        carry the draft's KV are then reused). ``salt``: only blocks kept under the same salt are
+        found. The caller sets the slot lengths.
         """
         need = DRAFT if draft is not None else None
         with self._lock:
-            blocks = self.index.lookup(self.root, prompt, need=need)
+            blocks = self.index.lookup(self.root_for(salt), prompt, need=need)
             if not blocks:
                 return 0
             self.index.acquire(blocks)
@@ -182,7 +189,9 @@ class PrefixCache:
                 self.index.release(blocks)
         return len(blocks) * self.block_size
 
-    def keep(self, prompt: Sequence[int], target: SlotKV, draft: SlotKV | None) -> int:
+    def keep(
+        self, prompt: Sequence[int], target: SlotKV, draft: SlotKV | None, salt: str | None = None
+    ) -> int:
         """Cache the full blocks of ``prompt`` whose KV the slot now holds; return how many are new.
 
         A block cached already is left as it is (its draft part filled in when it lacks one and
@@ -191,7 +200,7 @@ class PrefixCache:
         """
         size, index = self.block_size, self.index
         with_draft = draft is not None and self.draft is not None
-        parent, held, new = self.root, [], 0
+        parent, held, new = self.root_for(salt), [], 0
         self._lock.acquire()
         try:
             for i in range(len(prompt) // size):

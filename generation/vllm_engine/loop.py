@@ -282,7 +282,9 @@ class VLLMLoop:
                     raise Cancelled(f"request {handle.request_id}: cancelled before it started")
                 runner.in_flight += 1
                 try:
-                    final, batch_sizes, timing = await self._stream(handle, prompt, sampling)
+                    final, batch_sizes, timing = await self._stream(
+                        handle, prompt, sampling, params.cache_salt
+                    )
                 finally:
                     runner.in_flight -= 1
             if final.outputs[0].finish_reason == "abort":
@@ -302,7 +304,7 @@ class VLLMLoop:
         self._forget(handle)
 
     async def _stream(
-        self, handle: VLLMRequest, prompt: list[int], sampling: Any
+        self, handle: VLLMRequest, prompt: list[int], sampling: Any, salt: str | None
     ) -> tuple[Any, list[int], tuple[float, float | None]]:
         """Drive one vLLM request; return its final output, batch sizes seen and wall timings."""
         llm, runner = self.engine.llm, self._runner
@@ -310,9 +312,10 @@ class VLLMLoop:
         started, first_at = time.perf_counter(), None
         handle.registered = True
         # aclosing: an error here (e.g. in on_delta) closes the stream, and vLLM aborts it.
-        async with aclosing(
-            llm.generate({"prompt_token_ids": prompt}, sampling, handle.request_id)
-        ) as stream:
+        inputs: dict[str, Any] = {"prompt_token_ids": prompt}
+        if salt is not None:  # vLLM's own per-request salt of its prefix-cache hashes
+            inputs["cache_salt"] = salt
+        async with aclosing(llm.generate(inputs, sampling, handle.request_id)) as stream:
             async for output in stream:
                 batch_sizes.append(runner.in_flight)
                 token_ids = output.outputs[0].token_ids  # CUMULATIVE: every token so far

@@ -148,3 +148,39 @@ def test_an_answer_worker_start_warms_the_indexes_on_sqlite(resources: Resources
     )
     assert held.sources["build"] == 1
     fresh.close()
+
+
+def test_cached_prompt_kv_is_shared_within_a_tenant_only(
+    tmp_path: Path, tiny_models: dict[str, Path]
+) -> None:
+    """Two tenants with the same documents ask the same question: the second tenant's prompt is
+    computed afresh (a cache hit would tell it the first one asked); the same tenant asking again
+    reuses its own prompt's KV."""
+    settings = Settings(
+        data_dir=tmp_path,
+        target_model=tiny_models["target"],
+        draft_model=tiny_models["draft"],
+        device="cpu",
+        prefix_cache_mb=4,
+    )
+    _, factory = prepare(settings)
+    res = Resources(settings, factory)
+    corpus = ROOT / "demo" / "corpus"
+    for tenant in ("acme", "globex"):
+        assert res.retrieval.ingest([corpus / "assert.md"], collection="docs", tenant=tenant).ok
+
+    def ask(tenant: str) -> int:
+        req = validate_request(
+            settings, {"question": "What does assert do?", "collection": "docs", "max_tokens": 3}
+        )
+        with factory() as session:
+            qid = create_query(session, get_or_create_tenant(session, tenant), req)[0].id
+        assert answer_query(res, qid, host="test-host") == "succeeded"
+        with factory() as session:
+            query = session.get(Query, qid)
+            assert query is not None and query.stats is not None
+            return int(query.stats.to_dict()["num_cached_prompt_tokens"])
+
+    assert ask("acme") == 0
+    assert ask("globex") == 0  # same prompt tokens, another tenant
+    assert ask("acme") > 0  # its own earlier prompt

@@ -77,6 +77,27 @@ def test_greedy_answers_are_the_target_alone_and_reuse_is_counted(
     assert all(r.stats.num_cached_prompt_tokens >= 12 for r in batch)
 
 
+def test_requests_salted_apart_never_share_cached_kv(small_pair: tuple[Any, Any]) -> None:
+    """vLLM's ``cache_salt``: the service salts with the tenant, so one tenant's prompts never
+    speed up (or time) another's; the same salt, or none, shares as before."""
+    target, draft = small_pair
+    engine = _engine(target, draft, 1.0)
+    prompt = _prompts(1)[0]
+
+    def cached(salt: str | None) -> int:
+        params = SamplingParams(max_new_tokens=4, num_speculative_tokens=2, cache_salt=salt)
+        result = engine.generate(prompt, params)
+        assert result.token_ids == reference_greedy(target, prompt, 4)
+        return result.stats.num_cached_prompt_tokens
+
+    assert cached("tenant-1") == 0
+    assert cached("tenant-2") == 0  # same tokens, another tenant: computed afresh
+    assert cached(None) == 0  # unsalted requests have a root of their own
+    assert cached("tenant-1") == cached("tenant-2") == cached(None) == 12
+    with pytest.raises(ValueError, match="cache_salt"):
+        SamplingParams(cache_salt="")
+
+
 def test_sampling_follows_the_target_law_with_a_reused_prefix() -> None:
     target = build_model("llama", vocab_size=3, seed=11, logit_scale=30.0)
     draft = perturbed_copy(target, noise=0.6)
