@@ -20,6 +20,7 @@ from generation.params import SamplingParams
 from generation.vllm_engine.checkpoints import check_draft_vocab, checkpoint_limits
 from generation.vllm_engine.loop import EventLoopThread, VLLMLoop
 from generation.vllm_engine.mapping import (
+    VLLM_PIN,
     Speculation,
     UnsupportedSpeculationError,
     VLLMOptionError,
@@ -71,6 +72,12 @@ class VLLMEngine:
         self.speculation = speculation
         self.platform = platform
         """vLLM's platform: ``cpu`` (its CPU build) or ``cuda``."""
+        self.samples_exactly_while_speculating = platform != "cpu"
+        """Whether vLLM's rejection sampler follows the target's law at temperature > 0 here.
+        Not on vLLM 0.32's CPU build: its fallback for the Triton kernel that spreads each
+        request's temperature over its draft positions never writes the result, so the target's
+        logits there are divided by uninitialised memory (docs/vllm.md, "Sampling while
+        speculating on vLLM's CPU build"). Where False, ``check_request`` refuses such requests."""
         self.engine_args = dict(engine_args or {})
         """The keyword arguments vLLM's ``AsyncEngineArgs`` was built from."""
         self.max_num_seqs = max_num_seqs
@@ -221,13 +228,22 @@ class VLLMEngine:
     def check_request(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
         """Raise ValueError naming the problem when this engine cannot serve the request."""
         check_prompt(prompt_token_ids, params, self.vocab_size, self.max_context)
-        if not self.speculation.serves(params):
-            s = self.speculation
+        s = self.speculation
+        if not s.serves(params):
             raise UnsupportedSpeculationError(
                 f"method: this vLLM engine was started with method={s.method!r}, "
                 f"num_speculative_tokens={s.num_speculative_tokens!r} and vLLM cannot change "
                 f"speculation per request; the request asked method={params.method!r}, "
                 f"num_speculative_tokens={params.num_speculative_tokens!r}"
+            )
+        speculating = s.method != "none"
+        if params.temperature > 0 and speculating and not self.samples_exactly_while_speculating:
+            raise UnsupportedSpeculationError(
+                f"temperature: vLLM {VLLM_PIN}'s CPU build does not sample from the target's "
+                f"distribution while speculating (method={s.method!r}; docs/vllm.md), so this "
+                f"engine refuses temperature={params.temperature!r}; ask temperature=0 (greedy, "
+                f"exact), or sample on a vLLM engine started with method 'none' or on the torch "
+                f"engine"
             )
 
     def start_loop(

@@ -34,7 +34,8 @@ class VLLMOptionError(ValueError):
 
 
 class UnsupportedSpeculationError(ValueError):
-    """A speculation method or k that vLLM, or this started engine, cannot serve."""
+    """A speculation method or k, or sampling while speculating, that vLLM (or this started
+    engine) cannot serve."""
 
 
 class SpecMetricsMissingError(RuntimeError):

@@ -240,6 +240,32 @@ def test_bad_device_method_schedule_and_checkpoint_fail_before_vllm(
         VLLMEngine.from_pretrained(tmp_path / "missing")
 
 
+def _unstarted(platform: str, method: str) -> VLLMEngine:
+    """An engine on ``platform`` whose vLLM is never reached (``check_request`` needs none)."""
+    return VLLMEngine(
+        object(), None, speculation=Speculation(method, 4), vocab_size=32, max_context=64,
+        eos_token_ids=[], model_pair="target+draft", platform=platform,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("method", ["draft_model", "ngram"])
+def test_sampling_while_speculating_is_refused_on_vllms_cpu_build(method: str) -> None:
+    """vLLM 0.32's CPU build samples from the wrong law while speculating (docs/vllm.md): such a
+    request is refused with the way out; greedy, ``none`` and the CUDA build are served. On
+    real vLLM: tests/vllm/test_conformance.py and test_worker.py."""
+    sampled = SamplingParams(temperature=0.8, seed=1, method=method)
+    with pytest.raises(
+        UnsupportedSpeculationError,
+        match=r"^temperature: vLLM 0\.32\.0's CPU build does not sample from the target's "
+        r"distribution while speculating .* ask temperature=0 .* method 'none'",
+    ):
+        _unstarted("cpu", method).check_request([1, 2, 3], sampled)
+    _unstarted("cpu", method).check_request([1, 2, 3], SamplingParams(method=method))
+    _unstarted("cuda", method).check_request([1, 2, 3], sampled)
+    unspeculated = SamplingParams(temperature=0.8, seed=1, method="none")
+    _unstarted("cpu", "none").check_request([1, 2, 3], unspeculated)
+
+
 def _copy_draft(models: dict[str, Path], tmp_path: Path) -> Path:
     draft = tmp_path / "other_draft"
     shutil.copytree(models["draft"], draft)

@@ -13,12 +13,15 @@ float32; head_dim 64 because vLLM's CPU attention kernels take no smaller head.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from generation import Engine, SamplingParams
+from generation.engine_loop import BatchRequestError
+from generation.vllm_engine import UnsupportedSpeculationError
 from tests.generation.conformance import EngineConformance, check_stats_invariants, make_prompts
 from tests.generation.tiny_models import (
     build_model,
@@ -26,7 +29,7 @@ from tests.generation.tiny_models import (
     reference_greedy,
     save_checkpoint,
 )
-from tests.vllm.support import EnginePool, PerSpeculationEngine
+from tests.vllm.support import EnginePool, PerSpeculationEngine, past_the_cpu_refusal
 
 VOCAB = 96
 SPECULATIONS: list[tuple[str, int | str]] = [
@@ -66,9 +69,10 @@ def prompts() -> list[list[int]]:
 
 
 _SEEDED = (
-    "vLLM 0.32 (CPU build): a seeded request with speculative decoding is not reproducible "
-    "(measured: draft_model with greedy and with probabilistic drafts, and ngram; without "
-    "speculation it is; docs/vllm.md)"
+    "vLLM 0.32's CPU build: a seeded request with speculative decoding is not reproducible: its "
+    "rejection sampler divides the target's logits at draft positions by uninitialised memory "
+    "(vllm/utils/cpu_triton_utils.py _expand_kernel_impl never writes a float output; "
+    "docs/vllm.md). Driven past the product's refusal of such requests"
 )
 
 
@@ -89,15 +93,19 @@ class TestVLLMConformance(EngineConformance):
     @pytest.mark.parametrize("temperature", [0.0, 0.8])
     @pytest.mark.parametrize(("method", "k"), SPECULATIONS)
     def test_stats_invariants(
-        self, engine: Engine, prompts: list[list[int]], method: str, k: int | str,
-        temperature: float,
+        self, engine: PerSpeculationEngine, prompts: list[list[int]], method: str, k: int | str,
+        temperature: float, monkeypatch: pytest.MonkeyPatch,
     ) -> None:  # fmt: skip
+        """At 0.8 with speculation past the CPU refusal: vLLM's per-request metrics and our
+        stats from them keep the invariants whatever law the tokens follow (the CUDA build
+        serves these requests)."""
         for i, prompt in enumerate(prompts):
             params = SamplingParams(
                 max_new_tokens=17, temperature=temperature, seed=i, method=method,
                 num_speculative_tokens=k,
             )  # fmt: skip
-            result = engine.generate(prompt, params)
+            real = past_the_cpu_refusal(engine.for_params(params), monkeypatch)
+            result = real.generate(prompt, params)
             assert result.stats.method == method and result.stats.num_speculative_tokens == k
             check_stats_invariants(result.stats, len(result.token_ids), 17)
             if method == "none":
@@ -113,9 +121,36 @@ class TestVLLMConformance(EngineConformance):
         ],
     )
     def test_seeded_sampling_is_reproducible(
-        self, engine: Engine, prompts: list[list[int]], method: str
-    ) -> None:
+        self, engine: PerSpeculationEngine, prompts: list[list[int]], method: str,
+        monkeypatch: pytest.MonkeyPatch,
+    ) -> None:  # fmt: skip
+        past_the_cpu_refusal(engine.for_params(SamplingParams(method=method)), monkeypatch)
         super().test_seeded_sampling_is_reproducible(engine, prompts, method)
+
+    @pytest.mark.parametrize(("method", "k"), [s for s in SPECULATIONS if s[0] != "none"])
+    def test_sampling_while_speculating_is_refused_on_the_cpu_build(
+        self, engine: PerSpeculationEngine, prompts: list[list[int]], method: str, k: int | str
+    ) -> None:
+        """vLLM's CPU build samples from the wrong law while speculating: refused with the way
+        out before vLLM sees the request, alone, batched and on the loop; greedy is served."""
+        params = SamplingParams(
+            max_new_tokens=5, temperature=0.8, seed=1, method=method, num_speculative_tokens=k
+        )
+        real = engine.for_params(params)
+        assert real.platform == "cpu" and not real.samples_exactly_while_speculating
+        refusal = r"^temperature: vLLM 0\.32\.0's CPU build .* ask temperature=0"
+        with pytest.raises(UnsupportedSpeculationError, match=refusal):
+            real.generate(prompts[0], params)
+        with pytest.raises(BatchRequestError) as batch:
+            real.generate_many(prompts[:2], [params, replace(params, temperature=0.0)])
+        assert list(batch.value.errors) == [0] and batch.value.results[1] is not None
+        loop = real.start_loop(2)
+        try:
+            with pytest.raises(UnsupportedSpeculationError, match=refusal):
+                loop.submit(prompts[0], params).result(10)
+        finally:
+            loop.close()
+        assert real.llm.get_num_unfinished_requests() == 0
 
     def test_properties(self, engine: Engine) -> None:
         real = engine.for_params(SamplingParams())  # type: ignore[attr-defined]

@@ -4,8 +4,8 @@ The integration suite's own fixtures and helpers (tests/integration/conftest.py:
 deployment on a fresh PostgreSQL database, a private redis-server, ``specrag worker``
 subprocesses, the API on a loopback port): API -> Celery -> vLLM -> answer, sources, stats
 and audit rows; SSE from vLLM's deltas; a burst of 24, each answered once, greedy answers and
-stored stats those of one at a time; a request vLLM's started speculation cannot serve fails
-with the reason and stores nothing; the worker's metrics equal the stored stats; SIGKILL with
+stored stats those of one at a time; a request vLLM's started speculation cannot serve, or
+sampling while speculating on vLLM's CPU build, fails with the reason and stores nothing; the worker's metrics equal the stored stats; SIGKILL with
 queries in flight, each answered once by a second vLLM worker. One test, two worker starts:
 each start is a vLLM engine start (tens of seconds here).
 """
@@ -118,6 +118,11 @@ def test_a_vllm_worker_answers_streams_bursts_counts_and_survives_sigkill(
         assert (bad["status"], bad["error"]) == ("failed", BAD_REQUEST)
         assert stored_rows(settings, [bad["id"]])[bad["id"]][1:] == (0, 0)
         assert "started with method='draft_model'" in first.tail(chars=1 << 20)
+        # Sampling while speculating, which vLLM's CPU build gets wrong (docs/vllm.md): the same.
+        hot = client.wait(client.submit(QUESTIONS[0], docs, temperature=0.8), timeout=120)
+        assert (hot["status"], hot["error"]) == ("failed", BAD_REQUEST)
+        assert stored_rows(settings, [hot["id"]])[hot["id"]][1:] == (0, 0)
+        assert "vLLM 0.32.0's CPU build does not sample" in first.tail(chars=1 << 20)
 
         # Audit rows: the answer says which engine and pair; its sources are stored.
         engine = make_engine(settings)
