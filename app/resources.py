@@ -141,6 +141,7 @@ class Resources:
                     max_file_bytes=s.max_file_bytes,
                     approx_index_threshold=s.approx_index_threshold,
                     max_query_chars=s.max_question_chars,
+                    search_mode=s.search_mode,
                 )
             return self._retrieval
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from app.requests import Method
@@ -101,6 +101,13 @@ class Settings(BaseSettings):
         description="Largest fixed k a request may ask for; also the engine's k_max of 'auto'.",
     )
     default_top_k: int = Field(default=3, description="Passages retrieved per question.")
+    search_mode: Literal["hybrid", "dense", "lexical"] = Field(
+        default="hybrid",
+        description=(
+            "Retrieval of the worker pipeline (and of `specrag search` without --mode): hybrid "
+            "(dense and lexical legs fused), dense (FAISS only) or lexical (BM25 only)."
+        ),
+    )
     max_question_tokens: int = Field(
         default=512,
         description="Longest question accepted, in tokens of the target's tokenizer (0 = off).",
@@ -381,3 +388,14 @@ class Settings(BaseSettings):
     def index_dir(self) -> Path:
         """Where FAISS index files live."""
         return self.data_dir / "indexes"
+
+
+def invalid_settings(exc: ValidationError) -> str:
+    """One line naming each setting that failed validation as it is set (``SPECRAG_…``)."""
+    parts = []
+    for error in exc.errors():
+        name = "SPECRAG_" + str(error["loc"][0]).upper() if error["loc"] else "settings"
+        got = repr(error.get("input"))
+        got = got if len(got) <= 60 else got[:57] + "..."
+        parts.append(f"{name}: {error['msg']} (got {got})")
+    return "invalid setting " + "; ".join(parts)

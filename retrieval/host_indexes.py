@@ -2,8 +2,10 @@
 
 It exists so that any host serves the version the database names without the embedding model
 and without writing anything: from memory when it is current; else from the newest index it
-holds (in memory or a file) plus the logged changes since (small deltas), or built from the
-stored vectors (a new host, a lost data directory, a host far behind, a new IVF layout).
+holds (in memory, a FAISS file, a lexical directory) plus the logged changes since (small
+deltas), or built from the stored vectors and terms (a new host, a lost data directory, a host
+far behind, a new IVF layout). Each leg starts from its own newest copy: FAISS files are
+written every few thousand replayed changes, lexical directories at every version.
 Nothing here locks a collection or commits, so searching never moves a version.
 """
 
@@ -35,6 +37,7 @@ from retrieval.changelog import (
 from retrieval.index_store import IndexStore
 from retrieval.indexes import build
 from retrieval.lexical import LexicalChange, LexicalIndex
+from retrieval.lexical_copies import LexicalCopies, discard_quietly
 from retrieval.records import CollectionIndex, IndexChange
 
 log = logging.getLogger(__name__)
@@ -57,7 +60,7 @@ class _Held:
     version: int
     index: faiss.Index
     unsaved: int  # changes replayed since the newest file this host wrote
-    lexical: LexicalIndex  # the same version's BM25 index (held in memory only)
+    lexical: LexicalIndex  # the same version's BM25 index (its directory, or memory only)
 
 
 @dataclass
@@ -65,7 +68,9 @@ class _Plan:
     base: int | None  # version replayed from (None: build from ``contents``)
     delta: Delta | None
     contents: Contents | None
-    terms: Terms | None = None  # every chunk's terms, when only FAISS has a base (its file)
+    terms: Terms | None = None  # every chunk's terms, when the lexical leg has no base
+    lex_base: int | None = None  # version the lexical leg starts from (held or a directory)
+    lex_delta: Delta | None = None  # the changes since lex_base (``delta`` when the same base)
 
 
 class HostIndexes:
@@ -81,8 +86,9 @@ class HostIndexes:
         self.store = store
         # Called to store the vectors of chunks ingested before migration 0004 (retrieval.backfill).
         self.fill = fill
-        # memory / delta / build (FAISS), lexical build: how each catch-up went
+        # memory / delta / build (FAISS), lexical open / delta / build: how each catch-up went
         self.sources: Counter[str] = Counter()
+        self.lexical_copies = LexicalCopies(store, self.sources)
         self._held: dict[Key, _Held] = {}
         self._locks: dict[Key, threading.RLock] = {}
         self._guard = threading.Lock()
@@ -166,9 +172,11 @@ class HostIndexes:
             held = self._get(key)
             lexical = None
             if change.base == 0:
-                lexical = LexicalIndex.build(change.add_ids.tolist(), change.add_terms)
+                lexical = self.lexical_copies.build(tenant, collection, version, change.add_ids,
+                                                    change.add_terms)  # fmt: skip
             elif held is not None and held.version == change.base:
-                lexical = held.lexical.changed(change.remove_ids, change.add_ids, change.add_terms)
+                lexical = self.lexical_copies.change(tenant, collection, version, held.lexical,
+                                                     change)  # fmt: skip
             if lexical is not None:
                 self._hold(key, version, index, 0, lexical)
             # else: another thread holds this version already, or the next search catches up
@@ -204,23 +212,27 @@ class HostIndexes:
         if base is None:
             base = next((v for v in self.store.versions(tenant, collection)
                          if v <= state.version), None)  # fmt: skip
-        in_memory = held is not None and held.version == base
-        if base is not None and state.can_replay_from(base):
-            count = session.scalar(
-                select(func.count())
-                .select_from(IndexChange)
-                .where(
-                    IndexChange.collection_index_id == state.row_id,
-                    IndexChange.version > base,
-                    IndexChange.version <= state.version,
-                )
-            )
-            if (count or 0) <= max(REPLAY_ALWAYS, REBUILD_FRACTION * state.num_vectors):
-                delta = read_delta(session, tenant, collection, state, base)
-                # A FAISS file has no lexical twin: that leg is built from the stored terms.
-                terms = None if in_memory else read_terms(session, tenant, collection)
-                return _Plan(base, delta, None, terms)
-        return _Plan(None, None, read_contents(session, tenant, collection, state))
+        plan = _Plan(None, None, None)
+        if base is not None and state.can_replay_from(base) and _small_gap(session, state, base):
+            plan.base, plan.delta = base, read_delta(session, tenant, collection, state, base)
+        else:
+            plan.contents = read_contents(session, tenant, collection, state)
+        # The lexical leg: held in memory, or this host's newest directory, whichever is newer.
+        disk = next((v for v in self.store.lexical_versions(tenant, collection)
+                     if v <= state.version), None)  # fmt: skip
+        mine = held.version if held is not None and held.version < state.version else None
+        lex_base = max((v for v in (disk, mine) if v is not None), default=None)
+        if lex_base is not None and lex_base < state.version:
+            if lex_base == plan.base:
+                plan.lex_delta = plan.delta
+            elif state.log_floor <= lex_base and _small_gap(session, state, lex_base):
+                plan.lex_delta = read_delta(session, tenant, collection, state, lex_base)
+            else:
+                lex_base = None
+        plan.lex_base = lex_base
+        if lex_base is None and plan.contents is None:
+            plan.terms = read_terms(session, tenant, collection)
+        return plan
 
     def _apply(
         self,
@@ -236,14 +248,20 @@ class HostIndexes:
             self.sources["memory"] += 1
             return held.version, held.index, held.lexical
         index: Any = None
-        lexical: LexicalIndex | None = None
+        unsaved = 0
         if plan.delta is not None:
             index, unsaved = self._replay(tenant, collection, held, plan.base, plan.delta)
-            lexical = _lexical_replay(held, plan)
+        lexical = self.lexical_copies.reach(
+            tenant, collection, state.version, base=plan.lex_base, delta=plan.lex_delta,
+            held=held.lexical if held is not None and held.version == plan.lex_base else None,
+            terms=plan.terms,
+        )  # fmt: skip
         if lexical is not None and lexical.ntotal != state.num_vectors:
             log.warning("lexical index of %s/%s at version %d holds %d chunks, the database %d:"
                         " rebuilding", tenant, collection, state.version, lexical.ntotal,
                         state.num_vectors)  # fmt: skip
+            if lexical.directory is not None:  # never opened again: this version is rebuilt
+                discard_quietly(lexical.directory)
             lexical = None
         if index is not None and index.ntotal != state.num_vectors:
             log.warning(
@@ -252,10 +270,16 @@ class HostIndexes:
             )  # fmt: skip
             index = None
         if index is None or lexical is None:
-            contents = plan.contents
-            if contents is None:  # a replay failed: read everything, at this very version
-                got = snapshot(self.session_factory, tenant, collection,
-                               lambda s, st: read_contents(s, tenant, collection, st))  # fmt: skip
+            contents: Contents | Terms | None = plan.contents
+            if contents is None:
+                # A replay failed or a lexical copy was unusable: read again, at this very
+                # version; the stored terms alone when only the lexical leg is missing.
+                def read(s: Session, st: IndexState) -> Contents | Terms:
+                    if index is None:
+                        return read_contents(s, tenant, collection, st)
+                    return read_terms(s, tenant, collection)
+
+                got = snapshot(self.session_factory, tenant, collection, read)
                 if got is None or got[0].version != state.version:
                     # Moved on meanwhile: serve what is committed now (re-entrant lock).
                     now = self.legs(tenant, collection)
@@ -264,9 +288,10 @@ class HostIndexes:
                     return now
                 contents = got[1]
             if lexical is None:
-                lexical = LexicalIndex.build(contents.ids.tolist(), contents.terms)
-                self.sources["lexical build"] += 1
+                lexical = self.lexical_copies.build(tenant, collection, state.version,
+                                                    contents.ids, contents.terms)  # fmt: skip
             if index is None:
+                assert isinstance(contents, Contents)
                 index = build(state.kind, contents.centroids, contents.ids, contents.vectors,
                               state.dim)  # fmt: skip
                 self.sources["build"] += 1
@@ -345,13 +370,15 @@ class HostIndexes:
             return self._locks.setdefault(key, threading.RLock())
 
 
-def _lexical_replay(held: _Held | None, plan: _Plan) -> LexicalIndex | None:
-    """The lexical index at the plan's version: the held one plus the delta, or built from the
-    plan's stored terms; None when neither is at hand (the caller reads every chunk)."""
-    delta = plan.delta
-    assert delta is not None
-    if held is not None and held.version == plan.base:
-        return held.lexical.changed(delta.remove_ids, delta.add_ids, delta.add_terms)
-    if plan.terms is not None:
-        return LexicalIndex.build(plan.terms.ids.tolist(), plan.terms.terms)
-    return None
+def _small_gap(session: Session, state: IndexState, since: int) -> bool:
+    """True when the changes after ``since`` are few enough to replay rather than rebuild."""
+    count = session.scalar(
+        select(func.count())
+        .select_from(IndexChange)
+        .where(
+            IndexChange.collection_index_id == state.row_id,
+            IndexChange.version > since,
+            IndexChange.version <= state.version,
+        )
+    )
+    return (count or 0) <= max(REPLAY_ALWAYS, REBUILD_FRACTION * state.num_vectors)

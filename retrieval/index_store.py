@@ -19,10 +19,12 @@ from pathlib import Path
 import faiss
 
 from retrieval.indexes import set_search_params
+from retrieval.lexical_files import discard, remove_stale
 
 # Keep the previous file too: another process on this host may be loading it right now.
 KEEP_VERSIONS = 2
 _FILE = re.compile(r"v(\d+)\.faiss")
+_LEXICAL = re.compile(r"v(\d+)\.tantivy")
 
 
 def _slug(name: str) -> str:
@@ -45,6 +47,10 @@ class IndexStore:
         """The file of one index version."""
         return self.folder(tenant, collection) / f"v{version:09d}.faiss"
 
+    def lexical_dir(self, tenant: str, collection: str, version: int) -> Path:
+        """The lexical (Tantivy) directory of one index version (retrieval.lexical_files)."""
+        return self.folder(tenant, collection) / f"v{version:09d}.tantivy"
+
     def read(self, tenant: str, collection: str, version: int) -> faiss.Index:
         """The index of that version; ``FileNotFoundError`` when its file is gone."""
         path = self.path(tenant, collection, version)
@@ -60,6 +66,14 @@ class IndexStore:
         if not folder.is_dir():
             return []
         found = (_FILE.fullmatch(entry.name) for entry in folder.iterdir())
+        return sorted((int(m.group(1)) for m in found if m is not None), reverse=True)
+
+    def lexical_versions(self, tenant: str, collection: str) -> list[int]:
+        """The versions this host holds lexical directories of, newest first."""
+        folder = self.folder(tenant, collection)
+        if not folder.is_dir():
+            return []
+        found = (_LEXICAL.fullmatch(entry.name) for entry in folder.iterdir())
         return sorted((int(m.group(1)) for m in found if m is not None), reverse=True)
 
     def write(self, tenant: str, collection: str, version: int, index: faiss.Index) -> Path:
@@ -88,3 +102,11 @@ class IndexStore:
         older = [v for v in self.versions(tenant, collection) if v <= current]
         for version in older[KEEP_VERSIONS:]:
             self.path(tenant, collection, version).unlink(missing_ok=True)
+
+    def prune_lexical(self, tenant: str, collection: str, current: int) -> None:
+        """As ``prune``, for lexical directories; also removes private directories that a
+        process which died while writing left behind."""
+        older = [v for v in self.lexical_versions(tenant, collection) if v <= current]
+        for version in older[KEEP_VERSIONS:]:
+            discard(self.lexical_dir(tenant, collection, version))
+        remove_stale(self.folder(tenant, collection))

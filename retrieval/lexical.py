@@ -1,4 +1,4 @@
-"""One collection's lexical (BM25) index on this host: Tantivy in memory, fed stored terms.
+"""One collection's lexical (BM25) index on this host: a Tantivy directory fed stored terms.
 
 It exists beside the FAISS index so that exact names are found (docs/lexical.md says why
 Tantivy). Each chunk's terms are computed once, at ingest (retrieval.terms), and stored in
@@ -6,9 +6,11 @@ Tantivy). Each chunk's terms are computed once, at ingest (retrieval.terms), and
 logged changes as its FAISS index (retrieval.host_indexes), so no host re-analyses text and both
 legs always hold the same version. Tantivy splits the stored string at spaces only.
 
-A ``LexicalIndex`` is a searcher snapshot: searches keep using it while a later version is
-written. Several snapshots share one Tantivy index, which only moves forward; ``changed``
-returns the next snapshot, or None when that index has moved past this one (build a new one).
+Each version lives in its own directory, never changed once published
+(retrieval.lexical_files): ``changed`` writes the next version into a new directory that shares
+the unchanged segment files, so a ``LexicalIndex`` is a snapshot that searches keep using while
+a later version is written, and a restarted host ``open``s the directory instead of rebuilding.
+Without a directory (a full disk, a benchmark) an index is built in memory and cannot change.
 Questions become OR-ed term queries built here, never parsed, so no character of a question is
 query syntax.
 """
@@ -16,13 +18,17 @@ query syntax.
 from __future__ import annotations
 
 import logging
-import threading
+import shutil
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import tantivy
+
+from retrieval import lexical_files as files
+from retrieval.lexical_files import LexicalDirectoryError, Manifest
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +48,7 @@ Progress = Callable[[int], object]
 
 
 def _schema() -> tantivy.Schema:
+    # Any change here must change lexical_files.FORMAT, so that old directories are rebuilt.
     builder = tantivy.SchemaBuilder()
     builder.add_unsigned_field("chunk_id", stored=False, indexed=True, fast=True)
     builder.add_text_field("terms", stored=False, tokenizer_name=_TOKENIZER, index_option="freq")
@@ -58,24 +65,15 @@ class LexicalChange:
     add_terms: list[str]  # [a]
 
 
-@dataclass
-class _Shared:
-    """The Tantivy index that a chain of snapshots shares; ``head`` names the newest one."""
-
-    index: tantivy.Index
-    schema: tantivy.Schema
-    head: int = 0
-    added: int = 0  # documents ever added (live + removed ones still in statistics)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-
 class LexicalIndex:
-    """A BM25 snapshot of one collection: ``search`` it, ``changed`` gives the next one."""
+    """A BM25 snapshot of one collection version: ``search`` it, ``changed`` gives the next."""
 
-    def __init__(self, shared: _Shared, searcher: tantivy.Searcher, generation: int) -> None:
-        self._shared = shared
-        self._searcher = searcher
-        self._generation = generation
+    def __init__(self, index: tantivy.Index, directory: Path | None, manifest: Manifest) -> None:
+        self._index = index
+        self._searcher = index.searcher()
+        self._schema = index.schema
+        self.directory = directory  # None: held in memory only
+        self._manifest = manifest
 
     @property
     def ntotal(self) -> int:
@@ -84,56 +82,93 @@ class LexicalIndex:
 
     @classmethod
     def build(
-        cls, ids: Sequence[int], terms: Sequence[str], progress: Progress | None = None
+        cls,
+        ids: Sequence[int],
+        terms: Sequence[str],
+        progress: Progress | None = None,
+        *,
+        directory: Path | None = None,
+        version: int = 0,
+        replace: bool = False,
     ) -> LexicalIndex:
         """A new index holding every ``(chunk id, stored terms)``; ``progress(n)`` after each
-        ``PROGRESS_EVERY`` chunks (large builds are also logged)."""
-        schema = _schema()
-        index = tantivy.Index(schema)
-        index.register_tokenizer(
-            _TOKENIZER, tantivy.TextAnalyzerBuilder(tantivy.Tokenizer.whitespace()).build()
-        )
-        index.config_reader(reload_policy="manual")  # a snapshot moves only when we say so
-        shared = _Shared(index, schema)
-        started = time.perf_counter()
-        writer = index.writer(heap_size=BUILD_HEAP_BYTES, num_threads=1)
+        ``PROGRESS_EVERY`` chunks (large builds are also logged).
+
+        ``directory``: published there as ``version`` (``replace``: over a damaged one); when
+        another process of this host published it first, that one is opened. OSError when
+        the disk refuses (the caller may build in memory instead)."""
+        tmp = None if directory is None else files.private_dir(directory)
         try:
-            for done, (chunk_id, text) in enumerate(zip(ids, terms, strict=True), start=1):
-                writer.add_document(_document(int(chunk_id), text))
-                if done % PROGRESS_EVERY == 0:
-                    log.info("lexical index: %d of %d chunks", done, len(ids))
-                    if progress is not None:
-                        progress(done)
-            writer.commit()
-            writer.wait_merging_threads()
-        except BaseException:
-            writer.rollback()
-            raise
-        shared.added = len(ids)
-        index.reload()
-        if len(ids) >= PROGRESS_EVERY:
-            log.info("lexical index of %d chunks built in %.1f s", len(ids),
-                     time.perf_counter() - started)  # fmt: skip
-        return cls(shared, index.searcher(), 0)
+            index = _new_index(tmp)
+            started = time.perf_counter()
+            writer = index.writer(heap_size=BUILD_HEAP_BYTES, num_threads=1)
+            try:
+                for done, (chunk_id, text) in enumerate(zip(ids, terms, strict=True), start=1):
+                    writer.add_document(_document(int(chunk_id), text))
+                    if done % PROGRESS_EVERY == 0:
+                        log.info("lexical index: %d of %d chunks", done, len(ids))
+                        if progress is not None:
+                            progress(done)
+                writer.commit()
+                writer.wait_merging_threads()
+            except BaseException:
+                writer.rollback()
+                raise
+            if len(ids) >= PROGRESS_EVERY:
+                log.info("lexical index of %d chunks built in %.1f s", len(ids),
+                         time.perf_counter() - started)  # fmt: skip
+            if tmp is None or directory is None:
+                index.reload()
+                return cls(index, None, Manifest(version, len(ids), len(ids), {}))
+            manifest = files.seal(tmp, version, len(ids), len(ids), None)
+            return _published(tmp, directory, manifest, replace=replace)
+        finally:
+            if tmp is not None and tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+
+    @classmethod
+    def open(cls, directory: Path, version: int) -> LexicalIndex:
+        """The published index of ``version`` in ``directory``, every file checked first;
+        LexicalDirectoryError when it is missing, damaged or of another format or version."""
+        manifest = files.verify(directory, version)
+        try:
+            index = _open_index(directory)
+            opened = cls(index, directory, manifest)
+        except Exception as exc:  # checksums passed, yet Tantivy refuses it
+            raise LexicalDirectoryError(f"{directory}: Tantivy cannot open it ({exc})") from exc
+        if opened.ntotal != manifest.chunks:
+            raise LexicalDirectoryError(
+                f"{directory}: holds {opened.ntotal} chunks, its manifest {manifest.chunks}"
+            )
+        return opened
 
     def changed(
-        self, remove_ids: np.ndarray, add_ids: np.ndarray, add_terms: Sequence[str]
+        self,
+        remove_ids: np.ndarray,
+        add_ids: np.ndarray,
+        add_terms: Sequence[str],
+        directory: Path,
+        version: int,
     ) -> LexicalIndex | None:
-        """The snapshot after removing and adding chunks, or None when the shared index has
-        already moved past this snapshot or would hold too many removed documents (then the
-        caller builds one from stored terms)."""
-        shared = self._shared
-        with shared.lock:
-            if shared.head != self._generation:
-                return None
-            live = self.ntotal - len(remove_ids) + len(add_ids)  # about: removals may miss
-            if shared.added + len(add_ids) - live > MAX_REMOVED_FRACTION * max(live, 1):
-                return None
-            writer = shared.index.writer(heap_size=CHANGE_HEAP_BYTES, num_threads=1)
+        """The snapshot of ``version`` after removing and adding chunks, published in
+        ``directory``; None when this one is held in memory only or the result would hold
+        too many removed documents (then the caller builds one from stored terms).
+        This snapshot is left as it was."""
+        if self.directory is None:
+            return None
+        live = self.ntotal - len(remove_ids) + len(add_ids)  # about: removals may miss
+        added = self._manifest.added + len(add_ids)
+        if added - live > MAX_REMOVED_FRACTION * max(live, 1):
+            return None
+        tmp = files.private_dir(directory)
+        try:
+            files.clone(self.directory, self._manifest, tmp)
+            index = _open_index(tmp)
+            writer = index.writer(heap_size=CHANGE_HEAP_BYTES, num_threads=1)
             try:
                 if len(remove_ids):
                     query = tantivy.Query.term_set_query(
-                        shared.schema, "chunk_id", [int(i) for i in remove_ids]
+                        index.schema, "chunk_id", [int(i) for i in remove_ids]
                     )
                     writer.delete_documents_by_query(query)
                 for chunk_id, text in zip(add_ids, add_terms, strict=True):
@@ -142,19 +177,21 @@ class LexicalIndex:
                 writer.wait_merging_threads()
             except BaseException:
                 writer.rollback()
-                shared.head = -1  # half-applied: no snapshot may build on this index again
                 raise
-            shared.added += len(add_ids)
-            shared.index.reload()
-            shared.head += 1
-            return LexicalIndex(shared, shared.index.searcher(), shared.head)
+            index.reload()
+            live = int(index.searcher().num_docs)
+            manifest = files.seal(tmp, version, live, added, self._manifest)
+            return _published(tmp, directory, manifest)
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
 
     def search(self, terms: Sequence[str], k: int) -> list[tuple[int, float]]:
         """Up to ``k`` ``(chunk id, BM25 score)`` matching any of ``terms``, best first; equal
         scores in chunk-id order (the caller asks a few extra, so the cut is host-independent)."""
         if not terms or k <= 0 or self.ntotal == 0:
             return []
-        schema = self._shared.schema
+        schema = self._schema
         query = tantivy.Query.boolean_query(
             [(tantivy.Occur.Should, tantivy.Query.term_query(schema, "terms", t)) for t in terms]
         )
@@ -169,3 +206,32 @@ def _document(chunk_id: int, terms: str) -> tantivy.Document:
     doc.add_unsigned("chunk_id", chunk_id)
     doc.add_text("terms", terms)
     return doc
+
+
+def _new_index(directory: Path | None) -> tantivy.Index:
+    index = tantivy.Index(_schema(), path=None if directory is None else str(directory),
+                          reuse=False)  # fmt: skip
+    _configure(index)
+    return index
+
+
+def _open_index(directory: Path) -> tantivy.Index:
+    index = tantivy.Index.open(str(directory))
+    _configure(index)
+    return index
+
+
+def _configure(index: tantivy.Index) -> None:
+    # Tantivy stores the tokenizer's name, not the tokenizer: every opening registers it.
+    index.register_tokenizer(
+        _TOKENIZER, tantivy.TextAnalyzerBuilder(tantivy.Tokenizer.whitespace()).build()
+    )
+    index.config_reader(reload_policy="manual")  # a snapshot moves only when we say so
+
+
+def _published(tmp: Path, directory: Path, manifest: Manifest, *, replace: bool = False
+               ) -> LexicalIndex:  # fmt: skip
+    """The index in ``directory`` once ``tmp`` is published there (or another process's)."""
+    if files.publish(tmp, directory, replace=replace):
+        return LexicalIndex(_open_index(directory), directory, manifest)
+    return LexicalIndex.open(directory, manifest.version)

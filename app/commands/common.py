@@ -10,11 +10,12 @@ from functools import wraps
 from typing import Any, TypeVar
 
 import click
+from pydantic import ValidationError
 from sqlalchemy.exc import OperationalError
 
 from app.db.schema import SchemaNotCurrentError
 from app.dispatch import Dispatcher, DispatcherFactory
-from app.settings import Settings
+from app.settings import Settings, invalid_settings
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -75,6 +76,10 @@ def one_line_errors(func: F) -> F:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return func(*args, **kwargs)
+        except ValidationError as exc:
+            if exc.title != Settings.__name__:
+                raise CommandError(str(exc).splitlines()[0]) from exc
+            raise CommandError(invalid_settings(exc)) from exc  # named as the environment sets it
         except (
             ValueError,
             FileNotFoundError,

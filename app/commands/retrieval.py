@@ -21,9 +21,9 @@ tenant_option = click.option("--tenant", default="default", show_default=True, h
 mode_option = click.option(
     "--mode",
     type=click.Choice(["hybrid", "dense", "lexical"]),
-    default="hybrid",
-    show_default=True,
-    help="hybrid: dense and lexical legs fused (RRF); dense: FAISS only; lexical: BM25 only.",
+    default=None,
+    help="hybrid: dense and lexical legs fused; dense: FAISS only; lexical: BM25 only "
+    "(default: SPECRAG_SEARCH_MODE, hybrid).",
 )
 
 
@@ -76,10 +76,12 @@ def ingest(paths: tuple[str, ...], collection: str, tenant: str, as_json: bool) 
 @json_option
 @one_line_errors
 def search(
-    question: str, collection: str, top_k: int | None, tenant: str, mode: str, as_json: bool
-) -> None:
+    question: str, collection: str, top_k: int | None, tenant: str, mode: str | None,
+    as_json: bool,
+) -> None:  # fmt: skip
     """Retrieval only: the best passages for QUESTION, best first, with each leg's rank."""
     k = top_k if top_k is not None else get_settings().default_top_k
+    mode = mode or get_settings().search_mode
     service = _service()
     hits = service.search(question, collection=collection, tenant=tenant, top_k=k, mode=mode)  # type: ignore[arg-type]
     data = {"mode": mode, "results": [h.to_dict() for h in hits]}
@@ -153,9 +155,10 @@ def read_golden(path: Path) -> list[dict[str, str]]:
 @json_option
 @one_line_errors
 def eval_retrieval(
-    file: Path, collection: str, k: int, tenant: str, mode: str, as_json: bool
+    file: Path, collection: str, k: int, tenant: str, mode: str | None, as_json: bool
 ) -> None:
     """Recall@k and MRR of search on FILE.jsonl ({"question", "expected_source"} per line)."""
+    mode = mode or get_settings().search_mode
     items = read_golden(file)
     service = _service()
     found, reciprocal = 0, 0.0

@@ -184,3 +184,22 @@ def test_cached_prompt_kv_is_shared_within_a_tenant_only(
     assert ask("acme") == 0
     assert ask("globex") == 0  # same prompt tokens, another tenant
     assert ask("acme") > 0  # its own earlier prompt
+
+
+@pytest.mark.parametrize("mode", ["dense", "lexical"])
+def test_the_pipeline_searches_in_the_configured_mode(resources: Resources, mode: str) -> None:
+    """SPECRAG_SEARCH_MODE: the worker's retrieval runs that leg alone (stored ranks show it)."""
+    settings = resources.settings.model_copy(update={"search_mode": mode})
+    other = Resources(settings, resources.session_factory)  # a worker of this host so set
+    other._engine = resources.engine  # the pair is loaded once per module
+    qid = _submit(other, max_tokens=2)
+    assert answer_query(other, qid) == "succeeded"
+    with other.session_factory() as session:
+        query = session.get(Query, qid)
+        assert query is not None and query.answer is not None
+        sources = [s.to_dict() for s in query.answer.sources]
+    assert sources and sources[0]["document"].endswith("assert.md")
+    used, unused = ("dense_rank", "lexical_rank") if mode == "dense" else ("lexical_rank",
+                                                                           "dense_rank")  # fmt: skip
+    assert all(isinstance(s[used], int) and s[unused] is None for s in sources), sources
+    other.close()

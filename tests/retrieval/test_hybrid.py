@@ -196,23 +196,28 @@ def test_chunks_without_stored_terms_are_analysed_then_backfilled(
     assert again == stored
 
 
-def test_lexical_snapshots_stay_readable_and_removals_past_the_bound_rebuild() -> None:
-    """An older snapshot keeps answering while a newer one is written; past
-    MAX_REMOVED_FRACTION removed documents ``changed`` declines (the host builds afresh)."""
+def test_lexical_snapshots_stay_readable_and_removals_past_the_bound_rebuild(
+    tmp_path: Path,
+) -> None:
+    """An older snapshot keeps answering while a newer one is written (its own directory);
+    past MAX_REMOVED_FRACTION removed documents ``changed`` declines (the host builds afresh),
+    and an index held in memory only never changes."""
     import numpy as np
 
     from retrieval.lexical import MAX_REMOVED_FRACTION, LexicalIndex
 
     ids = list(range(1, 101))
-    first = LexicalIndex.build(ids, [f"common doc{i}" for i in ids])
+    terms = [f"common doc{i}" for i in ids]
+    first = LexicalIndex.build(ids, terms, directory=tmp_path / "v1", version=1)
     second = first.changed(np.asarray([1, 2], dtype="int64"), np.asarray([101], dtype="int64"),
-                           ["common doc101"])  # fmt: skip
+                           ["common doc101"], tmp_path / "v2", 2)  # fmt: skip
     assert second is not None and second.ntotal == 99
     assert [c for c, _ in first.search(["doc1"], 5)] == [1]  # the old snapshot is unchanged
     assert second.search(["doc1"], 5) == [] and [c for c, _ in second.search(["doc101"], 5)] == [
         101
     ]
-    assert first.changed(np.asarray([3], dtype="int64"), np.zeros(0, "int64"), []) is None  # moved
+    memory_only = LexicalIndex.build(ids, terms)
+    assert memory_only.changed(np.asarray([3]), np.zeros(0, "int64"), [], tmp_path / "m", 2) is None
     many = np.arange(3, 3 + int(MAX_REMOVED_FRACTION * 100) + 1, dtype="int64")
-    assert second.changed(many, np.zeros(0, "int64"), []) is None
+    assert second.changed(many, np.zeros(0, "int64"), [], tmp_path / "v3", 3) is None
     assert len(second.search(["common"], 200)) == 99  # declined: nothing was applied

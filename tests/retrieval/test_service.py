@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -213,8 +214,7 @@ def test_lost_index_file_is_rebuilt_from_the_database(
     service = make_service()
     c, t = names["collection"], names["a"]
     service.ingest([write(tmp_path / "engines.md", ENGINES)], collection=c, tenant=t)
-    for path in service.store.folder(t, c).iterdir():
-        path.unlink()
+    shutil.rmtree(service.store.folder(t, c))  # FAISS files and lexical directories
     fresh = make_service()
     hits = fresh.search("centrifugal governor", collection=c, tenant=t)
     assert hits and hits[0].document == str(tmp_path / "engines.md")
