@@ -17,6 +17,7 @@ from typing import Any
 from generation.base import GenerationResult, check_prompt
 from generation.loading import validate_checkpoint
 from generation.params import SamplingParams
+from generation.vllm_engine import cpu_fix
 from generation.vllm_engine.checkpoints import check_draft_vocab, checkpoint_limits
 from generation.vllm_engine.loop import EventLoopThread, VLLMLoop
 from generation.vllm_engine.mapping import (
@@ -72,12 +73,13 @@ class VLLMEngine:
         self.speculation = speculation
         self.platform = platform
         """vLLM's platform: ``cpu`` (its CPU build) or ``cuda``."""
-        self.samples_exactly_while_speculating = platform != "cpu"
+        self.samples_exactly_while_speculating = platform != "cpu" or cpu_fix.active()
         """Whether vLLM's rejection sampler follows the target's law at temperature > 0 here.
-        Not on vLLM 0.32's CPU build: its fallback for the Triton kernel that spreads each
+        Not on vLLM 0.32's own CPU build: its fallback for the Triton kernel that spreads each
         request's temperature over its draft positions never writes the result, so the target's
         logits there are divided by uninitialised memory (docs/vllm.md, "Sampling while
-        speculating on vLLM's CPU build"). Where False, ``check_request`` refuses such requests."""
+        speculating on vLLM's CPU build"). This project's vLLM plugin (cpu_fix) replaces that
+        kernel; where it is not active, ``check_request`` refuses such requests."""
         self.engine_args = dict(engine_args or {})
         """The keyword arguments vLLM's ``AsyncEngineArgs`` was built from."""
         self.max_num_seqs = max_num_seqs

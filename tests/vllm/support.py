@@ -14,8 +14,6 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from generation import SamplingParams
 from generation.vllm_engine import VLLMEngine, checkpoint_limits
 
@@ -100,14 +98,3 @@ class PerSpeculationEngine:
         return self.for_params(SamplingParams()).start_loop(
             max_batch_size, prefill_chunk=prefill_chunk
         )
-
-
-def past_the_cpu_refusal(engine: VLLMEngine, monkeypatch: pytest.MonkeyPatch) -> VLLMEngine:
-    """``engine`` with its refusal of sampling while speculating lifted for one test.
-
-    The product refuses temperature > 0 with speculation on vLLM's CPU build (docs/vllm.md);
-    the tests that document vLLM's defect, or check our stats at temperature > 0 for the CUDA
-    build's sake, drive vLLM past that refusal.
-    """
-    monkeypatch.setattr(engine, "samples_exactly_while_speculating", True)
-    return engine

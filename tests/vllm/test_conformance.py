@@ -29,7 +29,7 @@ from tests.generation.tiny_models import (
     reference_greedy,
     save_checkpoint,
 )
-from tests.vllm.support import EnginePool, PerSpeculationEngine, past_the_cpu_refusal
+from tests.vllm.support import EnginePool, PerSpeculationEngine
 
 VOCAB = 96
 SPECULATIONS: list[tuple[str, int | str]] = [
@@ -68,14 +68,6 @@ def prompts() -> list[list[int]]:
     return make_prompts(VOCAB, range(3))
 
 
-_SEEDED = (
-    "vLLM 0.32's CPU build: a seeded request with speculative decoding is not reproducible: its "
-    "rejection sampler divides the target's logits at draft positions by uninitialised memory "
-    "(vllm/utils/cpu_triton_utils.py _expand_kernel_impl never writes a float output; "
-    "docs/vllm.md). Driven past the product's refusal of such requests"
-)
-
-
 class TestVLLMConformance(EngineConformance):
     """The suite on real vLLM; the tests over k are re-parametrized with SPECULATIONS."""
 
@@ -94,50 +86,36 @@ class TestVLLMConformance(EngineConformance):
     @pytest.mark.parametrize(("method", "k"), SPECULATIONS)
     def test_stats_invariants(
         self, engine: PerSpeculationEngine, prompts: list[list[int]], method: str, k: int | str,
-        temperature: float, monkeypatch: pytest.MonkeyPatch,
+        temperature: float,
     ) -> None:  # fmt: skip
-        """At 0.8 with speculation past the CPU refusal: vLLM's per-request metrics and our
-        stats from them keep the invariants whatever law the tokens follow (the CUDA build
-        serves these requests)."""
+        """vLLM's per-request metrics and our stats from them keep the invariants, greedy and
+        sampling."""
         for i, prompt in enumerate(prompts):
             params = SamplingParams(
                 max_new_tokens=17, temperature=temperature, seed=i, method=method,
                 num_speculative_tokens=k,
             )  # fmt: skip
-            real = past_the_cpu_refusal(engine.for_params(params), monkeypatch)
-            result = real.generate(prompt, params)
+            result = engine.for_params(params).generate(prompt, params)
             assert result.stats.method == method and result.stats.num_speculative_tokens == k
             check_stats_invariants(result.stats, len(result.token_ids), 17)
             if method == "none":
                 assert result.stats.num_draft_tokens == 0
 
-    @pytest.mark.parametrize(
-        "method",
-        [
-            pytest.param("draft_model", marks=pytest.mark.xfail(strict=True, reason=_SEEDED)),
-            # Intermittent: on this pair ngram's drafts are rarely accepted (~5 %), and a run in
-            # which none lands is reproducible (seen once in a CI rehearsal), so not strict.
-            pytest.param("ngram", marks=pytest.mark.xfail(strict=False, reason=_SEEDED)),
-        ],
-    )
-    def test_seeded_sampling_is_reproducible(
-        self, engine: PerSpeculationEngine, prompts: list[list[int]], method: str,
+    @pytest.mark.parametrize(("method", "k"), [s for s in SPECULATIONS if s[0] != "none"])
+    def test_sampling_while_speculating_is_refused_without_the_kernel_fix(
+        self, engine: PerSpeculationEngine, prompts: list[list[int]], method: str, k: int | str,
         monkeypatch: pytest.MonkeyPatch,
     ) -> None:  # fmt: skip
-        past_the_cpu_refusal(engine.for_params(SamplingParams(method=method)), monkeypatch)
-        super().test_seeded_sampling_is_reproducible(engine, prompts, method)
-
-    @pytest.mark.parametrize(("method", "k"), [s for s in SPECULATIONS if s[0] != "none"])
-    def test_sampling_while_speculating_is_refused_on_the_cpu_build(
-        self, engine: PerSpeculationEngine, prompts: list[list[int]], method: str, k: int | str
-    ) -> None:
-        """vLLM's CPU build samples from the wrong law while speculating: refused with the way
-        out before vLLM sees the request, alone, batched and on the loop; greedy is served."""
+        """Where vLLM's CPU build runs its own expand kernel (a vLLM other than the pinned one,
+        or VLLM_PLUGINS without ours), sampling while speculating follows the wrong law: refused
+        with the way out before vLLM sees the request, alone, batched and on the loop; greedy
+        is served. Here the plugin is active, so the engine is told it is not."""
         params = SamplingParams(
             max_new_tokens=5, temperature=0.8, seed=1, method=method, num_speculative_tokens=k
         )
         real = engine.for_params(params)
-        assert real.platform == "cpu" and not real.samples_exactly_while_speculating
+        assert real.platform == "cpu" and real.samples_exactly_while_speculating
+        monkeypatch.setattr(real, "samples_exactly_while_speculating", False)
         refusal = r"^temperature: vLLM 0\.32\.0's CPU build .* ask temperature=0"
         with pytest.raises(UnsupportedSpeculationError, match=refusal):
             real.generate(prompts[0], params)

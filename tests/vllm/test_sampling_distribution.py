@@ -8,10 +8,11 @@ logit scale and noise differ from there (the first try, scale 10 and noise 0.6, 
 target near-deterministic and the draft's argmax accepted 1 % of the time). 2000 seeded requests go through
 ``generate_many``, batched by vLLM.
 
-vLLM 0.32's CPU build fails it: its rejection sampler divides the target's logits at draft
-positions by uninitialised memory instead of the temperature (docs/vllm.md). The product refuses
-such requests there (VLLMEngine.check_request); this test drives vLLM past that refusal and is a
-strict xfail documenting vLLM's defect, so a fixed vLLM shows up as a failure to remove the mark.
+vLLM 0.32's own CPU build fails it: its rejection sampler divides the target's logits at draft
+positions by uninitialised memory instead of the temperature (chi-square p = 4.9e-266, measured;
+docs/vllm.md). This project's vLLM plugin (generation/vllm_engine/cpu_fix.py) replaces the
+kernel at fault, and the test runs with it, as the product does; the kernel's own defect is
+shown directly in tests/vllm/test_cpu_fix.py.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from tests.generation.test_sampling_distribution import (
     exact_joint,
 )
 from tests.generation.tiny_models import build_model, perturbed_copy, save_checkpoint
-from tests.vllm.support import EnginePool, past_the_cpu_refusal
+from tests.vllm.support import EnginePool
 
 
 @pytest.fixture(scope="module")
@@ -50,24 +51,8 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Path, Path]:
 @pytest.mark.parametrize(
     ("method", "k"),
     [
-        pytest.param(
-            "draft_model", 2,
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="vLLM 0.32's CPU build: the target's logits at draft positions are divided "
-                "by uninitialised memory, not the temperature (vllm/utils/cpu_triton_utils.py "
-                "_expand_kernel_impl writes an int64 copy of the float output and drops it): "
-                "chi-square p = 4.9e-266 over 2000 seeded requests; docs/vllm.md",
-            ),
-        ),
-        pytest.param(
-            "ngram", 3,
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="on this pair prompt lookup's drafts were accepted 5 % of the time "
-                "(769 / 15431), below the test's 10 % floor, so the law was not tested",
-            ),
-        ),
+        ("draft_model", 2),
+        ("ngram", 3),
     ],
 )  # fmt: skip
 def test_first_tokens_follow_the_target_joint_distribution(
@@ -75,10 +60,9 @@ def test_first_tokens_follow_the_target_joint_distribution(
     pair: tuple[Any, Path, Path],
     method: str,
     k: int,
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     engine = engine_pool.get(pair[1], pair[2], method, k, max_model_len=64)
-    past_the_cpu_refusal(engine, monkeypatch)
+    assert engine.samples_exactly_while_speculating  # the plugin is active (no refusal)
     params = [
         SamplingParams(
             max_new_tokens=NUM_TOKENS,

@@ -118,11 +118,12 @@ def test_a_vllm_worker_answers_streams_bursts_counts_and_survives_sigkill(
         assert (bad["status"], bad["error"]) == ("failed", BAD_REQUEST)
         assert stored_rows(settings, [bad["id"]])[bad["id"]][1:] == (0, 0)
         assert "started with method='draft_model'" in first.tail(chars=1 << 20)
-        # Sampling while speculating, which vLLM's CPU build gets wrong (docs/vllm.md): the same.
+        # Sampling while speculating, which vLLM's own CPU build gets wrong (docs/vllm.md), is
+        # served through this project's kernel fix (generation/vllm_engine/cpu_fix.py).
         hot = client.wait(client.submit(QUESTIONS[0], docs, temperature=0.8), timeout=120)
-        assert (hot["status"], hot["error"]) == ("failed", BAD_REQUEST)
-        assert stored_rows(settings, [hot["id"]])[hot["id"]][1:] == (0, 0)
-        assert "vLLM 0.32.0's CPU build does not sample" in first.tail(chars=1 << 20)
+        assert hot["status"] == "succeeded", hot
+        assert hot["stats"]["num_drafts"] > 0
+        assert stored_rows(settings, [hot["id"]])[hot["id"]][1:] == (1, 1)
 
         # Audit rows: the answer says which engine and pair; its sources are stored.
         engine = make_engine(settings)
