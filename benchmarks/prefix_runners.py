@@ -16,6 +16,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
+from benchmarks.support import warm_up_torch_engine
+
 
 @dataclass
 class Outcome:
@@ -47,6 +49,7 @@ class TorchRunner:
 
         config = EngineConfig(max_batch_size=max_batch, prefix_cache_mb=prefix_mb)
         self.engine = SpeculativeEngine.from_pretrained(target, draft, device="cpu", config=config)
+        self.warmup_s = warm_up_torch_engine(self.engine, max_batch)  # as the worker's start
         self.loop = self.engine.start_loop(max_batch)
         self._params = lambda n: SamplingParams(
             max_new_tokens=n, method="draft_model", num_speculative_tokens=k

@@ -19,7 +19,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from workers.process import WorkerProcess
@@ -188,3 +188,13 @@ def percentile(values: list[float], q: float) -> float:
     """The q-th percentile (nearest rank) of ``values``."""
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, max(0, round(q / 100 * len(ordered) + 0.5) - 1))]
+
+
+def warm_up_torch_engine(engine: Any, max_batch: int) -> float:
+    """Warm the torch engine as a worker's start does (app/resources.py): measure its step costs
+    T(B, k) for every batch-size bucket up to ``max_batch`` now. Without it the first batch of
+    each size measures them inside the timed traffic (a 16-row bucket: seconds). Returns the
+    seconds it took, for the benchmark to report beside the engine's start."""
+    started = time.perf_counter()
+    engine.warmup(batch_sizes=tuple(2**i for i in range((max_batch - 1).bit_length() + 1)))
+    return time.perf_counter() - started
