@@ -24,8 +24,8 @@ class Cancelled(Exception):
 
 
 DeltaCallback = Callable[[list[int]], None]
-"""Called from the loop's thread with each burst of newly verified token ids, in order; it must
-return quickly (hand the ids to a queue or a socket buffer, never block on a client)."""
+"""Called from the loop's thread with each burst of newly verified token ids; it must return
+quickly (hand the ids to a queue or a socket buffer, never block on a client)."""
 
 
 class RequestHandle(Protocol):
@@ -66,9 +66,8 @@ class GenerationLoop(Protocol):
     ) -> RequestHandle:
         """Queue one request; it joins the batch at the next step.
 
-        ``background`` (batch jobs): the request takes a free slot only after every waiting
-        foreground request, and a loop whose extra rows cost real arithmetic (the torch engine
-        on a CPU) pauses it, slot and cache kept, while any foreground request runs."""
+        ``background`` (batch jobs): it takes a free slot after every waiting foreground request,
+        and where extra rows cost real arithmetic (a CPU) it pauses while one runs."""
         ...
 
     def close(self) -> None:
@@ -124,19 +123,14 @@ class Engine(Protocol):
         """A running online loop (continuous batching) over this engine.
 
         ``prefill_chunk``: most prompt tokens prefilled per step while others decode (None: the
-        engine's default; an engine that schedules its own prefill, as vLLM, ignores it).
-        """
+        engine's default; vLLM schedules its own prefill and ignores it)."""
         ...
 
 
 def check_prompt(
     prompt_token_ids: list[int], params: SamplingParams, vocab_size: int, max_context: int
 ) -> None:
-    """Raise ValueError naming the problem when a request cannot be served by any engine.
-
-    The checks every engine shares (params type, empty prompt, non-integer or out-of-vocabulary
-    ids, a prompt that fills the context); engine-specific checks follow in each engine.
-    """
+    """Raise ValueError naming the problem when a request cannot be served by any engine."""
     if not isinstance(params, SamplingParams):
         raise TypeError(f"params: expected SamplingParams, got {type(params).__name__}")
     if len(prompt_token_ids) == 0:
