@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from numbers import Integral
 from typing import Protocol, runtime_checkable
@@ -149,3 +149,50 @@ def check_prompt(
             f"prompt_token_ids: prompt of {len(prompt_token_ids)} tokens leaves no room in "
             f"the context of {max_context} tokens"
         )
+
+
+def per_prompt(
+    prompts: list[list[int]], params: list[SamplingParams] | SamplingParams
+) -> list[SamplingParams]:
+    """Return ``generate_many``'s params as one per prompt (one given for all is repeated)."""
+    if isinstance(params, SamplingParams):
+        return [params] * len(prompts)
+    if len(params) != len(prompts):
+        raise ValueError(
+            f"params: expected one SamplingParams per prompt ({len(prompts)}), got {len(params)}"
+        )
+    return params
+
+
+class BatchRequestError(ValueError):
+    """Some requests of a ``generate_many`` call failed; the others' results are kept.
+
+    ``errors`` maps each failed request's index to its error; ``results`` holds every result in
+    input order, None where the request failed.
+    """
+
+    def __init__(
+        self, errors: dict[int, BaseException], results: list[GenerationResult | None]
+    ) -> None:
+        self.errors = errors
+        self.results = results
+        detail = "; ".join(f"request {i}: {e}" for i, e in sorted(errors.items()))
+        super().__init__(f"{len(errors)} of {len(results)} requests failed: {detail}")
+
+
+def collect(
+    handles: Sequence[RequestHandle], timeout: float | None = None
+) -> list[GenerationResult]:
+    """Return every handle's result in order, after all of them ended; ``BatchRequestError``
+    names the failed ones, so a bad request never costs the others their results."""
+    results: list[GenerationResult | None] = []
+    errors: dict[int, BaseException] = {}
+    for i, handle in enumerate(handles):
+        try:
+            results.append(handle.result(timeout=timeout))
+        except Exception as exc:
+            errors[i] = exc
+            results.append(None)
+    if errors:
+        raise BatchRequestError(errors, results)
+    return [r for r in results if r is not None]

@@ -13,7 +13,7 @@ import threading
 
 import torch
 
-from generation.base import Cancelled, DeltaCallback, GenerationResult
+from generation.base import Cancelled, DeltaCallback, GenerationResult, collect
 from generation.batching import BatchEngine
 from generation.params import SamplingParams
 from generation.sequence import LoopHandle
@@ -102,22 +102,6 @@ class EngineLoop:
         batch.fail_all(Cancelled("the engine loop was closed"))
 
 
-class BatchRequestError(ValueError):
-    """Some requests of a ``generate_many`` call failed; the others' results are kept.
-
-    ``errors`` maps each failed request's index to its error; ``results`` holds every result in
-    input order, None where the request failed.
-    """
-
-    def __init__(
-        self, errors: dict[int, BaseException], results: list[GenerationResult | None]
-    ) -> None:
-        self.errors = errors
-        self.results = results
-        detail = "; ".join(f"request {i}: {e}" for i, e in sorted(errors.items()))
-        super().__init__(f"{len(errors)} of {len(results)} requests failed: {detail}")
-
-
 def run_many(
     batch: BatchEngine, prompts: list[list[int]], params: list[SamplingParams]
 ) -> list[GenerationResult]:
@@ -129,18 +113,3 @@ def run_many(
         while batch.scheduler.has_work:
             batch.step()
     return collect(handles)
-
-
-def collect(handles: list[LoopHandle], timeout: float | None = 0) -> list[GenerationResult]:
-    """Return every handle's result in order; ``BatchRequestError`` names the failed ones."""
-    results: list[GenerationResult | None] = []
-    errors: dict[int, BaseException] = {}
-    for i, handle in enumerate(handles):
-        try:
-            results.append(handle.result(timeout=timeout))
-        except Exception as exc:
-            errors[i] = exc
-            results.append(None)
-    if errors:
-        raise BatchRequestError(errors, results)
-    return [r for r in results if r is not None]

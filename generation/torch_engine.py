@@ -15,10 +15,10 @@ from typing import Any
 
 import torch
 
-from generation.base import GenerationResult, check_prompt
+from generation.base import BatchRequestError, GenerationResult, check_prompt, collect, per_prompt
 from generation.batching import BatchEngine, EngineCore
 from generation.config import EngineConfig
-from generation.engine_loop import BatchRequestError, EngineLoop, collect, run_many
+from generation.engine_loop import EngineLoop, run_many
 from generation.forward import Forward, forward_for
 from generation.goodput import RecentAcceptance, StepCosts
 from generation.loading import (
@@ -180,16 +180,10 @@ class SpeculativeEngine:
         ``params``: one per prompt (or one for all). Bad requests raise ``BatchRequestError``
         naming their index after every other request was answered. While a loop runs, the
         requests join it (``max_batch_size`` is then the loop's)."""
-        if isinstance(params, SamplingParams):
-            params = [params] * len(prompts)
-        if len(params) != len(prompts):
-            raise ValueError(
-                f"params: expected one SamplingParams per prompt ({len(prompts)}), "
-                f"got {len(params)}"
-            )
+        params = per_prompt(prompts, params)
         loop = self._loop
         if loop is not None and not loop.closed:
-            return collect([loop.submit(p, s) for p, s in zip(prompts, params, strict=True)], None)
+            return collect([loop.submit(p, s) for p, s in zip(prompts, params, strict=True)])
         size = min(max_batch_size or self.max_concurrency, self.max_concurrency, len(prompts))
         with self._lock:
             return run_many(BatchEngine(self._core, max(1, size), False), prompts, params)
