@@ -20,7 +20,7 @@ from generation.goodput import Acceptance, RecentAcceptance, RowPlan, StepCosts,
 from generation.model_runner import ModelRunner
 from generation.params import SamplingParams
 from generation.prefix_kv import PrefixCache, slot_kv
-from generation.proposers import NgramProposer, Proposer
+from generation.proposers import NgramProposer, propose
 from generation.rejection_sampler import PLACEHOLDER, sample_from_logits, verify
 from generation.scheduler import Scheduler
 from generation.sequence import LoopHandle, Sequence, new_generator
@@ -62,7 +62,6 @@ class BatchEngine:
                 f"slots), got {max_batch_size}"
             )
         self.core = core
-        self.proposer = Proposer(core.draft, core.device)
         self.scheduler = Scheduler(
             max_batch_size,
             config.prefill_chunk if prefill_chunk is None else prefill_chunk,
@@ -84,14 +83,14 @@ class BatchEngine:
         params: SamplingParams,
         handle: LoopHandle,
         background: bool = False,
-    ) -> bool:
-        """Queue a request; a bad one fails ``handle`` with the error instead (returns False)."""
+    ) -> None:
+        """Queue a request; a bad one fails ``handle`` with the error instead."""
         core = self.core
         try:
             core.check_request(prompt, params)
         except (TypeError, ValueError) as exc:
             handle.fail(exc)
-            return False
+            return
         prompt = [int(t) for t in prompt]
         seq = Sequence(
             request_id=self._next_id,
@@ -109,7 +108,6 @@ class BatchEngine:
         if params.method != "none":
             seq.acceptance = Acceptance(prior_alpha=core.recent[params.method].alpha)
         self.scheduler.add(seq)
-        return True
 
     def fail_all(self, error: BaseException) -> None:
         """Fail every waiting and running request with ``error`` and free their slots."""
@@ -194,7 +192,7 @@ class BatchEngine:
         plans = [_plan(seq) for seq in rows]
         batch_k = choose_k(plans, self.core.costs)
         ks = [row_k(plan, batch_k) for plan in plans]
-        drafts = self.proposer.propose(rows, ks)
+        drafts = propose(rows, ks, self.core.draft, self.core.device)
         logits = self._run(rows, drafts.token_ids)  # [B, 1 + k, vocab]
         emitted = verify(logits, drafts, [s.temperature for s in rows], [s.generator for s in rows])
         for b, seq in enumerate(rows):

@@ -11,7 +11,6 @@ each query's own position).
 
 from __future__ import annotations
 
-import os
 import statistics
 import time
 from typing import Any
@@ -121,7 +120,7 @@ class ModelRunner:
 
 
 def free_memory_bytes(device: torch.device) -> int | None:
-    """Free memory on ``device`` (CUDA: the driver's figure; CPU: MemAvailable)."""
+    """Free memory on ``device`` (CUDA: the driver's figure; CPU: MemAvailable; None: unknown)."""
     if device.type == "cuda":
         return int(torch.cuda.mem_get_info(device)[0])
     try:
@@ -131,8 +130,7 @@ def free_memory_bytes(device: torch.device) -> int | None:
                     return int(line.split()[1]) * 1024
     except OSError:
         pass
-    pages = os.sysconf("SC_AVPHYS_PAGES") if hasattr(os, "sysconf") else 0
-    return int(pages) * int(os.sysconf("SC_PAGE_SIZE")) if pages else None
+    return None  # unknown: every slot asked for is allocated
 
 
 def slot_bytes(models: list[Forward], capacity: int) -> int:

@@ -33,74 +33,69 @@ class Drafts:
     None means one-hot on the tokens (greedy rows, prompt lookup)."""
 
 
-class Proposer:
-    """Drafts a step's rows: prompt lookup row by row, the draft model for all its rows at once."""
-
-    def __init__(self, draft: ModelRunner | None, device: torch.device) -> None:
-        self.draft = draft
-        self.device = device
-
-    def propose(self, rows: list[Sequence], ks: list[int]) -> Drafts:
-        """Return up to ``ks[b]`` draft tokens for each row ``b``, padded to the widest."""
-        host: list[list[int]] = [[] for _ in rows]
-        probs: list[torch.Tensor | None] = [None for _ in rows]
-        model_rows = []
-        for b, (seq, k) in enumerate(zip(rows, ks, strict=True)):
-            if k and seq.ngram is not None:
-                host[b] = seq.ngram.propose(seq.tokens, k)
-            elif k and seq.params.method == "draft_model":
-                model_rows.append(b)
-        if model_rows:
-            found = self._draft_model([rows[b] for b in model_rows], [ks[b] for b in model_rows])
-            for b, (draft, p) in zip(model_rows, found, strict=True):
-                host[b], probs[b] = draft, p
-        width = max(len(d) for d in host)
-        padded = [d + [0] * (width - len(d)) for d in host]
-        token_ids = torch.tensor(padded, dtype=torch.long, device=self.device).view(
-            len(rows), width
+def propose(
+    rows: list[Sequence], ks: list[int], draft: ModelRunner | None, device: torch.device
+) -> Drafts:
+    """Return up to ``ks[b]`` draft tokens for each row ``b``, padded to the widest: prompt
+    lookup row by row, the draft model for all its rows at once."""
+    host: list[list[int]] = [[] for _ in rows]
+    probs: list[torch.Tensor | None] = [None for _ in rows]
+    model_rows = []
+    for b, (seq, k) in enumerate(zip(rows, ks, strict=True)):
+        if k and seq.ngram is not None:
+            host[b] = seq.ngram.propose(seq.tokens, k)
+        elif k and seq.params.method == "draft_model":
+            model_rows.append(b)
+    if model_rows:
+        assert draft is not None
+        found = draft_with_model(
+            draft, [rows[b] for b in model_rows], [ks[b] for b in model_rows], device
         )
-        return Drafts(token_ids, [len(d) for d in host], probs)
+        for b, (tokens, p) in zip(model_rows, found, strict=True):
+            host[b], probs[b] = tokens, p
+    width = max(len(d) for d in host)
+    padded = [d + [0] * (width - len(d)) for d in host]
+    token_ids = torch.tensor(padded, dtype=torch.long, device=device).view(len(rows), width)
+    return Drafts(token_ids, [len(d) for d in host], probs)
 
-    def _draft_model(
-        self, rows: list[Sequence], ks: list[int]
-    ) -> list[tuple[list[int], torch.Tensor | None]]:
-        """Return each row's ``ks[i]`` draft tokens and, for a sampled row, their distributions.
 
-        The draft's slot lags the row by the tokens it has not seen (the target's last token,
-        after a fully accepted round also the last draft, more after rounds that drafted
-        nothing): they are fed first, so no prompt is recomputed. Every draft token but the last
-        enters the slot; ``postprocess`` rolls back those the target rejected.
-        """
-        runner = self.draft
-        assert runner is not None
-        slots = [s.slot for s in rows]
-        pending = [s.tokens[runner.length(s.slot) :] for s in rows]
-        width = max(len(p) for p in pending)
-        input_ids = torch.tensor(
-            [p + [0] * (width - len(p)) for p in pending], dtype=torch.long, device=self.device
-        )  # [R, width]
-        counts = [len(p) for p in pending]
-        drafted: list[list[torch.Tensor]] = [[] for _ in rows]
-        probs: list[list[torch.Tensor]] = [[] for _ in rows]
-        for position in range(max(ks)):
-            logits = runner.run(slots, input_ids, counts, last_only=True)  # [R, vocab]
-            greedy = logits.argmax(dim=-1, keepdim=True)  # [R, 1]
-            for i, seq in enumerate(rows):
-                if position >= ks[i] or seq.temperature == 0.0:
-                    drafted[i].append(greedy[i])
-                    continue
-                p = torch.softmax(logits[i] / seq.temperature, dim=-1)  # [vocab]
-                drafted[i].append(torch.multinomial(p, 1, generator=seq.generator))
-                probs[i].append(p)
-            input_ids = torch.stack([t[-1] for t in drafted])  # [R, 1]
-            counts = [1 if position + 1 < k else 0 for k in ks]
-        host = torch.stack([torch.cat(t) for t in drafted]).tolist()  # [R, max k]
-        for seq, k in zip(rows, ks, strict=True):
-            runner.set_length(seq.slot, len(seq.tokens) + k - 1)
-        return [
-            (row[:k], torch.stack(p) if p else None)
-            for row, k, p in zip(host, ks, probs, strict=True)
-        ]
+def draft_with_model(
+    runner: ModelRunner, rows: list[Sequence], ks: list[int], device: torch.device
+) -> list[tuple[list[int], torch.Tensor | None]]:
+    """Return each row's ``ks[i]`` draft tokens and, for a sampled row, their distributions.
+
+    The draft's slot lags the row by the tokens it has not seen (the target's last token,
+    after a fully accepted round also the last draft, more after rounds that drafted
+    nothing): they are fed first, so no prompt is recomputed. Every draft token but the last
+    enters the slot; ``postprocess`` rolls back those the target rejected.
+    """
+    slots = [s.slot for s in rows]
+    pending = [s.tokens[runner.length(s.slot) :] for s in rows]
+    width = max(len(p) for p in pending)
+    input_ids = torch.tensor(
+        [p + [0] * (width - len(p)) for p in pending], dtype=torch.long, device=device
+    )  # [R, width]
+    counts = [len(p) for p in pending]
+    drafted: list[list[torch.Tensor]] = [[] for _ in rows]
+    probs: list[list[torch.Tensor]] = [[] for _ in rows]
+    for position in range(max(ks)):
+        logits = runner.run(slots, input_ids, counts, last_only=True)  # [R, vocab]
+        greedy = logits.argmax(dim=-1, keepdim=True)  # [R, 1]
+        for i, seq in enumerate(rows):
+            if position >= ks[i] or seq.temperature == 0.0:
+                drafted[i].append(greedy[i])
+                continue
+            p = torch.softmax(logits[i] / seq.temperature, dim=-1)  # [vocab]
+            drafted[i].append(torch.multinomial(p, 1, generator=seq.generator))
+            probs[i].append(p)
+        input_ids = torch.stack([t[-1] for t in drafted])  # [R, 1]
+        counts = [1 if position + 1 < k else 0 for k in ks]
+    host = torch.stack([torch.cat(t) for t in drafted]).tolist()  # [R, max k]
+    for seq, k in zip(rows, ks, strict=True):
+        runner.set_length(seq.slot, len(seq.tokens) + k - 1)
+    return [
+        (row[:k], torch.stack(p) if p else None) for row, k, p in zip(host, ks, probs, strict=True)
+    ]
 
 
 def pick_start(starts: list[int], n: int, k: int, seq_len: int) -> int | None:

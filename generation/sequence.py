@@ -32,6 +32,7 @@ class LoopHandle:
         self._result: GenerationResult | None = None
         self._error: BaseException | None = None
         self.cancel_requested = False
+        """Set by ``cancel``; the loop drops the request at its next step boundary."""
 
     def deltas(self) -> Iterator[list[int]]:
         while True:
@@ -117,7 +118,8 @@ class Sequence:
     background: bool = False
     """A batch job's request (generation/scheduler.py)."""
     last_step: float = field(default_factory=time.perf_counter)
-    """When the request last took part in a step (or joined)."""
+    """When the request last took part in a step (or joined): how long a paused background
+    request has waited."""
     batch_size_sum: int = 0
     chosen_k_sum: int = 0
 
@@ -127,7 +129,7 @@ class Sequence:
 
     @property
     def fixed_k(self) -> int | None:
-        """The k the request asked for, or None for ``"auto"`` (and for method ``none``)."""
+        """The k the request asked for, 0 for method ``none``, or None for ``"auto"``."""
         k = self.params.num_speculative_tokens
         if self.params.method == "none":
             return 0
