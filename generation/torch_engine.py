@@ -112,7 +112,9 @@ class SpeculativeEngine:
         draft = None
         if draft_dir is not None:
             draft = load_causal_lm(draft_dir, dev)
-            check_vocab_compatible(target, draft, target_dir, draft_dir)
+            check_vocab_compatible(
+                output_vocab_size(target), output_vocab_size(draft), target_dir, draft_dir
+            )
         return cls(target, draft, config=config)
 
     def reset_prefix_cache(self) -> int:
