@@ -33,8 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from generation import SamplingParams, SpeculativeEngine  # noqa: E402
 from generation.config import EngineConfig  # noqa: E402
-from generation.kv_store import kv_bytes_per_token  # noqa: E402
 from generation.loading import load_tokenizer  # noqa: E402
+from generation.model_runner import kv_bytes_per_token  # noqa: E402
 
 MAX_NEW = 64
 

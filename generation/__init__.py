@@ -6,6 +6,7 @@ batching) and its handles, and loaders.
 """
 
 from generation.base import (
+    BatchRequestError,
     Cancelled,
     DeltaCallback,
     Engine,
@@ -14,7 +15,7 @@ from generation.base import (
     RequestHandle,
 )
 from generation.config import EngineConfig
-from generation.engine_loop import BatchRequestError, EngineLoop
+from generation.engine_loop import EngineLoop
 from generation.factory import load_engine
 from generation.loading import (
     CheckpointError,

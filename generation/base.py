@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from numbers import Integral
 from typing import Protocol, runtime_checkable
@@ -24,8 +24,8 @@ class Cancelled(Exception):
 
 
 DeltaCallback = Callable[[list[int]], None]
-"""Called from the loop's thread with each burst of newly verified token ids, in order; it must
-return quickly (hand the ids to a queue or a socket buffer, never block on a client)."""
+"""Called from the loop's thread with each burst of newly verified token ids; it must return
+quickly (hand the ids to a queue or a socket buffer, never block on a client)."""
 
 
 class RequestHandle(Protocol):
@@ -66,9 +66,8 @@ class GenerationLoop(Protocol):
     ) -> RequestHandle:
         """Queue one request; it joins the batch at the next step.
 
-        ``background`` (batch jobs): the request takes a free slot only after every waiting
-        foreground request, and a loop whose extra rows cost real arithmetic (the torch engine
-        on a CPU) pauses it, slot and cache kept, while any foreground request runs."""
+        ``background`` (batch jobs): it takes a free slot after every waiting foreground request,
+        and where extra rows cost real arithmetic (a CPU) it pauses while one runs."""
         ...
 
     def close(self) -> None:
@@ -124,19 +123,14 @@ class Engine(Protocol):
         """A running online loop (continuous batching) over this engine.
 
         ``prefill_chunk``: most prompt tokens prefilled per step while others decode (None: the
-        engine's default; an engine that schedules its own prefill, as vLLM, ignores it).
-        """
+        engine's default; vLLM schedules its own prefill and ignores it)."""
         ...
 
 
 def check_prompt(
     prompt_token_ids: list[int], params: SamplingParams, vocab_size: int, max_context: int
 ) -> None:
-    """Raise ValueError naming the problem when a request cannot be served by any engine.
-
-    The checks every engine shares (params type, empty prompt, non-integer or out-of-vocabulary
-    ids, a prompt that fills the context); engine-specific checks follow in each engine.
-    """
+    """Raise ValueError naming the problem when a request cannot be served by any engine."""
     if not isinstance(params, SamplingParams):
         raise TypeError(f"params: expected SamplingParams, got {type(params).__name__}")
     if len(prompt_token_ids) == 0:
@@ -155,3 +149,50 @@ def check_prompt(
             f"prompt_token_ids: prompt of {len(prompt_token_ids)} tokens leaves no room in "
             f"the context of {max_context} tokens"
         )
+
+
+def per_prompt(
+    prompts: list[list[int]], params: list[SamplingParams] | SamplingParams
+) -> list[SamplingParams]:
+    """Return ``generate_many``'s params as one per prompt (one given for all is repeated)."""
+    if isinstance(params, SamplingParams):
+        return [params] * len(prompts)
+    if len(params) != len(prompts):
+        raise ValueError(
+            f"params: expected one SamplingParams per prompt ({len(prompts)}), got {len(params)}"
+        )
+    return params
+
+
+class BatchRequestError(ValueError):
+    """Some requests of a ``generate_many`` call failed; the others' results are kept.
+
+    ``errors`` maps each failed request's index to its error; ``results`` holds every result in
+    input order, None where the request failed.
+    """
+
+    def __init__(
+        self, errors: dict[int, BaseException], results: list[GenerationResult | None]
+    ) -> None:
+        self.errors = errors
+        self.results = results
+        detail = "; ".join(f"request {i}: {e}" for i, e in sorted(errors.items()))
+        super().__init__(f"{len(errors)} of {len(results)} requests failed: {detail}")
+
+
+def collect(
+    handles: Sequence[RequestHandle], timeout: float | None = None
+) -> list[GenerationResult]:
+    """Return every handle's result in order, after all of them ended; ``BatchRequestError``
+    names the failed ones, so a bad request never costs the others their results."""
+    results: list[GenerationResult | None] = []
+    errors: dict[int, BaseException] = {}
+    for i, handle in enumerate(handles):
+        try:
+            results.append(handle.result(timeout=timeout))
+        except Exception as exc:
+            errors[i] = exc
+            results.append(None)
+    if errors:
+        raise BatchRequestError(errors, results)
+    return [r for r in results if r is not None]

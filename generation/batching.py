@@ -1,22 +1,9 @@
 """The speculative step: schedule -> propose -> run -> verify -> postprocess.
 
-One ``step`` advances every running request by one speculative round; a lone request is a
-batch of one, so every rule of a round exists once, here:
-
-- schedule: cancelled requests leave, waiting ones take free slots, prompts are prefilled (in
-  chunks) and each request's first token is sampled; each row's k comes from goodput
-  (generation/goodput.py: a fixed k as asked, ``"auto"`` rows the batch's best k);
-- propose: n-gram rows look their drafts up, draft-model rows draft together, one batched
-  draft pass per draft position (generation/proposers/);
-- run: one target pass over ``[B, 1 + k]`` (each row's last token and drafts, right-padded);
-- verify: greedy or rejection sampling per row with the row's own generator
-  (generation/rejection_sampler.py), one host copy;
-- postprocess: append tokens, stream them, stop at EOS or budget, roll each slot back to its
-  accepted length, free finished slots.
-
-Each request gets what it would get alone: greedy rows the target's greedy tokens, sampled rows
-the target's law, and a seeded row with a fixed k the same tokens in any company (its random
-draws come from its own generator in the same order).
+``step`` advances every running request by one round; a lone request is a batch of one, so every
+rule of a round exists once, here. Each request gets what it would get alone: greedy rows the
+target's greedy tokens, sampled rows the target's law, and a seeded row with a fixed k the same
+tokens in any company (its random draws come from its own generator in the same order).
 """
 
 from __future__ import annotations
@@ -33,7 +20,7 @@ from generation.goodput import Acceptance, RecentAcceptance, RowPlan, StepCosts,
 from generation.model_runner import ModelRunner
 from generation.params import SamplingParams
 from generation.prefix_kv import PrefixCache, slot_kv
-from generation.proposers import NgramProposer, Proposer
+from generation.proposers import NgramProposer, propose
 from generation.rejection_sampler import PLACEHOLDER, sample_from_logits, verify
 from generation.scheduler import Scheduler
 from generation.sequence import LoopHandle, Sequence, new_generator
@@ -42,7 +29,7 @@ from generation.stats import GenerationStats
 
 @dataclass
 class EngineCore:
-    """What every step of one engine shares: the models on their KV stores, and its policy state."""
+    """What every batch of one engine shares: the models on their KV stores, and policy state."""
 
     target: ModelRunner
     draft: ModelRunner | None
@@ -51,12 +38,11 @@ class EngineCore:
     eos: frozenset[int]
     max_context: int
     check_request: Callable[[list[int], SamplingParams], None]
-    """Raises ValueError naming the problem when a request cannot be served."""
     costs: StepCosts
     recent: dict[str, RecentAcceptance]
     """Acceptance recent ``"auto"`` requests saw, per method: the prior of a new request."""
     prefix: PrefixCache | None = None
-    """KV of earlier prompts' prefixes, shared by every request (None: reuse off)."""
+    """KV of earlier prompts' prefixes (None: reuse off)."""
 
 
 class BatchEngine:
@@ -69,7 +55,6 @@ class BatchEngine:
         pause_background: bool,
         prefill_chunk: int | None = None,
     ) -> None:
-        """``prefill_chunk``: the loop's own (None: the config's)."""
         config = core.config
         if not 1 <= max_batch_size <= core.target.num_slots:
             raise ValueError(
@@ -77,10 +62,9 @@ class BatchEngine:
                 f"slots), got {max_batch_size}"
             )
         self.core = core
-        self.proposer = Proposer(core.draft, core.device)
         self.scheduler = Scheduler(
             max_batch_size,
-            prefill_chunk or config.prefill_chunk,
+            config.prefill_chunk if prefill_chunk is None else prefill_chunk,
             self._move,
             pause_background,
             config.background_prefill_chunk if pause_background else None,
@@ -93,27 +77,20 @@ class BatchEngine:
             if runner is not None:
                 runner.store.move(src, dst)
 
-    @property
-    def has_work(self) -> bool:
-        """Whether any request is waiting or running."""
-        return self.scheduler.has_work
-
     def add(
         self,
         prompt: list[int],
         params: SamplingParams,
         handle: LoopHandle,
         background: bool = False,
-    ) -> bool:
-        """Queue a request; a bad one fails ``handle`` with the error instead (returns False).
-
-        ``background``: a batch job's request (generation/scheduler.py)."""
+    ) -> None:
+        """Queue a request; a bad one fails ``handle`` with the error instead."""
         core = self.core
         try:
             core.check_request(prompt, params)
         except (TypeError, ValueError) as exc:
             handle.fail(exc)
-            return False
+            return
         prompt = [int(t) for t in prompt]
         seq = Sequence(
             request_id=self._next_id,
@@ -131,7 +108,6 @@ class BatchEngine:
         if params.method != "none":
             seq.acceptance = Acceptance(prior_alpha=core.recent[params.method].alpha)
         self.scheduler.add(seq)
-        return True
 
     def fail_all(self, error: BaseException) -> None:
         """Fail every waiting and running request with ``error`` and free their slots."""
@@ -139,7 +115,6 @@ class BatchEngine:
             self.scheduler.release(seq)
             seq.handle.fail(error)
 
-    # ---------------------------------------------------------------- schedule
     def _schedule(self) -> list[Sequence]:
         """Drop cancelled requests, admit and prefill; return the rows that decode this step."""
         for seq in [*self.scheduler.waiting, *self.scheduler.running]:
@@ -205,10 +180,9 @@ class BatchEngine:
         if seq.params.method == "ngram" and not seq.finished:
             seq.ngram = NgramProposer(max_n=core.config.ngram_max_n)
 
-    # ---------------------------------------------------------------- step
     @torch.inference_mode()
     def step(self) -> None:
-        """Advance every running request by one round (see the module docstring)."""
+        """Advance every running request by one round."""
         rows = self._schedule()
         if not rows:
             return
@@ -218,17 +192,13 @@ class BatchEngine:
         plans = [_plan(seq) for seq in rows]
         batch_k = choose_k(plans, self.core.costs)
         ks = [row_k(plan, batch_k) for plan in plans]
-        drafts = self.proposer.propose(rows, ks)
+        drafts = propose(rows, ks, self.core.draft, self.core.device)
         logits = self._run(rows, drafts.token_ids)  # [B, 1 + k, vocab]
         emitted = verify(logits, drafts, [s.temperature for s in rows], [s.generator for s in rows])
         for b, seq in enumerate(rows):
             self._postprocess(seq, drafts.num_tokens[b], emitted[b], len(rows), ks[b])
-        self.core.costs.observe(
-            len(rows),
-            max(ks),
-            any(p.uses_draft_model for p in plans),
-            time.perf_counter() - started,
-        )
+        table = self.core.costs.table(len(rows), any(p.uses_draft_model for p in plans))
+        table.observe(max(ks), time.perf_counter() - started)
         for seq in [s for s in self.scheduler.running if s.finished]:
             self._finish(seq)
 

@@ -42,22 +42,14 @@ class EngineConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"engine config: {name} must be an int >= 1, got {value!r}")
-        if not isinstance(self.max_background_pause, (int, float)) or self.max_background_pause < 0:
-            raise ValueError(
-                f"engine config: max_background_pause must be a number >= 0, "
-                f"got {self.max_background_pause!r}"
-            )
-        if not isinstance(self.kv_memory_fraction, (int, float)) or not (
-            0 < self.kv_memory_fraction <= 1
+        for name, want, ok in (
+            ("max_background_pause", "a number >= 0", lambda v: v >= 0),
+            ("kv_memory_fraction", "in (0, 1]", lambda v: 0 < v <= 1),
+            ("prefix_cache_mb", "a number >= 0", lambda v: v >= 0),
         ):
-            raise ValueError(
-                f"engine config: kv_memory_fraction must be in (0, 1], "
-                f"got {self.kv_memory_fraction!r}"
-            )
-        if not isinstance(self.prefix_cache_mb, (int, float)) or self.prefix_cache_mb < 0:
-            raise ValueError(
-                f"engine config: prefix_cache_mb must be a number >= 0, got {self.prefix_cache_mb!r}"
-            )
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not ok(value):
+                raise ValueError(f"engine config: {name} must be {want}, got {value!r}")
         if self.pause_background not in (None, True, False):
             raise ValueError(
                 f"engine config: pause_background must be a bool or None, "

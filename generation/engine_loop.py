@@ -1,13 +1,9 @@
 """The engine's online loop: a thread that steps the running batch while requests come and go.
 
-An ``EngineLoop`` owns a ``BatchEngine`` (generation/batching.py) and one thread. ``submit``
-returns a handle at once; the request joins the batch at the next step, its verified tokens reach ``handle.deltas()`` (and ``on_delta``) after every round, and it
-leaves when it finishes, freeing its slot for the next waiting request. ``handle.cancel()``
-takes effect at the next step boundary: the slot is freed, the other rows go on undisturbed,
-and ``result()`` raises ``Cancelled``. A request the engine cannot serve (empty prompt, too
-long, bad parameters) fails its own handle with the error naming the problem. An unexpected
-error inside a step fails the requests of that step (each handle raises it) and the loop goes
-on with the next ones. The thread sleeps while there is nothing to do.
+An ``EngineLoop`` (the ``GenerationLoop`` of generation/base.py) owns a ``BatchEngine`` and one
+thread, which sleeps while there is nothing to do; an unexpected error inside a step fails the
+requests of that step and the loop goes on with the next ones. ``run_many`` steps a batch in the
+caller's thread instead (``generate_many`` without a loop).
 """
 
 from __future__ import annotations
@@ -17,7 +13,7 @@ import threading
 
 import torch
 
-from generation.base import Cancelled, DeltaCallback, GenerationResult
+from generation.base import Cancelled, DeltaCallback, GenerationResult, collect
 from generation.batching import BatchEngine
 from generation.params import SamplingParams
 from generation.sequence import LoopHandle
@@ -26,11 +22,11 @@ log = logging.getLogger(__name__)
 
 
 class EngineLoop:
-    """A ``GenerationLoop`` stepping one ``BatchEngine`` in its own thread (see the module
-    docstring)."""
+    """A ``GenerationLoop`` stepping one ``BatchEngine`` in its own thread.
+
+    ``lock``: held by the loop's thread while it runs (the engine's KV store's lock)."""
 
     def __init__(self, batch: BatchEngine, lock: threading.Lock | None = None) -> None:
-        """``lock``: held by the loop's thread while it runs (the engine's KV store's lock)."""
         self._batch = batch
         self._lock = lock or threading.Lock()
         self._wake = threading.Condition()
@@ -46,7 +42,6 @@ class EngineLoop:
 
     @property
     def closed(self) -> bool:
-        """Whether ``close`` was called (new requests are refused)."""
         return self._closed
 
     def submit(
@@ -57,9 +52,7 @@ class EngineLoop:
         *,
         background: bool = False,
     ) -> LoopHandle:
-        """Queue one request; it joins the batch at the next step (thread-safe, returns at once).
-
-        ``background``: a batch job's request, behind foreground ones (``pause_background``)."""
+        """Queue one request; it joins the batch at the next step (thread-safe, returns at once)."""
         handle = LoopHandle(on_delta)
         try:
             self._batch.core.check_request(prompt_token_ids, params)
@@ -75,7 +68,6 @@ class EngineLoop:
         return handle
 
     def close(self) -> None:
-        """Cancel what is in flight and stop the loop's thread."""
         with self._wake:
             self._closed = True
             self._wake.notify()
@@ -91,7 +83,7 @@ class EngineLoop:
         batch = self._batch
         while True:
             with self._wake:
-                while not self._inbox and not batch.has_work and not self._closed:
+                while not self._inbox and not batch.scheduler.has_work and not self._closed:
                     self._wake.wait()
                 if self._closed:
                     break
@@ -110,49 +102,14 @@ class EngineLoop:
         batch.fail_all(Cancelled("the engine loop was closed"))
 
 
-class BatchRequestError(ValueError):
-    """Some requests of a ``generate_many`` call failed; the others' results are kept.
-
-    ``errors`` maps each failed request's index to its error; ``results`` holds every result in
-    input order, None where the request failed.
-    """
-
-    def __init__(
-        self, errors: dict[int, BaseException], results: list[GenerationResult | None]
-    ) -> None:
-        self.errors = errors
-        self.results = results
-        detail = "; ".join(f"request {i}: {e}" for i, e in sorted(errors.items()))
-        super().__init__(f"{len(errors)} of {len(results)} requests failed: {detail}")
-
-
 def run_many(
     batch: BatchEngine, prompts: list[list[int]], params: list[SamplingParams]
 ) -> list[GenerationResult]:
-    """Return each request's result in input order, stepping ``batch`` in this thread.
-
-    Raises ``BatchRequestError`` (naming each bad request's index) after every other request
-    was answered, so a bad request never costs the others their results.
-    """
+    """Return each request's result in input order, stepping ``batch`` in this thread."""
     handles = [LoopHandle() for _ in prompts]
     for prompt, sampling, handle in zip(prompts, params, handles, strict=True):
         batch.add(prompt, sampling, handle)
     with torch.inference_mode():
-        while batch.has_work:
+        while batch.scheduler.has_work:
             batch.step()
     return collect(handles)
-
-
-def collect(handles: list[LoopHandle], timeout: float | None = 0) -> list[GenerationResult]:
-    """Return every handle's result in order; ``BatchRequestError`` names the failed ones."""
-    results: list[GenerationResult | None] = []
-    errors: dict[int, BaseException] = {}
-    for i, handle in enumerate(handles):
-        try:
-            results.append(handle.result(timeout=timeout))
-        except Exception as exc:
-            errors[i] = exc
-            results.append(None)
-    if errors:
-        raise BatchRequestError(errors, results)
-    return [r for r in results if r is not None]

@@ -1,28 +1,27 @@
 """How the engine runs a model: one forward pass over ``input_ids [B, n]`` on KV slots.
 
-A pass takes B rows of new tokens, right-padded, each row's slot in the model's ``KVStore`` and
-its start (the slot's length): prefill is one row over a prompt chunk, a step every running
-row's last token and drafts. Keys and values go into each row's slot at its own positions, so
-padding never shifts a real token, and what padding writes past a length is never attended.
+Prefill is one row over a prompt chunk, a step every running row's last token and drafts. Each
+row's keys and values go into its slot at its own positions, so padding never shifts a real
+token, and what padding writes past a length is never attended.
 
 Decoding on a CPU is bound by per-call overhead, so, as vLLM does with its own model code,
 Llama-family models run ``FastLlamaForward``: transformers' weights and operations in the same
 order, without modules, hooks or output objects. One row gets the masks transformers passes to
 SDPA (a lone request is token-identical to transformers); several rows one additive mask that
-lets each query see its slot up to its own position. Other models run ``HFForward``
-(transformers' forward row by row, writing through ``SlotLayer`` into the same store).
+lets each query see its slot up to its own position. Other models run ``HFForward``.
 """
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from generation.kv_store import KVStore, SlotLayer
+if TYPE_CHECKING:
+    from generation.model_runner import KVStore
 
 
 class Forward(Protocol):
@@ -47,8 +46,36 @@ class Forward(Protocol):
         ...
 
 
+class SlotLayer(DynamicLayer):
+    """One layer of one slot as a transformers cache layer, for ``HFForward``: the pass's
+    positions go into the store after ``start``."""
+
+    def __init__(self, store: KVStore, layer: int, slot: int, start: int) -> None:
+        super().__init__()
+        self.store, self.layer, self.slot, self.start = store, layer, slot, start
+        self.is_initialized = True
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        pass  # the store is allocated
+
+    def get_seq_length(self) -> int:
+        return self.start
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write this pass's positions ([1, kv_heads, n, head_dim]); return the slot's so far."""
+        end = self.start + key_states.shape[-2]
+        keys, values = self.store.keys[self.layer], self.store.values[self.layer]
+        keys[self.slot, :, self.start : end] = key_states[0]
+        values[self.slot, :, self.start : end] = value_states[0]
+        self.keys = keys[self.slot, :, :end].unsqueeze(0)
+        self.values = values[self.slot, :, :end].unsqueeze(0)
+        return self.keys, self.values
+
+
 class HFForward:
-    """transformers' own forward pass, one row at a time, on the engine's KV store."""
+    """transformers' own forward pass, one row at a time, writing through ``SlotLayer``."""
 
     def __init__(self, model: Any) -> None:
         self.model = model
@@ -166,7 +193,7 @@ class FastLlamaForward:
         self.cos = self.sin = self.embed.new_empty((0, self.head_dim))  # [positions, head_dim]
 
     def _rope(self, end: int) -> None:
-        """Make the cos/sin tables cover positions < ``end`` (by the model's own rotary module)."""
+        """Make the cos/sin tables cover positions < ``end`` (the model's own rotary module)."""
         if end <= self.cos.shape[0]:
             return
         positions = torch.arange(max(end, 2 * self.cos.shape[0]), device=self.device)

@@ -1,25 +1,19 @@
 """k by goodput: how many tokens each step of the batch drafts (0 = no speculation).
 
-Each step the engine picks the k that maximises expected emitted tokens per second of the
-whole batch (a lone request is a batch of one: the same rule is its per-request policy),
+Each step takes the k that maximises expected emitted tokens per second of the whole batch (a
+lone request is a batch of one: the same rule is its per-request policy),
 
     goodput(k) = sum over rows of E(alpha_row, min(k, cap_row)) / T(B, k),
 
-with E(alpha, k) = (1 - alpha^(k+1)) / (1 - alpha) the expected tokens of a round when each
-draft is accepted with probability alpha (Leviathan et al. 2023), each row's alpha its own
-running estimate (``Acceptance``, seeded by recent requests of its method), cap_row its
-remaining budget, and T(B, k) the seconds of a step of B rows that drafts k tokens (a target
-pass over k + 1 tokens per row plus k draft-model passes when a row drafts with the model).
-Rows that asked for a fixed k draft exactly that k (their output and stats do not depend on
-the company they keep); only ``"auto"`` rows follow the batch's choice. As the batch grows the
-target pass turns from per-call overhead into arithmetic, T(B, k) climbs with k, and the
-chosen k falls, down to 0.
+with E(alpha, k) = (1 - alpha^(k+1)) / (1 - alpha) the expected tokens of a round (Leviathan et
+al. 2023), alpha_row the row's running acceptance (``Acceptance``), cap_row its remaining budget
+and T(B, k) the seconds of a step of B rows drafting k. Rows that asked for a fixed k draft
+exactly that k; only ``"auto"`` rows follow the batch. As the batch grows, T(B, k) climbs with k
+and the chosen k falls, down to 0.
 
-T(B, k) is a table per batch-size bucket (powers of two) and per kind of step (with or
-without draft-model passes), measured once when first needed (or at warm-up) and refined from
-the engine's own timed steps (``CostModel``). A table, not a line: on a CPU a pass's cost is
-a staircase in its width (matrix-vector for one token, then matrix-product kernels whose cost
-jumps at a few widths), so every k up to ``DENSE_KS`` is timed.
+T(B, k) is a table per batch-size bucket (powers of two) and kind of step (with or without
+draft-model passes), measured when first needed and refined from the engine's timed steps. A
+table, not a line: on a CPU a pass's cost is a staircase in its width.
 """
 
 from __future__ import annotations
@@ -29,7 +23,7 @@ from dataclasses import dataclass, field
 
 
 def expected_tokens(alpha: float, k: int) -> float:
-    """Return E(k): expected tokens per round when each draft is accepted with prob ``alpha``."""
+    """Return E(k): expected tokens of a round when each draft is accepted with prob ``alpha``."""
     if alpha >= 1.0:
         return float(k + 1)
     return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
@@ -37,19 +31,16 @@ def expected_tokens(alpha: float, k: int) -> float:
 
 @dataclass
 class Acceptance:
-    """One request's running estimate of alpha, the per-token acceptance probability.
-
-    Acceptance is a Bernoulli(alpha) trial per draft position until the first rejection, so the
-    estimate is accepted / (accepted + rejections); counts decay per observed position, so a
-    request moving between free text and quoting its passages is followed within a few rounds.
-    """
+    """One request's running alpha: accepted / (accepted + rejections), a Bernoulli trial per
+    draft position until the first rejection; counts decay per position, so a request moving
+    between free text and quoting its passages is followed within a few rounds."""
 
     prior_alpha: float = 0.6
     """Starting estimate (recent requests of the same method, or a neutral 0.6)."""
     prior_weight: float = 2.0
     """How many draft positions' worth of evidence the prior counts for."""
     decay: float = 0.9
-    """Decay of the counts per observed draft position: about the last 10 positions matter."""
+    """Decay of the counts per observed draft position (about the last 10 matter)."""
     accepted: float = 0.0
     rejected: float = 0.0
     total_accepted: int = 0
@@ -96,17 +87,15 @@ class RecentAcceptance:
 class CostModel:
     """Seconds of a step by k (``measured[k]``, k = 0 .. k_max), following the observed steps.
 
-    Each k's estimate is the decayed mean of its observed steps, blended with the measurement
-    scaled by the load factor (observed / measured over every k seen), in proportion to how
-    many steps of that k were seen: a busy machine scales the whole table, a k never tried
-    keeps its measured shape, and a k tried often is known from its own steps.
-    """
+    Each k's estimate blends the decayed mean of its own steps with the measurement scaled by
+    the load (observed / measured over every k seen): a busy machine scales the whole table, a k
+    never tried keeps its measured shape, a k tried often is known from its own steps."""
 
     measured: list[float]
     prior_weight: float = 4.0
     """How many observed steps of a k the measurement counts for."""
     decay: float = 0.99
-    """Per-step decay of observed steps: about the last 100 steps matter."""
+    """Per-step decay of observed steps (about the last 100 matter)."""
     _count: list[float] = field(default_factory=list, init=False, repr=False)
     _total: list[float] = field(default_factory=list, init=False, repr=False)
 
@@ -138,17 +127,14 @@ class CostModel:
 
 def bucket(batch_size: int) -> int:
     """Return the power of two at or above ``batch_size``: the cost table's batch sizes."""
-    size = 1
-    while size < batch_size:
-        size *= 2
-    return size
+    return 1 << (batch_size - 1).bit_length()
 
 
 StepTimer = Callable[[int, list[int], bool], dict[int, float]]
 """(batch_size, ks, with_draft_model) -> seconds of one step for each k."""
 
 DENSE_KS = 8
-"""Every k up to this one is timed (docs/benchmarks.md, batching: the staircase a line missed)."""
+"""Every k up to this one is timed (docs/benchmarks.md, issue 24: the staircase a line missed)."""
 
 
 def measured_ks(k_max: int) -> list[int]:
@@ -188,21 +174,12 @@ class StepCosts:
             self.tables[key] = CostModel(interpolate(points, self.k_max))
         return self.tables[key]
 
-    def cost(self, batch_size: int, k: int, with_draft: bool) -> float:
-        """Return T(B, k) relative to T(B, 0) of the same bucket."""
-        return self.table(batch_size, with_draft).relative(k)
-
-    def observe(self, batch_size: int, k: int, with_draft: bool, seconds: float) -> None:
-        """Record the wall time of a step of ``batch_size`` rows that drafted up to ``k``."""
-        self.table(batch_size, with_draft).observe(k, seconds)
-
 
 @dataclass
 class RowPlan:
     """What the policy needs of one row."""
 
     alpha: float
-    """Estimated per-token acceptance probability."""
     cap: int
     """Most draft tokens the row may take this step (budget; 0 for method ``none``)."""
     fixed_k: int | None
@@ -221,7 +198,7 @@ def choose_k(rows: list[RowPlan], costs: StepCosts) -> int:
     if not any(r.fixed_k is None and r.cap > 0 for r in rows):
         return 0
     # One table for every k: a batch with draft-model rows prices their passes at every k > 0.
-    with_draft = any(r.uses_draft_model for r in rows)
+    table = costs.table(len(rows), any(r.uses_draft_model for r in rows))
     best_k, best = 0, -1.0
     for k in range(costs.k_max + 1):
         ks = [row_k(r, k) for r in rows]
@@ -229,7 +206,7 @@ def choose_k(rows: list[RowPlan], costs: StepCosts) -> int:
             expected_tokens(min(r.alpha, 0.999), rk) for r, rk in zip(rows, ks, strict=True)
         )
         # A fixed k above k_max (allowed: any k is served) is priced as k_max.
-        rate = tokens / costs.cost(len(rows), min(max(ks), costs.k_max), with_draft)
+        rate = tokens / table.relative(min(max(ks), costs.k_max))
         if rate > best * 1.0001:  # ties go to the smaller k
             best_k, best = k, rate
     return best_k

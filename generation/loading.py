@@ -98,14 +98,14 @@ def output_vocab_size(model: Any) -> int:
 
 
 def check_vocab_compatible(
-    target: Any, draft: Any, target_dir: str | Path, draft_dir: str | Path
+    target_size: Any, draft_size: Any, target_dir: str | Path, draft_dir: str | Path
 ) -> None:
     """Raise ``IncompatibleDraftError`` unless the draft scores the same token ids as the target.
 
-    Compared: the logits size of both models, and the token-to-id maps where both ship a
-    tokenizer (a draft tokenizing differently would propose ids meaning other strings).
+    Compared: the vocabulary sizes the caller read (a loaded model's logits, or config.json),
+    and the token-to-id maps where both ship a tokenizer (a draft tokenizing differently would
+    propose ids meaning other strings).
     """
-    target_size, draft_size = output_vocab_size(target), output_vocab_size(draft)
     if target_size != draft_size:
         raise IncompatibleDraftError(
             f"draft {str(draft_dir)!r} has vocabulary size {draft_size}, "

@@ -1,26 +1,77 @@
-"""One batched forward of a model on its KV store, and how many slots the engine can hold.
+"""Who owns which KV memory, and one batched forward of a model on it.
 
-``ModelRunner`` pairs a model's forward pass (generation/forward.py) with its ``KVStore``: a
-pass reads each row's start from its slot's length and advances the length by the row's real
-tokens. ``plan_slots`` decides once, before anything is allocated (as nano-vLLM's
-``allocate_kv_cache``), how many slots fit: every slot holds the full context, so a full batch
-never runs out of memory mid-step.
+``KVStore`` holds one model's keys and values for every slot, per layer
+``[num_slots, kv_heads, capacity, head_dim]``, and each slot's length on the host. ``plan_slots``
+decides once, before anything is allocated (as nano-vLLM's ``allocate_kv_cache``), how many
+slots fit at the full context, so nothing grows or copies while requests come and go and a full
+batch never runs out of memory mid-step. A pass writes at the slot's length; rejecting drafts
+only lowers the length (stale positions are overwritten and never attended: the mask stops at
+each query's own position).
 """
 
 from __future__ import annotations
 
-import os
 import statistics
 import time
+from typing import Any
 
 import torch
 
 from generation.forward import Forward
-from generation.kv_store import KVStore, kv_bytes_per_token
+
+
+def kv_shape(config: Any) -> tuple[int, int, int]:
+    """Return (layers, kv_heads, head_dim) of a model of ``config``."""
+    heads = int(config.num_attention_heads)
+    kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
+    head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
+    return int(config.num_hidden_layers), kv_heads, head_dim
+
+
+def kv_bytes_per_token(config: Any, dtype: torch.dtype) -> int:
+    """Return the bytes of keys and values one token occupies in every layer of ``config``."""
+    layers, kv_heads, head_dim = kv_shape(config)
+    return 2 * layers * kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
+
+
+class KVStore:
+    """Keys and values of one model for ``num_slots`` requests, each slot with its own length."""
+
+    def __init__(
+        self,
+        config: Any,
+        num_slots: int,
+        capacity: int,
+        *,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
+        self.num_layers, kv_heads, head_dim = kv_shape(config)
+        self.capacity = capacity
+        shape = (num_slots, kv_heads, capacity, head_dim)
+        # Zeros, not empty: positions past a length are masked, and a masked score must never
+        # meet a NaN of uninitialised memory.
+        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(self.num_layers)]
+        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in self.keys]
+        self.lengths = [0] * num_slots
+        """lengths[slot]: positions of the slot that hold valid keys and values."""
+
+    @property
+    def num_slots(self) -> int:
+        return len(self.lengths)
+
+    def move(self, src: int, dst: int) -> None:
+        """Copy slot ``src``'s valid positions into slot ``dst`` and empty ``src``."""
+        n = self.lengths[src]
+        for store in (self.keys, self.values):
+            for layer in store:
+                layer[dst, :, :n] = layer[src, :, :n]
+        self.lengths[dst], self.lengths[src] = n, 0
 
 
 class ModelRunner:
-    """A model (target or draft) with a KV slot per running request."""
+    """A model (target or draft) with a KV slot per running request: a pass reads each row's
+    start from its slot's length and advances the length by the row's real tokens."""
 
     def __init__(self, fwd: Forward, num_slots: int, capacity: int) -> None:
         self.fwd = fwd
@@ -39,11 +90,10 @@ class ModelRunner:
         return self._store
 
     def length(self, slot: int) -> int:
-        """Positions of slot ``slot`` that hold the sequence's keys and values."""
         return self.store.lengths[slot]
 
     def set_length(self, slot: int, length: int) -> None:
-        """Roll slot ``slot`` back to ``length`` positions (rejected drafts are forgotten)."""
+        """Roll ``slot`` back to ``length`` positions (rejected drafts are forgotten)."""
         self.store.lengths[slot] = length
 
     def run(
@@ -70,7 +120,7 @@ class ModelRunner:
 
 
 def free_memory_bytes(device: torch.device) -> int | None:
-    """Free memory on ``device`` (CUDA: the driver's figure; CPU: MemAvailable)."""
+    """Free memory on ``device`` (CUDA: the driver's figure; CPU: MemAvailable; None: unknown)."""
     if device.type == "cuda":
         return int(torch.cuda.mem_get_info(device)[0])
     try:
@@ -80,8 +130,7 @@ def free_memory_bytes(device: torch.device) -> int | None:
                     return int(line.split()[1]) * 1024
     except OSError:
         pass
-    pages = os.sysconf("SC_AVPHYS_PAGES") if hasattr(os, "sysconf") else 0
-    return int(pages) * int(os.sysconf("SC_PAGE_SIZE")) if pages else None
+    return None  # unknown: every slot asked for is allocated
 
 
 def slot_bytes(models: list[Forward], capacity: int) -> int:
@@ -112,12 +161,9 @@ def time_batch_steps(
     context_len: int = 64,
     repeats: int = 2,
 ) -> dict[int, float]:
-    """Return the median seconds of a batch step of ``batch_size`` rows for each k in ``ks``.
-
-    A step is one target pass over ``[batch_size, k + 1]`` and, with a draft model, ``k``
-    draft passes over ``[batch_size, 1]``, on scratch slots (not the engine's) that hold
-    ``context_len`` tokens.
-    """
+    """Return the median seconds of a batch step of ``batch_size`` rows for each k in ``ks``:
+    a target pass over ``[batch_size, k + 1]`` and, with a draft, ``k`` draft passes over
+    ``[batch_size, 1]``, on scratch slots holding ``context_len`` tokens."""
     capacity = context_len + max(ks) + 2
     runners = [ModelRunner(m, batch_size, capacity) for m in (target, draft) if m is not None]
     device = target.device

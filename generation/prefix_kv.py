@@ -2,7 +2,7 @@
 
 ``PrefixCache`` pairs the block index (generation/prefix_cache.py: hash chains, LRU, references)
 with the tensors it indexes: per model and layer, keys and values ``[num_blocks, block_size,
-kv_heads, head_dim]``, a slot's positions in the KV store (generation/kv_store.py, ``slot_kv``). A
+kv_heads, head_dim]``, a slot's positions in the KV store (generation/model_runner.py, ``slot_kv``). A
 request that starts with a cached prefix gets that prefix's keys and values *copied* into its slot
 and prefills only the rest; when its prompt is prefilled, its full blocks not cached yet are copied
 out of the slot into the pool. A slot owns its copy, so a block is referenced only while it is
@@ -231,7 +231,7 @@ def slot_kv(store: Any, slot: int) -> SlotKV:
     """One slot of a KV store as per-layer views ``[capacity, kv_heads, head_dim]``.
 
     The store lays a layer out ``[num_slots, kv_heads, capacity, head_dim]``
-    (generation/kv_store.py); the transposed view writes through to it, so copies in and out need
+    (generation/model_runner.py); the transposed view writes through to it, so copies in and out need
     no reshaping here.
     """
     return (

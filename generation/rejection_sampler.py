@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from generation.proposers.base import Drafts
+from generation.proposers import Drafts
 
 PLACEHOLDER = -1
 """Pads a row of ``verify``'s output after its last emitted token."""

@@ -1,21 +1,15 @@
 """Who runs this step: requests wait in arrival order, join free slots, leave when done.
 
-Running requests occupy slots 0 .. len(running) - 1, in that order, so the batched forward
-pass reads the batch's keys and values as one view. When a request leaves, the last running
-request moves into its slot (its KV positions are copied once, a few MB at most) instead of
-leaving a hole every later step would have to gather around.
+Running requests occupy slots 0 .. len(running) - 1, so the batched pass reads the batch's KV as
+one view: when a request leaves, the last running one moves into its slot (its KV copied once).
+A long prompt is prefilled in chunks of at most ``prefill_chunk`` tokens per step, so decoding
+rows are never stalled by more than one chunk's pass.
 
-A request whose prompt is long is prefilled in chunks of at most ``prefill_chunk`` tokens per
-step, so the rows already decoding are never stalled by more than one chunk's pass.
-
-Background requests (batch jobs) take free slots only after every waiting foreground request.
-With ``pause_background`` (where an extra row costs real arithmetic, as on a CPU) they also sit
-out every step while a foreground request runs: their slots and caches stay as they are and they
-go on where they stopped, so a foreground request runs as fast as it would alone; so that a
-steady stream of foreground requests cannot starve them, a background request paused for
-``max_background_pause`` seconds takes part in the next step. Their
-prompts are prefilled in chunks of at most ``background_chunk`` tokens, so a foreground request
-that arrives while one is being prefilled waits for a short pass, not a long one.
+Background requests (batch jobs) take free slots after every waiting foreground request. With
+``pause_background`` (where an extra row costs real arithmetic, as on a CPU) they also sit out
+the steps while a foreground request runs, slots and caches kept, unless paused for
+``max_background_pause`` seconds (no starvation); their prompts are prefilled in chunks of at
+most ``background_chunk`` tokens, so an arriving foreground request waits for a short pass.
 """
 
 from __future__ import annotations
@@ -42,8 +36,6 @@ class Scheduler:
         background_chunk: int | None = None,
         max_background_pause: float = 5.0,
     ) -> None:
-        if max_batch_size < 1:
-            raise ValueError(f"max_batch_size: must be >= 1, got {max_batch_size}")
         if prefill_chunk < 1:
             raise ValueError(f"prefill_chunk: must be >= 1, got {prefill_chunk}")
         self.max_batch_size = max_batch_size
@@ -51,22 +43,17 @@ class Scheduler:
         """Most prompt tokens prefilled in one step (all prefilling requests together)."""
         self._move = move
         self.pause_background = pause_background
-        """Whether background rows sit out the steps while a foreground request runs."""
         self.background_chunk = background_chunk or prefill_chunk
-        """Most prompt tokens of a background request prefilled in one step."""
         self.max_background_pause = max_background_pause
-        """Longest a paused background request waits before it takes part in a step anyway."""
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         """running[i] holds slot i."""
 
     @property
     def has_work(self) -> bool:
-        """Whether any request is waiting or running."""
         return bool(self.waiting or self.running)
 
     def add(self, seq: Sequence) -> None:
-        """Queue ``seq``; it takes a slot at the next step with one free."""
         self.waiting.append(seq)
 
     def admit(self) -> list[Sequence]:

@@ -1,10 +1,4 @@
-"""One request's state in the batching engine, and the handle its caller holds.
-
-A ``Sequence`` is what the step loop knows of a request: its tokens so far (prompt plus
-output), its sampling parameters and private random generator, its proposer state, its slot,
-its stats. The caller holds a ``LoopHandle``: newly verified tokens arrive on it as they land
-(``deltas()``, or the ``on_delta`` callback), and ``result()`` waits for the end.
-"""
+"""One request's state in the step loop (``Sequence``), and the handle its caller holds."""
 
 from __future__ import annotations
 
@@ -20,7 +14,7 @@ import torch
 from generation.base import Cancelled, DeltaCallback, GenerationResult
 from generation.goodput import Acceptance
 from generation.params import SamplingParams
-from generation.proposers.ngram import NgramProposer
+from generation.proposers import NgramProposer
 from generation.stats import GenerationStats
 
 _END = object()
@@ -28,7 +22,8 @@ log = logging.getLogger(__name__)
 
 
 class LoopHandle:
-    """A request in flight in an ``EngineLoop`` (satisfies ``generation.base.RequestHandle``)."""
+    """A request in flight (``generation.base.RequestHandle``); the loop's side emits,
+    finishes or fails it."""
 
     def __init__(self, on_delta: DeltaCallback | None = None) -> None:
         self._on_delta = on_delta
@@ -40,7 +35,6 @@ class LoopHandle:
         """Set by ``cancel``; the loop drops the request at its next step boundary."""
 
     def deltas(self) -> Iterator[list[int]]:
-        """Newly verified token ids as they land; ends when the request finished or stopped."""
         while True:
             item = self._deltas.get()
             if item is _END:
@@ -50,7 +44,6 @@ class LoopHandle:
             yield item
 
     def result(self, timeout: float | None = None) -> GenerationResult:
-        """The whole result; raises ``Cancelled``, the request's own error, or TimeoutError."""
         if not self._done.wait(timeout):
             raise TimeoutError(f"request not finished after {timeout} s")
         if self._error is not None:
@@ -59,17 +52,13 @@ class LoopHandle:
         return self._result
 
     def cancel(self) -> None:
-        """Stop the request at the next step boundary; its slot is freed."""
         self.cancel_requested = True
 
     @property
     def done(self) -> bool:
-        """Whether the request finished, failed or was cancelled."""
         return self._done.is_set()
 
-    # The loop's side.
     def emit(self, token_ids: list[int]) -> None:
-        """Hand a burst of verified tokens to the caller (loop thread)."""
         if not token_ids:
             return
         self._deltas.put(list(token_ids))
@@ -80,19 +69,13 @@ class LoopHandle:
                 log.exception("on_delta raised; the request is cancelled")
                 self.cancel_requested = True
 
-    def finish(self, result: GenerationResult) -> None:
-        """Complete the request with ``result``."""
-        self._result = result
-        self._close()
-
-    def fail(self, error: BaseException) -> None:
-        """Complete the request with ``error`` (``result`` raises it)."""
-        self._error = error
-        self._close()
-
-    def _close(self) -> None:
+    def finish(self, result: GenerationResult | None, error: BaseException | None = None) -> None:
+        self._result, self._error = result, error
         self._deltas.put(_END)
         self._done.set()
+
+    def fail(self, error: BaseException) -> None:
+        self.finish(None, error)
 
 
 def new_generator(params: SamplingParams, device: torch.device) -> torch.Generator | None:
@@ -133,8 +116,7 @@ class Sequence:
     """The row's running alpha (None for method ``none``)."""
     finished: bool = False
     background: bool = False
-    """A batch job's request: yields its slot order and, when the loop pauses background rows,
-    its steps to foreground requests."""
+    """A batch job's request (generation/scheduler.py)."""
     last_step: float = field(default_factory=time.perf_counter)
     """When the request last took part in a step (or joined): how long a paused background
     request has waited."""
@@ -143,12 +125,11 @@ class Sequence:
 
     @property
     def temperature(self) -> float:
-        """The request's sampling temperature (0: greedy)."""
         return float(self.params.temperature)
 
     @property
     def fixed_k(self) -> int | None:
-        """The k the request asked for, or None for ``"auto"`` (and for method ``none``)."""
+        """The k the request asked for, 0 for method ``none``, or None for ``"auto"``."""
         k = self.params.num_speculative_tokens
         if self.params.method == "none":
             return 0
@@ -156,7 +137,6 @@ class Sequence:
 
     @property
     def remaining(self) -> int:
-        """Tokens the request may still emit."""
         return self.budget - len(self.output)
 
     def result(self) -> GenerationResult:
@@ -170,5 +150,4 @@ class Sequence:
         return GenerationResult(token_ids=list(self.output), stats=stats)
 
     def cancelled(self) -> Cancelled:
-        """The error a cancelled request's ``result`` raises."""
         return Cancelled(f"request {self.request_id} cancelled after {len(self.output)} tokens")

@@ -1,9 +1,5 @@
-"""Per-request speculative-decoding statistics, named after vLLM's spec-decode metrics.
-
-Vocabulary: the *proposer* (draft model or n-gram lookup) drafts tokens; the *target* verifies
-them. A drafted token the target keeps is *accepted*; at the first rejection the target emits a
-*recovered* token; when every drafted token is accepted it emits one *bonus* token.
-"""
+"""Per-request speculative-decoding statistics, named after vLLM's spec-decode metrics (the
+vocabulary, accepted / recovered / bonus token, is defined in generation/rejection_sampler.py)."""
 
 from __future__ import annotations
 
@@ -89,9 +85,3 @@ class GenerationStats:
         data["acceptance_rate"] = self.acceptance_rate
         data["mean_acceptance_length"] = self.mean_acceptance_length
         return data
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> GenerationStats:
-        """Inverse of ``to_dict`` (derived fields are recomputed, not read)."""
-        names = set(cls.__dataclass_fields__)
-        return cls(**{k: v for k, v in data.items() if k in names})

@@ -1,12 +1,10 @@
 """The built-in PyTorch engine: speculative decoding over Hugging Face models on KV slots.
 
-As nano-vLLM's ``LLM``, the engine is a batching engine whose ``generate`` is a batch of one:
-``generate_many`` queues requests on a ``BatchEngine`` (generation/batching.py) and steps it
-until they are done, and ``start_loop`` steps one in a thread while requests come and go. Both
-run on the engine's one KV store per model (generation/kv_store.py), whose slots the engine
-decides once at construction (``max_concurrency``) and allocates on first use; while a loop
-runs, ``generate_many`` submits to it, so every caller (worker, audits, warm-up) takes the
-production path.
+As nano-vLLM's ``LLM``, ``generate`` is a batch of one: ``generate_many`` steps a ``BatchEngine``
+(generation/batching.py) until its requests are done, and ``start_loop`` steps one in a thread
+(generation/engine_loop.py). Both run on one KV store per model, whose slots are decided once
+(``max_concurrency``); while a loop runs, ``generate_many`` submits to it, so every caller
+(worker, audits, warm-up) takes the production path.
 """
 
 from __future__ import annotations
@@ -17,10 +15,10 @@ from typing import Any
 
 import torch
 
-from generation.base import GenerationResult, check_prompt
+from generation.base import BatchRequestError, GenerationResult, check_prompt, collect, per_prompt
 from generation.batching import BatchEngine, EngineCore
 from generation.config import EngineConfig
-from generation.engine_loop import BatchRequestError, EngineLoop, collect, run_many
+from generation.engine_loop import EngineLoop, run_many
 from generation.forward import Forward, forward_for
 from generation.goodput import RecentAcceptance, StepCosts
 from generation.loading import (
@@ -49,7 +47,6 @@ class SpeculativeEngine:
         target: Any,
         draft: Any | None = None,
         *,
-        model_pair: str | None = None,
         config: EngineConfig | None = None,
     ) -> None:
         self.config = config = config or EngineConfig()
@@ -57,18 +54,16 @@ class SpeculativeEngine:
         self.draft = draft.eval() if draft is not None else None
         self.device = next(target.parameters()).device
         self.target_forward: Forward = forward_for(self.target, config.fast_forward)
-        """The target as the engine runs it (generation/forward.py)."""
-        self.draft_forward: Forward | None = None
-        """The draft as the engine runs it, if there is one."""
-        if self.draft is not None:
-            self.draft_forward = forward_for(self.draft, config.fast_forward)
-        self._vocab_size = output_vocab_size(target)
-        self._max_context = min(max_context(m.config) for m in (target, draft) if m is not None)
-        self._eos = eos_token_ids(target)
-        self._model_pair = model_pair or _label(target) + (f"+{_label(draft)}" if draft else "")
+        self.draft_forward = forward_for(draft, config.fast_forward) if draft is not None else None
+        # vocab_size, max_context, eos_token_id, model_pair: as generation.base.Engine says.
+        self.vocab_size = output_vocab_size(target)
+        self.max_context = min(max_context(m.config) for m in (target, draft) if m is not None)
+        eos = eos_token_ids(target)
+        self.eos_token_id = eos[0] if eos else None
+        self.model_pair = _label(target) + (f"+{_label(draft)}" if draft else "")
+        self.max_speculative_tokens = config.max_speculative_tokens
         models = [m for m in (self.target_forward, self.draft_forward) if m is not None]
-        # A slot holds the whole context and one round's padding.
-        capacity = self._max_context + config.max_speculative_tokens + 1
+        capacity = self.max_context + config.max_speculative_tokens + 1  # one round's padding
         self.kv_bytes_per_slot = slot_bytes(models, capacity)
         """Bytes of KV one request's slot takes, target and draft together."""
         self.max_concurrency = plan_slots(
@@ -81,27 +76,26 @@ class SpeculativeEngine:
         def timer(batch_size: int, ks: list[int], with_draft: bool) -> dict[int, float]:
             return time_batch_steps(target_fwd, draft_fwd if with_draft else None, batch_size, ks)
 
-        self._core = EngineCore(
-            target=ModelRunner(target_fwd, self.max_concurrency, capacity),
-            draft=None
-            if draft_fwd is None
-            else ModelRunner(draft_fwd, self.max_concurrency, capacity),
-            config=config,
-            device=self.device,
-            eos=frozenset(self._eos),
-            max_context=self._max_context,
-            check_request=self.check_request,
-            costs=StepCosts(timer, config.max_speculative_tokens),
-            recent={"draft_model": RecentAcceptance(), "ngram": RecentAcceptance()},
-        )
         self.prefix_cache = PrefixCache.for_models(
-            config.prefix_cache_mb, self.target, self.draft, self._model_pair,
+            config.prefix_cache_mb, self.target, self.draft, self.model_pair,
             config.prefix_block_size,
         )  # fmt: skip
         """KV of earlier prompts' prefixes (generation/prefix_kv.py); None when reuse is off."""
-        self._core.prefix = self.prefix_cache
+        runners = [ModelRunner(m, self.max_concurrency, capacity) for m in models]
+        self._core = EngineCore(
+            target=runners[0],
+            draft=runners[1] if len(runners) > 1 else None,
+            config=config,
+            device=self.device,
+            eos=frozenset(eos),
+            max_context=self.max_context,
+            check_request=self.check_request,
+            costs=StepCosts(timer, config.max_speculative_tokens),
+            recent={"draft_model": RecentAcceptance(), "ngram": RecentAcceptance()},
+            prefix=self.prefix_cache,
+        )
         self._lock = threading.Lock()
-        """Held by whoever steps the KV store: a running loop's thread, or ``generate_many``."""
+        """Held by whoever steps the KV stores: a running loop's thread, or ``generate_many``."""
         self._loop: EngineLoop | None = None
 
     @classmethod
@@ -116,47 +110,17 @@ class SpeculativeEngine:
         dev = resolve_device(device)
         target = load_causal_lm(target_dir, dev)
         draft = None
-        pair = Path(target_dir).name
         if draft_dir is not None:
             draft = load_causal_lm(draft_dir, dev)
-            check_vocab_compatible(target, draft, target_dir, draft_dir)
-            pair = f"{pair}+{Path(draft_dir).name}"
-        return cls(target, draft, model_pair=pair, config=config)
+            check_vocab_compatible(
+                output_vocab_size(target), output_vocab_size(draft), target_dir, draft_dir
+            )
+        return cls(target, draft, config=config)
 
     def reset_prefix_cache(self) -> int:
         """Forget every cached prompt prefix not in use (as vLLM's ``reset_prefix_cache``);
         return how many blocks were dropped (0 when reuse is off)."""
         return self.prefix_cache.reset() if self.prefix_cache is not None else 0
-
-    @property
-    def vocab_size(self) -> int:
-        """Size of the target's vocabulary; valid token ids are ``range(vocab_size)``."""
-        return self._vocab_size
-
-    @property
-    def max_context(self) -> int:
-        """Longest sequence (prompt + new tokens) the target (and draft) accept."""
-        return self._max_context
-
-    @property
-    def eos_token_id(self) -> int | None:
-        """The target's end-of-sequence token, if it has one."""
-        return self._eos[0] if self._eos else None
-
-    @property
-    def eos_token_ids(self) -> list[int]:
-        """Every end-of-sequence id of the target."""
-        return list(self._eos)
-
-    @property
-    def model_pair(self) -> str:
-        """A short label of the loaded target/draft pair."""
-        return self._model_pair
-
-    @property
-    def max_speculative_tokens(self) -> int:
-        """k_max: the largest k a request may ask for, and the longest draft of ``"auto"``."""
-        return self.config.max_speculative_tokens
 
     @property
     def kv_stores(self) -> list[Any]:
@@ -179,26 +143,12 @@ class SpeculativeEngine:
 
     def warmup(self, batch_sizes: tuple[int, ...] = (1,)) -> None:
         """Allocate the KV stores and measure the step costs T(B, k) of these batch sizes now
-        (else the first batch of a size does); also warms the kernels a first request needs."""
+        (else the first batch of a size does)."""
         with torch.inference_mode():
             self.kv_stores  # noqa: B018 - allocated here, not in the first request
         for size in batch_sizes:
-            self.step_costs().table(size, False)
-            if self.draft is not None:
-                self.step_costs().table(size, True)
-
-    def _batch(
-        self,
-        max_batch_size: int | None,
-        pause_background: bool | None,
-        prefill_chunk: int | None = None,
-    ) -> BatchEngine:
-        if pause_background is None:
-            pause_background = self.config.pause_background
-        if pause_background is None:
-            pause_background = self.device.type == "cpu"
-        size = max_batch_size or self.max_concurrency
-        return BatchEngine(self._core, size, pause_background, prefill_chunk)
+            for with_draft in (False, True) if self.draft is not None else (False,):
+                self._core.costs.table(size, with_draft)
 
     def start_loop(
         self,
@@ -206,16 +156,18 @@ class SpeculativeEngine:
         *,
         prefill_chunk: int | None = None,
     ) -> EngineLoop:
-        """Return a running ``EngineLoop`` (continuous batching) over this engine's KV store.
+        """Return a running ``EngineLoop`` (continuous batching); one at a time.
 
         ``max_batch_size``: at most ``max_concurrency`` (None: that). ``prefill_chunk``: most
-        prompt tokens prefilled per step (None: the config's). One loop at a time: close it first.
-        """
-        if prefill_chunk is not None and prefill_chunk < 1:
-            raise ValueError(f"prefill_chunk: must be >= 1, got {prefill_chunk}")
+        prompt tokens prefilled per step (None: the config's)."""
         if self._loop is not None and not self._loop.closed:
             raise RuntimeError("start_loop: this engine already runs a loop; close it first")
-        self._loop = EngineLoop(self._batch(max_batch_size, None, prefill_chunk), self._lock)
+        pause = self.config.pause_background
+        pause = self.device.type == "cpu" if pause is None else pause
+        batch = BatchEngine(
+            self._core, max_batch_size or self.max_concurrency, pause, prefill_chunk
+        )
+        self._loop = EngineLoop(batch, self._lock)
         return self._loop
 
     def generate_many(
@@ -227,24 +179,16 @@ class SpeculativeEngine:
     ) -> list[GenerationResult]:
         """Return one result per prompt, in input order, generated as one continuous batch.
 
-        ``params``: one ``SamplingParams`` per prompt (or one for all). Each result is what the
-        request would get alone. Bad requests raise ``BatchRequestError`` naming their index,
-        after every other request was answered (its ``results`` hold the others). While a loop
-        runs, the requests join it (``max_batch_size`` is then the loop's).
-        """
-        if isinstance(params, SamplingParams):
-            params = [params] * len(prompts)
-        if len(params) != len(prompts):
-            raise ValueError(
-                f"params: expected one SamplingParams per prompt ({len(prompts)}), "
-                f"got {len(params)}"
-            )
+        ``params``: one per prompt (or one for all). Bad requests raise ``BatchRequestError``
+        naming their index after every other request was answered. While a loop runs, the
+        requests join it (``max_batch_size`` is then the loop's)."""
+        params = per_prompt(prompts, params)
         loop = self._loop
         if loop is not None and not loop.closed:
-            return collect([loop.submit(p, s) for p, s in zip(prompts, params, strict=True)], None)
+            return collect([loop.submit(p, s) for p, s in zip(prompts, params, strict=True)])
         size = min(max_batch_size or self.max_concurrency, self.max_concurrency, len(prompts))
         with self._lock:
-            return run_many(self._batch(max(1, size), False), prompts, params)
+            return run_many(BatchEngine(self._core, max(1, size), False), prompts, params)
 
     def generate(self, prompt_token_ids: list[int], params: SamplingParams) -> GenerationResult:
         """Generate up to ``params.max_new_tokens`` tokens after ``prompt_token_ids``: a batch

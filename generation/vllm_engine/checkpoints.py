@@ -10,12 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from generation.loading import (
-    CheckpointError,
-    IncompatibleDraftError,
-    has_tokenizer,
-    load_tokenizer,
-)
+from generation.loading import CheckpointError, check_vocab_compatible
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -46,22 +41,4 @@ def check_draft_vocab(target_dir: Path, draft_dir: Path) -> None:
     Reads config files and tokenizers only: a 70B target is never loaded on the host to check.
     """
     sizes = [_read_json(d / "config.json").get("vocab_size") for d in (target_dir, draft_dir)]
-    if sizes[0] != sizes[1]:
-        raise IncompatibleDraftError(
-            f"draft {str(draft_dir)!r} has vocabulary size {sizes[1]}, "
-            f"target {str(target_dir)!r} has {sizes[0]}"
-        )
-    if not (has_tokenizer(target_dir) and has_tokenizer(draft_dir)):
-        return
-    target_vocab = load_tokenizer(target_dir).get_vocab()
-    draft_vocab = load_tokenizer(draft_dir).get_vocab()
-    differing = [
-        t for t in set(target_vocab) | set(draft_vocab) if target_vocab.get(t) != draft_vocab.get(t)
-    ]
-    if differing:
-        tok = sorted(differing)[0]
-        raise IncompatibleDraftError(
-            f"draft {str(draft_dir)!r} and target {str(target_dir)!r} map {len(differing)} tokens "
-            f"to different ids (e.g. {tok!r}: target {target_vocab.get(tok)} vs draft "
-            f"{draft_vocab.get(tok)})"
-        )
+    check_vocab_compatible(sizes[0], sizes[1], target_dir, draft_dir)

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from generation.base import GenerationResult, check_prompt
+from generation.base import GenerationResult, check_prompt, collect, per_prompt
 from generation.loading import validate_checkpoint
 from generation.params import SamplingParams
 from generation.vllm_engine import cpu_fix
@@ -298,27 +298,9 @@ class VLLMEngine:
         ``params``: one ``SamplingParams`` per prompt (or one for all). Bad requests raise
         ``BatchRequestError`` naming their index after every other request was answered.
         """
-        from generation.engine_loop import BatchRequestError  # the torch engine's error type
-
-        if isinstance(params, SamplingParams):
-            params = [params] * len(prompts)
-        if len(params) != len(prompts):
-            raise ValueError(
-                f"params: expected one SamplingParams per prompt ({len(prompts)}), got {len(params)}"
-            )
+        params = per_prompt(prompts, params)
         loop = VLLMLoop(self, self._event_loop(), max_batch_size or self.max_num_seqs)
-        handles = [loop.submit(p, sp) for p, sp in zip(prompts, params, strict=True)]
-        results: list[GenerationResult | None] = []
-        errors: dict[int, BaseException] = {}
-        for i, handle in enumerate(handles):
-            try:
-                results.append(handle.result())
-            except Exception as exc:
-                errors[i] = exc
-                results.append(None)
-        if errors:
-            raise BatchRequestError(errors, results)
-        return [r for r in results if r is not None]
+        return collect([loop.submit(p, sp) for p, sp in zip(prompts, params, strict=True)])
 
     def close(self) -> None:
         """Abort every loop's requests, shut vLLM down and stop the event-loop thread.

@@ -12,9 +12,8 @@ import warnings
 
 import pytest
 
-from generation import SamplingParams, SpeculativeEngine
+from generation import BatchRequestError, SamplingParams, SpeculativeEngine
 from generation.config import EngineConfig
-from generation.engine_loop import BatchRequestError
 from tests.generation.batch_support import References, check_greedy, mixed_requests
 from tests.generation.conformance import check_stats_invariants
 from tests.generation.tiny_models import build_model, perturbed_copy

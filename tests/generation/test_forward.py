@@ -8,8 +8,8 @@ import torch
 from transformers import DynamicCache
 
 from generation.forward import FastLlamaForward, HFForward, fast_path_refusal, forward_for
-from generation.kv_store import KVStore
-from generation.model_runner import ModelRunner
+from generation.model_runner import KVStore, ModelRunner
+from generation.prefix_kv import slot_kv
 from tests.generation.tiny_models import FAMILIES, build_model
 
 VOCAB = 96
@@ -105,7 +105,7 @@ def test_a_batched_pass_gives_each_row_its_own_logits(family: str) -> None:
     assert [batched.length(s) for s in slots] == [7 + 1 + 1, 12 + 3 + 1, 4 + 2 + 1]
 
 
-def test_store_read_and_write_move_a_prefix_between_slots() -> None:
+def test_a_prefix_copied_between_slots_prefills_the_rest_exactly() -> None:
     model = sharp("llama")
     fwd = FastLlamaForward(model)
     runner = ModelRunner(fwd, 2, 64)
@@ -113,7 +113,10 @@ def test_store_read_and_write_move_a_prefix_between_slots() -> None:
     with torch.inference_mode():
         want = runner.prefill(0, prompt)
         store: KVStore = runner.store
-        store.write(1, 0, store.read(0, 0, 20))  # the first 20 prompt positions, attached
+        for src, dst in zip(slot_kv(store, 0), slot_kv(store, 1), strict=True):
+            for layer_src, layer_dst in zip(src, dst, strict=True):
+                layer_dst[:20] = layer_src[:20]  # the first 20 prompt positions, attached
+        store.lengths[1] = 20
         got = runner.prefill(1, prompt[20:])  # the rest prefilled after the prefix
     assert runner.length(1) == len(prompt)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)

@@ -56,8 +56,8 @@ def test_the_table_is_what_was_timed_at_every_k() -> None:
 
     costs = StepCosts(timer, 8)
     for k in range(9):
-        assert costs.cost(16, k, True) == pytest.approx(stairs[k] / stairs[0])
-    costs.cost(9, 3, True)  # same bucket: measured once
+        assert costs.table(16, True).relative(k) == pytest.approx(stairs[k] / stairs[0])
+    costs.table(9, True).relative(3)  # same bucket: measured once
     assert calls == [(16, list(range(9)), True)]
 
 

@@ -145,7 +145,7 @@ def test_auto_with_a_schedule_reports_the_k_vllm_chose(engine_factory: Any) -> N
 
 
 def test_generate_many_keeps_input_order_and_names_bad_requests(engine_factory: Any) -> None:
-    from generation.engine_loop import BatchRequestError
+    from generation import BatchRequestError
 
     engine = engine_factory("draft_model", 4)
     prompts = [PROMPT, PROMPT[:4], [], PROMPT[2:]]

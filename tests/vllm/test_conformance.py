@@ -19,8 +19,7 @@ from typing import Any
 
 import pytest
 
-from generation import Engine, SamplingParams
-from generation.engine_loop import BatchRequestError
+from generation import BatchRequestError, Engine, SamplingParams
 from generation.vllm_engine import UnsupportedSpeculationError
 from tests.generation.conformance import EngineConformance, check_stats_invariants, make_prompts
 from tests.generation.tiny_models import (

@@ -1,0 +1,141 @@
+"""Proposers: each row's draft tokens, padded into one tensor ``[B, k]``.
+
+Draft-model rows are drafted together, one batched draft pass per position. N-gram rows use
+prompt lookup: in RAG the prompt holds the retrieved passages and answers quote them, so the
+longest recent n-gram is searched earlier in the context and the tokens that followed it are
+proposed (a one-hot draft distribution).
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from generation.model_runner import ModelRunner
+
+if TYPE_CHECKING:
+    from generation.sequence import Sequence
+
+
+@dataclass
+class Drafts:
+    """Draft tokens of one step, as vLLM lays them out: padded rows and their real lengths."""
+
+    token_ids: torch.Tensor
+    """[B, k] int64 on the engine's device, k the step's widest draft; padded with 0."""
+    num_tokens: list[int]
+    """num_tokens[b]: real draft tokens of row b (a lookup may find fewer than asked, or none)."""
+    probs: list[torch.Tensor | None]
+    """probs[b]: [num_tokens[b], vocab_size] draft probabilities of a sampled draft-model row;
+    None means one-hot on the tokens (greedy rows, prompt lookup)."""
+
+
+def propose(
+    rows: list[Sequence], ks: list[int], draft: ModelRunner | None, device: torch.device
+) -> Drafts:
+    """Return up to ``ks[b]`` draft tokens for each row ``b``, padded to the widest: prompt
+    lookup row by row, the draft model for all its rows at once."""
+    host: list[list[int]] = [[] for _ in rows]
+    probs: list[torch.Tensor | None] = [None for _ in rows]
+    model_rows = []
+    for b, (seq, k) in enumerate(zip(rows, ks, strict=True)):
+        if k and seq.ngram is not None:
+            host[b] = seq.ngram.propose(seq.tokens, k)
+        elif k and seq.params.method == "draft_model":
+            model_rows.append(b)
+    if model_rows:
+        assert draft is not None
+        found = draft_with_model(
+            draft, [rows[b] for b in model_rows], [ks[b] for b in model_rows], device
+        )
+        for b, (tokens, p) in zip(model_rows, found, strict=True):
+            host[b], probs[b] = tokens, p
+    width = max(len(d) for d in host)
+    padded = [d + [0] * (width - len(d)) for d in host]
+    token_ids = torch.tensor(padded, dtype=torch.long, device=device).view(len(rows), width)
+    return Drafts(token_ids, [len(d) for d in host], probs)
+
+
+def draft_with_model(
+    runner: ModelRunner, rows: list[Sequence], ks: list[int], device: torch.device
+) -> list[tuple[list[int], torch.Tensor | None]]:
+    """Return each row's ``ks[i]`` draft tokens and, for a sampled row, their distributions.
+
+    The draft's slot lags the row by the tokens it has not seen (the target's last token,
+    after a fully accepted round also the last draft, more after rounds that drafted
+    nothing): they are fed first, so no prompt is recomputed. Every draft token but the last
+    enters the slot; ``postprocess`` rolls back those the target rejected.
+    """
+    slots = [s.slot for s in rows]
+    pending = [s.tokens[runner.length(s.slot) :] for s in rows]
+    width = max(len(p) for p in pending)
+    input_ids = torch.tensor(
+        [p + [0] * (width - len(p)) for p in pending], dtype=torch.long, device=device
+    )  # [R, width]
+    counts = [len(p) for p in pending]
+    drafted: list[list[torch.Tensor]] = [[] for _ in rows]
+    probs: list[list[torch.Tensor]] = [[] for _ in rows]
+    for position in range(max(ks)):
+        logits = runner.run(slots, input_ids, counts, last_only=True)  # [R, vocab]
+        greedy = logits.argmax(dim=-1, keepdim=True)  # [R, 1]
+        for i, seq in enumerate(rows):
+            if position >= ks[i] or seq.temperature == 0.0:
+                drafted[i].append(greedy[i])
+                continue
+            p = torch.softmax(logits[i] / seq.temperature, dim=-1)  # [vocab]
+            drafted[i].append(torch.multinomial(p, 1, generator=seq.generator))
+            probs[i].append(p)
+        input_ids = torch.stack([t[-1] for t in drafted])  # [R, 1]
+        counts = [1 if position + 1 < k else 0 for k in ks]
+    host = torch.stack([torch.cat(t) for t in drafted]).tolist()  # [R, max k]
+    for seq, k in zip(rows, ks, strict=True):
+        runner.set_length(seq.slot, len(seq.tokens) + k - 1)
+    return [
+        (row[:k], torch.stack(p) if p else None) for row, k, p in zip(host, ks, probs, strict=True)
+    ]
+
+
+def pick_start(starts: list[int], n: int, k: int, seq_len: int) -> int | None:
+    """Return where the proposal begins, given the sorted earlier ``starts`` of the suffix n-gram.
+
+    The most recent match with ``k`` following tokens wins (answers quote nearby text); when
+    none has ``k``, the earliest (longest continuation) does: in a repetitive stream the most
+    recent match sits just before the suffix and would leave a single token.
+    """
+    # Matches must end before the suffix begins, so that at least one token follows them.
+    usable = bisect_right(starts, seq_len - n - 1)
+    if usable == 0:
+        return None
+    full = bisect_right(starts, seq_len - n - k, hi=usable)
+    return (starts[full - 1] if full else starts[0]) + n
+
+
+class NgramProposer:
+    """Prompt lookup (n from ``max_n`` down to 1) over an index of every n-gram's starts.
+
+    The index grows with the sequence, so a lookup costs ``max_n`` dictionary reads however long
+    the context is (tests/generation check it against a direct scan).
+    """
+
+    def __init__(self, max_n: int = 4) -> None:
+        if max_n < 1:
+            raise ValueError(f"ngram: max_n must be >= 1, got {max_n}")
+        self.max_n = max_n
+        self._index: list[dict[tuple[int, ...], list[int]]] = [{} for _ in range(max_n + 1)]
+        self._indexed = 0
+
+    def propose(self, tokens: list[int], k: int) -> list[int]:
+        """Return up to ``k`` looked-up tokens continuing ``tokens`` (the index catches up)."""
+        for end in range(self._indexed + 1, len(tokens) + 1):
+            for n in range(1, min(self.max_n, end) + 1):
+                self._index[n].setdefault(tuple(tokens[end - n : end]), []).append(end - n)
+        self._indexed = seq_len = len(tokens)
+        for n in range(min(self.max_n, seq_len - 1), 0, -1):
+            starts = self._index[n].get(tuple(tokens[seq_len - n :]))
+            start = pick_start(starts, n, k, seq_len) if starts else None
+            if start is not None:
+                return tokens[start : start + k]
+        return []
