@@ -62,18 +62,17 @@ class IndexStore:
 
     def versions(self, tenant: str, collection: str) -> list[int]:
         """The versions this host holds files of, newest first."""
-        folder = self.folder(tenant, collection)
-        if not folder.is_dir():
-            return []
-        found = (_FILE.fullmatch(entry.name) for entry in folder.iterdir())
-        return sorted((int(m.group(1)) for m in found if m is not None), reverse=True)
+        return self._held(tenant, collection, _FILE)
 
     def lexical_versions(self, tenant: str, collection: str) -> list[int]:
         """The versions this host holds lexical directories of, newest first."""
+        return self._held(tenant, collection, _LEXICAL)
+
+    def _held(self, tenant: str, collection: str, name: re.Pattern[str]) -> list[int]:
         folder = self.folder(tenant, collection)
         if not folder.is_dir():
             return []
-        found = (_LEXICAL.fullmatch(entry.name) for entry in folder.iterdir())
+        found = (name.fullmatch(entry.name) for entry in folder.iterdir())
         return sorted((int(m.group(1)) for m in found if m is not None), reverse=True)
 
     def write(self, tenant: str, collection: str, version: int, index: faiss.Index) -> Path:
