@@ -279,6 +279,9 @@ class RetrievalService:
             ranked = fuse(dense, sparse)
         else:
             ranked = single(dense if mode == "dense" else sparse, mode)
+        # Only the passages that can make the top k are read (a margin for rows the tenant
+        # check below drops, which a consistent index never has): ~13 rows, not ~100.
+        ranked = sorted(ranked, key=lambda f: (-f.score, f.chunk_id))[: top_k + TIE_MARGIN]
         found: dict[int, Fused] = {f.chunk_id: f for f in ranked}
         if not found:
             return []
