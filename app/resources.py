@@ -201,7 +201,6 @@ def _batch_warmup(warmup: Any, settings: Settings) -> dict[str, Any]:
     """
     if "batch_sizes" not in inspect.signature(warmup).parameters:
         return {}
-    top, sizes = worker_concurrency(settings), [1]
-    while sizes[-1] < top:
-        sizes.append(sizes[-1] * 2)
-    return {"batch_sizes": tuple(sizes)}
+    from generation.goodput import buckets_up_to  # generation's package imports torch
+
+    return {"batch_sizes": buckets_up_to(worker_concurrency(settings))}

@@ -195,6 +195,8 @@ def warm_up_torch_engine(engine: Any, max_batch: int) -> float:
     T(B, k) for every batch-size bucket up to ``max_batch`` now. Without it the first batch of
     each size measures them inside the timed traffic (a 16-row bucket: seconds). Returns the
     seconds it took, for the benchmark to report beside the engine's start."""
+    from generation.goodput import buckets_up_to  # torch
+
     started = time.perf_counter()
-    engine.warmup(batch_sizes=tuple(2**i for i in range((max_batch - 1).bit_length() + 1)))
+    engine.warmup(batch_sizes=buckets_up_to(max_batch))
     return time.perf_counter() - started

@@ -130,6 +130,11 @@ def bucket(batch_size: int) -> int:
     return 1 << (batch_size - 1).bit_length()
 
 
+def buckets_up_to(batch_size: int) -> tuple[int, ...]:
+    """Every cost-table batch size a batch of at most ``batch_size`` rows can fall in."""
+    return tuple(1 << i for i in range(bucket(batch_size).bit_length()))
+
+
 StepTimer = Callable[[int, list[int], bool], dict[int, float]]
 """(batch_size, ks, with_draft_model) -> seconds of one step for each k."""
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import faiss
 
 from retrieval.indexes import set_search_params
-from retrieval.lexical_files import discard, remove_stale
+from retrieval.lexical_files import discard, fsync_dir, remove_stale
 
 # Keep the previous file too: another process on this host may be loading it right now.
 KEEP_VERSIONS = 2
@@ -87,11 +87,7 @@ class IndexStore:
             os.replace(tmp, path)
         finally:
             tmp.unlink(missing_ok=True)
-        dir_fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)  # the rename itself survives a power cut
-        finally:
-            os.close(dir_fd)
+        fsync_dir(path.parent)  # the rename itself survives a power cut
         return path
 
     def prune(self, tenant: str, collection: str, current: int) -> None:

@@ -89,13 +89,12 @@ class LexicalIndex:
         *,
         directory: Path | None = None,
         version: int = 0,
-        replace: bool = False,
     ) -> LexicalIndex:
         """A new index holding every ``(chunk id, stored terms)``; ``progress(n)`` after each
         ``PROGRESS_EVERY`` chunks (large builds are also logged).
 
-        ``directory``: published there as ``version`` (``replace``: over a damaged one); when
-        another process of this host published it first, that one is opened. OSError when
+        ``directory``: published there as ``version``; when another process of this host
+        published it first, that one is opened. OSError when
         the disk refuses (the caller may build in memory instead)."""
         tmp = None if directory is None else files.private_dir(directory)
         try:
@@ -121,7 +120,7 @@ class LexicalIndex:
                 index.reload()
                 return cls(index, None, Manifest(version, len(ids), len(ids), {}))
             manifest = files.seal(tmp, version, len(ids), len(ids), None)
-            return _published(tmp, directory, manifest, replace=replace)
+            return _published(tmp, directory, manifest)
         finally:
             if tmp is not None and tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)
@@ -229,9 +228,8 @@ def _configure(index: tantivy.Index) -> None:
     index.config_reader(reload_policy="manual")  # a snapshot moves only when we say so
 
 
-def _published(tmp: Path, directory: Path, manifest: Manifest, *, replace: bool = False
-               ) -> LexicalIndex:  # fmt: skip
+def _published(tmp: Path, directory: Path, manifest: Manifest) -> LexicalIndex:
     """The index in ``directory`` once ``tmp`` is published there (or another process's)."""
-    if files.publish(tmp, directory, replace=replace):
+    if files.publish(tmp, directory):
         return LexicalIndex(_open_index(directory), directory, manifest)
     return LexicalIndex.open(directory, manifest.version)

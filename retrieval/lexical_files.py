@@ -96,23 +96,21 @@ def seal(tmp: Path, version: int, chunks: int, added: int, known: Manifest | Non
         json.dump(body, fh)
         fh.flush()
         os.fsync(fh.fileno())
-    _fsync_dir(tmp)
+    fsync_dir(tmp)
     return manifest
 
 
-def publish(tmp: Path, final: Path, *, replace: bool = False) -> bool:
+def publish(tmp: Path, final: Path) -> bool:
     """Rename the sealed ``tmp`` to ``final``; False (``tmp`` removed) when another process
-    published ``final`` first. ``replace``: ``final`` was found damaged, put this one instead."""
+    published ``final`` first (a damaged ``final`` is discarded before a rebuild)."""
     try:
-        if replace and final.exists():
-            discard(final)
         os.rename(tmp, final)
     except OSError:
         if not final.is_dir():
             raise
         shutil.rmtree(tmp, ignore_errors=True)
         return False
-    _fsync_dir(final.parent)
+    fsync_dir(final.parent)
     return True
 
 
@@ -176,7 +174,8 @@ def _crc(path: Path) -> int:
     return crc
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
+    """Make a rename in ``path`` survive a power cut."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)

@@ -11,6 +11,7 @@ from generation.goodput import (
     RowPlan,
     StepCosts,
     bucket,
+    buckets_up_to,
     choose_k,
     expected_tokens,
     interpolate,
@@ -35,6 +36,10 @@ def costs_from(step_seconds: dict[int, list[float]] | None = None, k_max: int = 
 
 def test_buckets_are_powers_of_two() -> None:
     assert [bucket(b) for b in (1, 2, 3, 4, 5, 8, 9, 16, 17)] == [1, 2, 4, 4, 8, 8, 16, 16, 32]
+    # What a worker's warm-up measures: every bucket a batch of at most that many can use.
+    assert buckets_up_to(1) == (1,)
+    assert buckets_up_to(16) == (1, 2, 4, 8, 16)
+    assert buckets_up_to(17) == (1, 2, 4, 8, 16, 32)
 
 
 def test_every_small_k_is_timed_and_large_ones_sparsely() -> None:
