@@ -30,6 +30,7 @@ from tests.integration.test_metrics import _scrape, _stored, _sum
 REPO = Path(__file__).resolve().parents[2]
 DEMO = REPO / "models" / "demo"
 QUESTIONS = [f"What does {w} do?" for w in ("assert", "pass", "del")]
+LONG_QUESTION = "What does del do? (2)"
 STAT_FIELDS = ("num_output_tokens", "num_target_forwards", "num_drafts", "num_draft_tokens",
                "num_accepted_tokens", "accepted_per_position")  # fmt: skip
 
@@ -151,15 +152,21 @@ def test_a_vllm_worker_answers_streams_bursts_counts_and_survives_sigkill(
             ) == sum(s.accepted_per_position[pos] for s, _ in mine)
 
         # SIGKILL with queries in flight: a second vLLM worker answers each once.
-        held_ids = [client.submit(f"{QUESTIONS[1]} ({i})", docs, max_tokens=1200) for i in range(8)]
+        # Greedy, the demo pair repeats itself on this question until max_tokens (1200 tokens with
+        # either engine; "What does pass do? (i)" ends after 33-66, and on a slow host the first
+        # of those finished before the eighth was claimed). Eight copies: none can end early.
+        held_ids = [client.submit(LONG_QUESTION, docs, max_tokens=1200) for _ in range(8)]
         deadline = time.monotonic() + 120
         while True:
+            queries = [q for q, _, _ in stored_rows(settings, held_ids).values()]
             held = [
-                q for q, _, _ in stored_rows(settings, held_ids).values()
+                q for q in queries
                 if q.status == "running" and (q.worker_host or "").startswith("vllm-first@")
             ]  # fmt: skip
             if len(held) == 8:
                 break
+            ended = [q.status for q in queries if q.status not in ("queued", "running")]
+            assert not ended, f"a long answer ended before all 8 were held: {ended}"
             assert time.monotonic() < deadline, "the worker never held all 8 at once"
             time.sleep(0.05)
         first.kill()
@@ -167,6 +174,7 @@ def test_a_vllm_worker_answers_streams_bursts_counts_and_survives_sigkill(
         second.wait_ready(timeout=400)
         after = [client.wait(i, timeout=400) for i in held_ids]
     assert [d["status"] for d in after] == ["succeeded"] * 8, after
+    assert [d["stats"]["num_output_tokens"] for d in after] == [1200] * 8  # the premise above
     for query, answers, stats in stored_rows(settings, held_ids).values():
         assert (answers, stats, query.attempts) == (1, 1, 2)
         assert (query.worker_host or "").startswith("vllm-second@")
