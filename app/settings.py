@@ -257,13 +257,13 @@ class Settings(BaseSettings):
         ),
     )
     prefix_cache_mb: float = Field(
-        default=0.0,
+        default=256.0,
         ge=0,
         description=(
             "Torch engine: MB of KV kept for prompt prefixes computed earlier (exact reuse: a "
-            "request prefills only past its longest cached prefix; 0: off). Refused at start "
-            "when it cannot hold one block (16 tokens of the model pair). vLLM has its own "
-            "prefix caching (enable_prefix_caching, on by default)."
+            "request prefills only past its longest cached prefix; 0: off). On by default, as "
+            "vLLM's prefix caching is: answers are unchanged and blocks are salted per tenant. "
+            "Refused at start when it cannot hold one block (16 tokens of the model pair)."
         ),
     )
     broker_polling_interval: float = Field(

@@ -113,14 +113,29 @@ def test_the_prefix_cache_setting_reaches_the_engine_and_a_tiny_one_is_refused_a
     from generation import SamplingParams
     from generation.prefix_cache import PrefixCacheBudgetError
 
-    def resources_with(mb: float) -> tuple[Any, Resources]:
+    def resources_with(mb: float | None) -> tuple[Any, Resources]:
         settings = Settings(
-            data_dir=tmp_path, device="cpu", prefix_cache_mb=mb, worker_concurrency=2,
+            data_dir=tmp_path, device="cpu", worker_concurrency=2,
             target_model=tiny_models["target"], draft_model=tiny_models["draft"],
+            **({} if mb is None else {"prefix_cache_mb": mb}),
         )  # fmt: skip
         db, session_factory = prepare(settings)
         return db, Resources(settings, session_factory)
 
+    # On by default (as vLLM's prefix caching is), bounded by the default 256 MB.
+    db, resources = resources_with(None)
+    try:
+        cache = resources.engine.prefix_cache
+        assert cache is not None and 0 < cache.nbytes() <= 256 * 2**20
+    finally:
+        resources.close()
+        db.dispose()
+    db, resources = resources_with(0)
+    try:
+        assert resources.engine.prefix_cache is None  # 0: off, the engine as without reuse
+    finally:
+        resources.close()
+        db.dispose()
     db, resources = resources_with(0.5)
     try:
         cache = resources.engine.prefix_cache
