@@ -94,8 +94,17 @@ class Preemptor:
             return sum(not s.preempted for s in self._slots.values()) >= self.capacity
 
     def should_yield(self) -> bool:
-        """Between batch items: whether to stop because interactive work waits for a full worker."""
-        return self.full() and self._waiting()
+        """Between batch items: whether to stop because interactive work waits for a full worker.
+
+        A task whose request was cancelled but ended anyway (the cancel landed after its last
+        step: a short answer is often one step) is still asked to leave. Its slot counts as free
+        in ``full()``, so without this it would claim item after item, each finishing before the
+        next cancel, while the interactive query waited for the slot.
+        """
+        with self._lock:
+            own = self._slots.get(threading.get_ident())
+            asked_to_leave = own is not None and own.preempted
+        return (asked_to_leave or self.full()) and self._waiting()
 
     def _victim(self) -> Slot | None:
         with self._lock:

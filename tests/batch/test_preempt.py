@@ -102,6 +102,39 @@ def test_a_finished_batch_request_is_not_cancelled() -> None:
         assert not preemptor.check() and cancelled(handles) == [False, False]
 
 
+def test_a_task_whose_cancel_came_too_late_still_yields_between_items() -> None:
+    # The request ended on the step the cancel was waiting for: the task answered its item and
+    # is between items, its slot marked preempted (so full() counts it as free). It must leave
+    # rather than claim the next item while the interactive query waits for its slot.
+    waiting = threading.Event()
+    preemptor = Preemptor(1, waiting.is_set)
+    seen: dict[str, bool] = {}
+    cancelled_once = threading.Event()
+    go_on = threading.Event()
+
+    def batch_task() -> None:
+        preemptor.enter(preemptible=True)
+        handle = FakeHandle()
+        preemptor.track(handle)
+        cancelled_once.set()
+        go_on.wait(10)
+        handle.finished = True  # it ended anyway: the cancel came after its last step
+        seen["own"] = preemptor.should_yield()
+        waiting.clear()  # another worker took the interactive query
+        seen["nothing_waits"] = preemptor.should_yield()
+        preemptor.exit()
+
+    thread = threading.Thread(target=batch_task)
+    thread.start()
+    assert cancelled_once.wait(5)
+    waiting.set()
+    assert preemptor.check()
+    assert not preemptor.full()
+    go_on.set()
+    thread.join(10)
+    assert seen == {"own": True, "nothing_waits": False}
+
+
 def test_the_watcher_cancels_within_a_poll_of_work_arriving() -> None:
     waiting = threading.Event()
     preemptor = Preemptor(1, waiting.is_set, poll=0.01).start()
