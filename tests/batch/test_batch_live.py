@@ -153,8 +153,7 @@ def test_interactive_query_is_served_before_the_remaining_batch_items(
         )
     # Counted from when its message went to the broker: that is when the worker can first see
     # it. From then on at most the item in flight (and one whose check just missed the message)
-    # finish before it; a chunk of 10 that did not yield would let up to 10 through. (CI once
-    # saw 3: a cancel that landed after a one-step answer left the task claiming more items.)
+    # finish before it; a chunk of 10 that did not yield would let up to 10 through.
     assert during <= 2, f"{during} batch items finished while the interactive query waited"
     assert after > 20, "the batch should still have had most of its items left"
 

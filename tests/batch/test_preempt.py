@@ -109,14 +109,14 @@ def test_a_task_whose_cancel_came_too_late_still_yields_between_items() -> None:
     waiting = threading.Event()
     preemptor = Preemptor(1, waiting.is_set)
     seen: dict[str, bool] = {}
-    cancelled_once = threading.Event()
+    tracked = threading.Event()
     go_on = threading.Event()
 
     def batch_task() -> None:
         preemptor.enter(preemptible=True)
         handle = FakeHandle()
         preemptor.track(handle)
-        cancelled_once.set()
+        tracked.set()
         go_on.wait(10)
         handle.finished = True  # it ended anyway: the cancel came after its last step
         seen["own"] = preemptor.should_yield()
@@ -126,7 +126,7 @@ def test_a_task_whose_cancel_came_too_late_still_yields_between_items() -> None:
 
     thread = threading.Thread(target=batch_task)
     thread.start()
-    assert cancelled_once.wait(5)
+    assert tracked.wait(5)
     waiting.set()
     assert preemptor.check()
     assert not preemptor.full()
