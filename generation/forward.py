@@ -7,8 +7,13 @@ token, and what padding writes past a length is never attended.
 Decoding on a CPU is bound by per-call overhead, so, as vLLM does with its own model code,
 Llama-family models run ``FastLlamaForward``: transformers' weights and operations in the same
 order, without modules, hooks or output objects. One row gets the masks transformers passes to
-SDPA (a lone request is token-identical to transformers); several rows one additive mask that
-lets each query see its slot up to its own position. Other models run ``HFForward``.
+SDPA; several rows one additive mask that lets each query see its slot up to its own position.
+Other models run ``HFForward``.
+
+On a CPU the projections run on weights packed once for oneDNN (``Linear``), as vLLM's CPU
+build does: a verification pass of a few tokens is then priced about as one token, where the
+default GEMM repacks every weight on every call. Its rounding differs from transformers' in the
+last bits; unpacked (``packed=False``), a lone request is bit-identical to transformers.
 """
 
 from __future__ import annotations
@@ -139,14 +144,39 @@ def fast_path_refusal(model: Any) -> str | None:
     return None
 
 
-class _Layer:
-    """The tensors of one decoder layer (the module's own, not copies)."""
+def can_pack(weight: torch.Tensor) -> bool:
+    """Whether oneDNN can run a projection of ``weight`` on packed weights (float32 on a CPU)."""
+    usable = weight.device.type == "cpu" and weight.dtype == torch.float32
+    return usable and torch.backends.mkldnn.is_available()
 
-    def __init__(self, layer: Any) -> None:
+
+class Linear:
+    """One projection, ``x @ weight.T + bias``: F.linear on the module's weight, or oneDNN on a
+    copy of it packed once (``packed``; the module's weight stays, so memory holds both)."""
+
+    def __init__(self, module: Any, packed: bool) -> None:
+        self.weight, self.bias = module.weight, module.bias
+        self.packed = (
+            torch.ops.mkldnn._reorder_linear_weight(self.weight.detach()) if packed else None
+        )
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.packed is None:
+            return F.linear(x, self.weight, self.bias)
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+
+
+class _Layer:
+    """The projections and norms of one decoder layer (the module's own tensors)."""
+
+    def __init__(self, layer: Any, packed: bool) -> None:
         attn, mlp = layer.self_attn, layer.mlp
-        self.q, self.k, self.v, self.o = attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj
-        self.gate, self.up = mlp.gate_proj.weight, mlp.up_proj.weight
-        self.down = mlp.down_proj.weight
+        self.q, self.k, self.v, self.o = (
+            Linear(m, packed) for m in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj)
+        )
+        self.gate, self.up, self.down = (
+            Linear(m, packed) for m in (mlp.gate_proj, mlp.up_proj, mlp.down_proj)
+        )
         self.in_norm = layer.input_layernorm
         self.post_norm = layer.post_attention_layernorm
         self.q_size = attn.q_proj.weight.shape[0]
@@ -172,7 +202,8 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
 class FastLlamaForward:
     """A Llama-family model's forward pass without the module tree (see the module docstring)."""
 
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: Any, packed: bool | None = None) -> None:
+        """``packed``: projections on oneDNN-packed weights (None: where ``can_pack``)."""
         reason = fast_path_refusal(model)
         if reason is not None:
             raise ValueError(f"FastLlamaForward: cannot run this model exactly: {reason}")
@@ -182,9 +213,12 @@ class FastLlamaForward:
         self.device = next(model.parameters()).device
         self.embed = inner.embed_tokens.weight
         self.dtype = self.embed.dtype
-        self.layers = [_Layer(layer) for layer in inner.layers]
+        self.packed = can_pack(self.embed) if packed is None else packed
+        if self.packed and not can_pack(self.embed):
+            raise ValueError("FastLlamaForward: packed weights need float32 weights on a CPU")
+        self.layers = [_Layer(layer, self.packed) for layer in inner.layers]
         self.norm = inner.norm
-        self.lm_head = model.lm_head.weight
+        self.lm_head = Linear(model.lm_head, self.packed)
         attn = inner.layers[0].self_attn
         self.head_dim = attn.head_dim
         self.heads = self.layers[0].q_size // self.head_dim
@@ -248,9 +282,9 @@ class FastLlamaForward:
         x = F.embedding(input_ids.reshape(-1), self.embed)  # [B * n, hidden]
         for i, layer in enumerate(self.layers):
             h = rms_norm(x, layer.in_norm)
-            q = F.linear(h, layer.q.weight, layer.q.bias).view(batch, n, self.heads, -1)
-            k = F.linear(h, layer.k.weight, layer.k.bias).view(batch, n, self.kv_heads, -1)
-            v = F.linear(h, layer.v.weight, layer.v.bias).view(batch, n, self.kv_heads, -1)
+            q = layer.q(h).view(batch, n, self.heads, -1)
+            k = layer.k(h).view(batch, n, self.kv_heads, -1)
+            v = layer.v(h).view(batch, n, self.kv_heads, -1)
             q = rotate(q.transpose(1, 2), cos, sin)  # [B, heads, n, head_dim]
             k = rotate(k.transpose(1, 2), cos, sin)  # [B, kv_heads, n, head_dim]
             keys, values = store.keys[i], store.values[i]  # [slots, kv, capacity, head_dim]
@@ -268,20 +302,21 @@ class FastLlamaForward:
                 enable_gqa=gqa,
             )  # [B, heads, n, head_dim]  # fmt: skip
             attn = attn.transpose(1, 2).reshape(batch * n, layer.q_size)
-            x = x + F.linear(attn, layer.o.weight, layer.o.bias)
+            x = x + layer.o(attn)
             h = rms_norm(x, layer.post_norm)
-            x = x + F.linear(F.silu(F.linear(h, layer.gate)) * F.linear(h, layer.up), layer.down)
+            x = x + layer.down(F.silu(layer.gate(h)) * layer.up(h))
         if last is not None and batch == 1:
             x = x[last[0] : last[0] + 1]  # [1, hidden]
         elif last is not None:
             rows_at = torch.arange(batch, device=device) * n + torch.tensor(last, device=device)
             x = x[rows_at]  # [B, hidden]
-        logits = F.linear(rms_norm(x, self.norm), self.lm_head)
+        logits = self.lm_head(rms_norm(x, self.norm))
         return logits if last is not None else logits.view(batch, n, -1)
 
 
-def forward_for(model: Any, fast: bool = True) -> Forward:
-    """The fastest exact way to run ``model``: the fast Llama path where it applies."""
+def forward_for(model: Any, fast: bool = True, packed: bool | None = None) -> Forward:
+    """The fastest way to run ``model``: the fast Llama path where it applies (``packed``: as
+    ``FastLlamaForward`` takes it)."""
     if fast and fast_path_refusal(model) is None:
-        return FastLlamaForward(model)
+        return FastLlamaForward(model, packed)
     return HFForward(model)
