@@ -30,6 +30,9 @@ class EngineConfig:
     """Share of the device's free memory the KV slots may take at the full context."""
     fast_forward: bool = True
     """Run Llama-family models on the engine's own forward pass (False: transformers')."""
+    packed_weights: bool | None = None
+    """That pass's projections on weights packed once for oneDNN (None: where float32 on a CPU;
+    generation/forward.py); False keeps transformers' kernels, bit for bit."""
     prefix_cache_mb: float = 0.0
     """MB of KV kept for computed prompt prefixes, reused exactly by later requests (0: off;
     generation/prefix_kv.py)."""
@@ -50,8 +53,8 @@ class EngineConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not ok(value):
                 raise ValueError(f"engine config: {name} must be {want}, got {value!r}")
-        if self.pause_background not in (None, True, False):
-            raise ValueError(
-                f"engine config: pause_background must be a bool or None, "
-                f"got {self.pause_background!r}"
-            )
+        for name in ("pause_background", "packed_weights"):
+            if not isinstance(getattr(self, name), (bool, type(None))):
+                raise ValueError(
+                    f"engine config: {name} must be a bool or None, got {getattr(self, name)!r}"
+                )

@@ -53,8 +53,9 @@ class SpeculativeEngine:
         self.target = target.eval()
         self.draft = draft.eval() if draft is not None else None
         self.device = next(target.parameters()).device
-        self.target_forward: Forward = forward_for(self.target, config.fast_forward)
-        self.draft_forward = forward_for(draft, config.fast_forward) if draft is not None else None
+        fast, packed = config.fast_forward, config.packed_weights
+        self.target_forward: Forward = forward_for(self.target, fast, packed)
+        self.draft_forward = forward_for(draft, fast, packed) if draft is not None else None
         # vocab_size, max_context, eos_token_id, model_pair: as generation.base.Engine says.
         self.vocab_size = output_vocab_size(target)
         self.max_context = min(max_context(m.config) for m in (target, draft) if m is not None)

@@ -21,6 +21,7 @@ from generation import EngineConfig
         ("kv_memory_fraction", 0.0),
         ("kv_memory_fraction", 1.5),
         ("pause_background", "yes"),
+        ("packed_weights", 1),
     ],
 )
 def test_a_bad_field_is_refused_by_name(field: str, value: object) -> None:

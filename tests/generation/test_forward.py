@@ -65,12 +65,36 @@ def test_fast_path_equals_transformers_through_rollback(family: str, kv_heads: i
     assert fast_path_refusal(model) is None
     ids = torch.randint(0, VOCAB, (1, 140), generator=torch.Generator().manual_seed(1))
     expected = transformers_with_rollbacks(model, ids)
-    fast = FastLlamaForward(model)
+    fast = FastLlamaForward(model, packed=False)  # the default GEMM: transformers' own kernels
     got = engine_with_rollbacks(ModelRunner(fast, 3, 160), ids, slot=2)
     assert torch.equal(expected, got)
     # The fast path reads the module's own weights and leaves the model as it was.
     assert torch.equal(transformers_with_rollbacks(model, ids), expected)
     assert fast.layers[0].k.weight is model.model.layers[0].self_attn.k_proj.weight
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_packed_weights_give_transformers_logits_to_rounding(family: str) -> None:
+    model = sharp(family, kv_heads=2)
+    ids = torch.randint(0, VOCAB, (1, 140), generator=torch.Generator().manual_seed(3))
+    expected = transformers_with_rollbacks(model, ids)
+    fast = forward_for(model)
+    assert isinstance(fast, FastLlamaForward) and fast.packed  # the default on a CPU
+    assert fast.layers[0].q.packed is not None and fast.lm_head.packed is not None
+    got = engine_with_rollbacks(ModelRunner(fast, 2, 160), ids, slot=1)
+    assert not torch.equal(expected, got)  # other kernels: the last bits differ
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+    assert torch.equal(got.argmax(dim=-1), expected.argmax(dim=-1))
+    # The module is untouched: transformers still gives its own logits.
+    assert torch.equal(transformers_with_rollbacks(model, ids), expected)
+
+
+def test_packed_weights_are_refused_where_onednn_cannot_run_them() -> None:
+    model = sharp("llama").to(torch.float64)
+    assert not FastLlamaForward(model).packed  # None: packed only where it can be
+    with pytest.raises(ValueError, match="packed weights need float32 weights on a CPU"):
+        FastLlamaForward(model, packed=True)
 
 
 @pytest.mark.parametrize("family", FAMILIES)

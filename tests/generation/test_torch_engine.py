@@ -63,6 +63,18 @@ def test_greedy_equality_many_seeds(family: str, seed: int) -> None:
                 assert engine.generate(prompt, params).token_ids == expected, (method, k, prompt)
 
 
+@pytest.mark.parametrize("packed", [None, False])
+def test_the_config_picks_packed_or_transformers_kernels(packed: bool | None) -> None:
+    target = build_model("llama", vocab_size=VOCAB, seed=5, logit_scale=3.0)
+    draft = perturbed_copy(target, noise=0.5, seed=5)
+    engine = SpeculativeEngine(target, draft, config=EngineConfig(packed_weights=packed))
+    on = packed is None and torch.backends.mkldnn.is_available()  # None: packed on a CPU
+    assert [f.packed for f in (engine.target_forward, engine.draft_forward)] == [on, on]  # type: ignore[union-attr]
+    for prompt in make_prompts(VOCAB, range(50, 52), lengths=(9,)):
+        params = SamplingParams(max_new_tokens=30, num_speculative_tokens=4)
+        assert engine.generate(prompt, params).token_ids == reference_greedy(target, prompt, 30)
+
+
 @pytest.mark.parametrize("k", [1, 2, 4, 8])
 def test_identical_draft_is_fully_accepted(k: int) -> None:
     target = build_model("llama", vocab_size=VOCAB, seed=5)
