@@ -14,7 +14,10 @@ engine, each with its engine's default concurrency unless ``--concurrency``, ans
 Run it from .venv-vllm (which has both engines; its workers are its own ``specrag``):
 
     .venv-vllm/bin/python benchmarks/vllm_engines.py [--prompts 16] [--max-tokens 64] [--k 4]
-        [--rounds 2] [--burst 24] [--concurrency N] [--torch-threads 1]
+        [--rounds 2] [--burst 24] [--concurrency N] [--torch-threads 1] [--unpacked]
+
+``--unpacked`` adds the torch engine on transformers' GEMM kernels (``packed_weights=False``) as
+a third engine in the same alternation.
 """
 
 from __future__ import annotations
@@ -49,7 +52,7 @@ def rag_prompts(count: int) -> list[list[int]]:
 
 
 def engine_rows(args: argparse.Namespace) -> None:
-    from generation import SamplingParams, load_engine
+    from generation import EngineConfig, SamplingParams, load_engine
 
     prompts = rag_prompts(args.prompts)
     params = SamplingParams(max_new_tokens=args.max_tokens, num_speculative_tokens=args.k)
@@ -57,9 +60,14 @@ def engine_rows(args: argparse.Namespace) -> None:
     from benchmarks.support import warm_up_torch_engine
 
     engines = {"torch": load_engine("torch", DEMO / "target", DEMO / "draft", device="cpu")}
+    if args.unpacked:  # the torch engine again on transformers' GEMM kernels
+        config = EngineConfig(packed_weights=False)
+        engines["unpacked"] = load_engine(
+            "torch", DEMO / "target", DEMO / "draft", device="cpu", config=config
+        )
     # The worker's start measures the torch engine's step costs; without it the first
     # generate_many would measure them inside the timed batch.
-    warm = warm_up_torch_engine(engines["torch"], args.prompts)
+    warm = sum(warm_up_torch_engine(e, args.prompts) for e in engines.values())
     loaded = time.perf_counter()
     engines["vllm"] = load_engine(
         "vllm", DEMO / "target", DEMO / "draft", device="cpu",
@@ -93,14 +101,14 @@ def engine_rows(args: argparse.Namespace) -> None:
                 assert [x.token_ids for x in results] == answers["torch"], (
                     f"{name}: batched differs"
                 )
-    same = sum(a == b for a, b in zip(answers["torch"], answers["vllm"], strict=True))
-    print(
-        f"\nanswers identical to the torch engine's: {same}/{len(prompts)} (one by one and batched)"
-    )
-    print(
-        f"\n| {args.prompts} RAG prompts, {args.max_tokens} tokens, draft_model k={args.k} | torch | vLLM | vLLM / torch |"
-    )
-    print("|---|---|---|---|")
+    for name in [n for n in engines if n != "torch"]:
+        same = sum(a == b for a, b in zip(answers["torch"], answers[name], strict=True))
+        print(f"\n{name}: answers identical to the torch engine's: {same}/{len(prompts)} "
+              "(one by one and batched)")  # fmt: skip
+    torches = [n for n in engines if n != "vllm"]
+    print(f"\n| {args.prompts} RAG prompts, {args.max_tokens} tokens, draft_model k={args.k} | "
+          + " | ".join([*torches, "vLLM", *(f"vLLM / {n}" for n in torches)]) + " |")  # fmt: skip
+    print("|---" * (2 + 2 * len(torches)) + "|")
     rate = {n: sum(x[0] for x in v) / sum(x[1] for x in v) for n, v in one.items()}
     ttft = {n: statistics.median(x[2] for x in v) for n, v in one.items()}
     batch = {n: sum(x[0] for x in v) / sum(x[1] for x in v) for n, v in many.items()}
@@ -119,8 +127,9 @@ def engine_rows(args: argparse.Namespace) -> None:
         ("mean acceptance length", accl, "{:.2f}"),
         ("acceptance rate", acc, "{:.3f}"),
     ):
-        print(f"| {label} | {fmt.format(values['torch'])} | {fmt.format(values['vllm'])} | "
-              f"{values['vllm'] / values['torch']:.2f} |")  # fmt: skip
+        cells = [fmt.format(values[n]) for n in [*torches, "vllm"]]
+        cells += [f"{values['vllm'] / values[n]:.2f}" for n in torches]
+        print(f"| {label} | " + " | ".join(cells) + " |")
     for engine in engines.values():
         close = getattr(engine, "close", None)
         if callable(close):
@@ -186,6 +195,10 @@ def main() -> None:
     parser.add_argument("--burst", type=int, default=24)
     parser.add_argument("--concurrency", type=int, default=0, help="0: each engine's default")
     parser.add_argument("--skip-engines", action="store_true")
+    parser.add_argument(
+        "--unpacked", action="store_true",
+        help="also the torch engine on transformers' GEMM kernels (packed_weights=False)",
+    )  # fmt: skip
     parser.add_argument(
         "--torch-threads", type=int, default=1,
         help="torch engine threads (0: torch's default); vLLM pins its threads to core 0, and "
