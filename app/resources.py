@@ -179,7 +179,8 @@ class Resources:
 
 
 def engine_config(settings: Settings) -> EngineConfig:
-    """The engine config of this process: its batch, k_max, prefill chunk and prefix cache."""
+    """The engine config of this process: its batch, k_max, prefill chunk, prefix cache and
+    kernels."""
     from generation.config import EngineConfig  # generation's package imports torch
 
     fields: dict[str, Any] = {
@@ -190,6 +191,8 @@ def engine_config(settings: Settings) -> EngineConfig:
         fields["prefill_chunk"] = settings.prefill_chunk
     if settings.prefix_cache_mb:
         fields["prefix_cache_mb"] = settings.prefix_cache_mb
+    if settings.packed_weights is not None:
+        fields["packed_weights"] = settings.packed_weights
     return EngineConfig(**fields)
 
 

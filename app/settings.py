@@ -266,6 +266,15 @@ class Settings(BaseSettings):
             "Refused at start when it cannot hold one block (16 tokens of the model pair)."
         ),
     )
+    packed_weights: bool | None = Field(
+        default=None,
+        description=(
+            "Torch engine: run the projections on weights packed once for oneDNN, as vLLM's CPU "
+            "build does (None: where the weights are float32 on a CPU). A 5-token verify pass "
+            "then costs about one token's; answers are unchanged, at a second copy of the "
+            "weights in memory. False: transformers' kernels, logits bit for bit."
+        ),
+    )
     broker_polling_interval: float = Field(
         default=0.05,
         description="Seconds between polls of the embedded (SQLAlchemy) broker; Redis needs none.",

@@ -156,3 +156,27 @@ def test_the_prefix_cache_setting_reaches_the_engine_and_a_tiny_one_is_refused_a
         db.dispose()
     with pytest.raises(ValueError, match="prefix_cache_mb"):
         Settings(prefix_cache_mb=-1)
+
+
+@pytest.mark.parametrize("packed", [None, False])
+def test_the_packed_weights_setting_reaches_both_models(
+    tiny_models: dict[str, Path], tmp_path: Path, packed: bool | None
+) -> None:
+    import torch
+
+    from app.db import prepare
+    from app.resources import Resources
+
+    settings = Settings(
+        data_dir=tmp_path, device="cpu", worker_concurrency=2, packed_weights=packed,
+        target_model=tiny_models["target"], draft_model=tiny_models["draft"],
+    )  # fmt: skip
+    db, session_factory = prepare(settings)
+    resources = Resources(settings, session_factory)
+    try:
+        engine = resources.engine
+        want = packed is None and torch.backends.mkldnn.is_available()  # unset: on a CPU
+        assert [engine.target_forward.packed, engine.draft_forward.packed] == [want, want]
+    finally:
+        resources.close()
+        db.dispose()
