@@ -147,7 +147,10 @@ def fast_path_refusal(model: Any) -> str | None:
 def can_pack(weight: torch.Tensor) -> bool:
     """Whether oneDNN can run a projection of ``weight`` on packed weights (float32 on a CPU)."""
     usable = weight.device.type == "cpu" and weight.dtype == torch.float32
-    return usable and torch.backends.mkldnn.is_available()
+    # Private ops (inductor's CPU path uses them): a torch build without them runs F.linear.
+    ops = ("_reorder_linear_weight", "_linear_pointwise")
+    built = torch.backends.mkldnn.is_available() and all(hasattr(torch.ops.mkldnn, o) for o in ops)
+    return usable and built
 
 
 class Linear:

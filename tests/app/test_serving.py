@@ -166,6 +166,7 @@ def test_the_packed_weights_setting_reaches_both_models(
 
     from app.db import prepare
     from app.resources import Resources
+    from generation.forward import can_pack
 
     settings = Settings(
         data_dir=tmp_path, device="cpu", worker_concurrency=2, packed_weights=packed,
@@ -175,7 +176,7 @@ def test_the_packed_weights_setting_reaches_both_models(
     resources = Resources(settings, session_factory)
     try:
         engine = resources.engine
-        want = packed is None and torch.backends.mkldnn.is_available()  # unset: on a CPU
+        want = packed is None and can_pack(torch.ones(1))  # unset: on for float32 on a CPU
         assert [engine.target_forward.packed, engine.draft_forward.packed] == [want, want]
     finally:
         resources.close()
