@@ -216,9 +216,10 @@ class FastLlamaForward:
         self.device = next(model.parameters()).device
         self.embed = inner.embed_tokens.weight
         self.dtype = self.embed.dtype
-        self.packed = can_pack(self.embed) if packed is None else packed
-        if self.packed and not can_pack(self.embed):
+        able = can_pack(self.embed)
+        if packed and not able:
             raise ValueError("FastLlamaForward: packed weights need float32 weights on a CPU")
+        self.packed = able if packed is None else packed
         self.layers = [_Layer(layer, self.packed) for layer in inner.layers]
         self.norm = inner.norm
         self.lm_head = Linear(model.lm_head, self.packed)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -9,6 +11,27 @@ import pytest
 
 from app.serving import DEFAULT_CONCURRENCY, check_concurrency, worker_concurrency
 from app.settings import Settings
+
+
+@contextmanager
+def worker_resources(
+    tiny_models: dict[str, Path], tmp_path: Path, **settings: Any
+) -> Iterator[Any]:
+    """A worker's ``Resources`` over the tiny pair on CPU with two slots and these settings."""
+    from app.db import prepare
+    from app.resources import Resources
+
+    full = Settings(
+        data_dir=tmp_path, device="cpu", worker_concurrency=2,
+        target_model=tiny_models["target"], draft_model=tiny_models["draft"], **settings,
+    )  # fmt: skip
+    db, session_factory = prepare(full)
+    resources = Resources(full, session_factory)
+    try:
+        yield resources
+    finally:
+        resources.close()
+        db.dispose()
 
 
 def test_concurrency_defaults_per_engine_and_the_setting_wins() -> None:
@@ -53,24 +76,13 @@ def test_an_engine_that_states_its_limit_is_held_to_it() -> None:
 def test_the_prefill_chunk_setting_reaches_the_torch_engine_loop(
     tiny_models: dict[str, Path], tmp_path: Path
 ) -> None:
-    from app.db import prepare
-    from app.resources import Resources
     from generation import SpeculativeEngine
 
-    settings = Settings(
-        data_dir=tmp_path, device="cpu", prefill_chunk=96, worker_concurrency=2,
-        target_model=tiny_models["target"], draft_model=tiny_models["draft"],
-    )  # fmt: skip
-    engine, session_factory = prepare(settings)
-    resources = Resources(settings, session_factory)
-    try:
+    with worker_resources(tiny_models, tmp_path, prefill_chunk=96) as resources:
         loop = resources.loop  # what a worker starts: the torch engine's EngineLoop
         assert isinstance(resources.engine, SpeculativeEngine)
-        assert loop._batch.scheduler.prefill_chunk == 96  # type: ignore[attr-defined]
+        assert loop._batch.scheduler.prefill_chunk == 96
         assert loop.max_batch_size == 2
-    finally:
-        resources.close()
-        engine.dispose()
     with pytest.raises(ValueError, match="prefill_chunk"):
         Settings(prefill_chunk=0)
 
@@ -80,17 +92,9 @@ def test_max_speculative_tokens_reaches_the_torch_engine(
 ) -> None:
     """SPECRAG_MAX_SPECULATIVE_TOKENS=12 admits k = 12: a k = 12 row beside an "auto" row must be
     served (the engine's goodput table must price k + 1 = 13), not fail the step."""
-    from app.db import prepare
-    from app.resources import Resources
     from generation import SamplingParams
 
-    settings = Settings(
-        data_dir=tmp_path, device="cpu", max_speculative_tokens=12, worker_concurrency=2,
-        target_model=tiny_models["target"], draft_model=tiny_models["draft"],
-    )  # fmt: skip
-    db, session_factory = prepare(settings)
-    resources = Resources(settings, session_factory)
-    try:
+    with worker_resources(tiny_models, tmp_path, max_speculative_tokens=12) as resources:
         engine = resources.engine
         ids = resources.tokenizer.encode("a b c d e f g h", add_special_tokens=False)
         params = [
@@ -100,44 +104,21 @@ def test_max_speculative_tokens_reaches_the_torch_engine(
         fixed, auto = engine.generate_many([ids, ids[:5]], params)
         assert fixed.stats.num_draft_tokens > 0 and len(fixed.token_ids) > 0
         assert len(fixed.stats.accepted_per_position) <= 12 and auto.token_ids
-    finally:
-        resources.close()
-        db.dispose()
 
 
 def test_the_prefix_cache_setting_reaches_the_engine_and_a_tiny_one_is_refused_at_start(
     tiny_models: dict[str, Path], tmp_path: Path
 ) -> None:
-    from app.db import prepare
-    from app.resources import Resources
     from generation import SamplingParams
     from generation.prefix_cache import PrefixCacheBudgetError
 
-    def resources_with(mb: float | None) -> tuple[Any, Resources]:
-        settings = Settings(
-            data_dir=tmp_path, device="cpu", worker_concurrency=2,
-            target_model=tiny_models["target"], draft_model=tiny_models["draft"],
-            **({} if mb is None else {"prefix_cache_mb": mb}),
-        )  # fmt: skip
-        db, session_factory = prepare(settings)
-        return db, Resources(settings, session_factory)
-
     # On by default (as vLLM's prefix caching is), bounded by the default 256 MB.
-    db, resources = resources_with(None)
-    try:
+    with worker_resources(tiny_models, tmp_path) as resources:
         cache = resources.engine.prefix_cache
         assert cache is not None and 0 < cache.nbytes() <= 256 * 2**20
-    finally:
-        resources.close()
-        db.dispose()
-    db, resources = resources_with(0)
-    try:
+    with worker_resources(tiny_models, tmp_path, prefix_cache_mb=0) as resources:
         assert resources.engine.prefix_cache is None  # 0: off, the engine as without reuse
-    finally:
-        resources.close()
-        db.dispose()
-    db, resources = resources_with(0.5)
-    try:
+    with worker_resources(tiny_models, tmp_path, prefix_cache_mb=0.5) as resources:
         cache = resources.engine.prefix_cache
         assert cache is not None and cache.nbytes() <= 0.5 * 2**20
         prompt = list(range(5, 45))
@@ -145,15 +126,9 @@ def test_the_prefix_cache_setting_reaches_the_engine_and_a_tiny_one_is_refused_a
         first, again = (resources.engine.generate(prompt, params) for _ in range(2))
         assert first.stats.num_cached_prompt_tokens == 0
         assert again.stats.num_cached_prompt_tokens == 32 and again.token_ids == first.token_ids
-    finally:
-        resources.close()
-        db.dispose()
-    db, resources = resources_with(0.000001)
-    try:
+    with worker_resources(tiny_models, tmp_path, prefix_cache_mb=0.000001) as resources:
         with pytest.raises(PrefixCacheBudgetError, match=r"SPECRAG_PREFIX_CACHE_MB: .* at least"):
             resources.engine  # noqa: B018 - what a worker loads at start
-    finally:
-        db.dispose()
     with pytest.raises(ValueError, match="prefix_cache_mb"):
         Settings(prefix_cache_mb=-1)
 
@@ -164,20 +139,9 @@ def test_the_packed_weights_setting_reaches_both_models(
 ) -> None:
     import torch
 
-    from app.db import prepare
-    from app.resources import Resources
     from generation.forward import can_pack
 
-    settings = Settings(
-        data_dir=tmp_path, device="cpu", worker_concurrency=2, packed_weights=packed,
-        target_model=tiny_models["target"], draft_model=tiny_models["draft"],
-    )  # fmt: skip
-    db, session_factory = prepare(settings)
-    resources = Resources(settings, session_factory)
-    try:
+    with worker_resources(tiny_models, tmp_path, packed_weights=packed) as resources:
         engine = resources.engine
         want = packed is None and can_pack(torch.ones(1))  # unset: on for float32 on a CPU
         assert [engine.target_forward.packed, engine.draft_forward.packed] == [want, want]
-    finally:
-        resources.close()
-        db.dispose()
