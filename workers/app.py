@@ -15,8 +15,8 @@ from typing import Any
 from celery import Celery
 from kombu import Exchange, Queue
 
-from app.audit.hooks import install_hooks
 from app.dispatch import TaskName
+from app.evals.hooks import install_hooks
 from app.requests import QueueName
 from app.settings import Settings
 from workers import audit_tasks, batch_tasks, runtime, tasks

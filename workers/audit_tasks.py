@@ -1,4 +1,4 @@
-"""The shadow-baseline task (``batch`` queue): ids in, app.audit.shadow does the work."""
+"""The shadow-baseline task (``batch`` queue): ids in, app.evals.shadow does the work."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import uuid
 
 from celery import Celery, Task
 
-from app.audit.shadow import is_pending, run_shadow
 from app.dispatch import TaskName
+from app.evals.shadow import is_pending, run_shadow
 from app.requests import QueueName
 from workers import runtime
 

@@ -8,7 +8,6 @@ from typing import Any
 
 import click
 
-from app.audit.hooks import install_hooks
 from app.commands.ask_stream import follow
 from app.commands.common import (
     CommandError,
@@ -19,6 +18,7 @@ from app.commands.common import (
     one_line_errors,
 )
 from app.db import prepare
+from app.evals.hooks import install_hooks
 from app.outbox import admit
 from app.pipeline import answer_query
 from app.queries import create_query, get_or_create_tenant, query_view, require_collection, wait_for

@@ -8,11 +8,11 @@ from pathlib import Path
 import click
 
 from app.audit import render_report
-from app.audit.golden import compare_runs, read_golden, run_golden
 from app.audit.window import check_format, parse_group_by, parse_window
 from app.commands.common import emit, get_settings, json_option, one_line_errors
 from app.commands.retrieval import eval_group
 from app.db import prepare
+from app.evals.golden import compare_runs, read_golden, run_golden
 from app.requests import DEFAULT_NUM_SPECULATIVE_TOKENS, Method
 from app.resources import Resources
 

@@ -84,7 +84,7 @@ class Live:
 
     def ask(self, question: str, **params: Any) -> uuid.UUID:
         """Store a query of ``tenant`` and answer it through app.pipeline; returns its id."""
-        from app.audit.hooks import install_hooks
+        from app.evals.hooks import install_hooks
         from app.pipeline import answer_query
         from app.queries import create_query, get_or_create_tenant, validate_request
 

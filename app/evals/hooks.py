@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.audit.shadow import sample
+from app.evals.shadow import sample
 from app.hooks import Answered, register_after_answer
 from app.requests import QueryStatus
 
