@@ -3,7 +3,7 @@
 A query becomes ``succeeded`` (its answer recorded), ``failed`` (an error in the pipeline) or
 ``failed`` (the reaper gave up on it after too many lost workers). All three go through
 ``finish_query``: one UPDATE sets the status, ``done_at``, the error and the question in its stored
-form (``store_questions``: clear, hashed or redacted; app/audit/privacy.py says what each keeps),
+form (``store_questions``: clear, hashed or redacted; app/privacy.py says what each keeps),
 so a final query never keeps its question in clear by a path that forgot to scrub it.
 """
 
@@ -17,8 +17,8 @@ from typing import Any
 from sqlalchemy import ColumnElement, select, update
 from sqlalchemy.orm import Session
 
-from app.audit.privacy import stored_form
 from app.db.models import Query, utcnow
+from app.privacy import stored_form
 from app.requests import FINAL_STATUSES, QueryStatus
 from app.settings import Settings
 
@@ -57,7 +57,7 @@ def finish_query(
             kept = stored_form(question, settings.store_questions)
             values["question"] = kept
             if kept != question:
-                # A batch re-run refuses questions not kept in clear (app/audit/privacy.py).
+                # A batch re-run refuses questions not kept in clear (app/privacy.py).
                 values["question_stored"] = settings.store_questions
     result = session.execute(
         update(Query)

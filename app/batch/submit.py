@@ -20,9 +20,9 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from app.audit.privacy import stored_in_clear
 from app.batch.records import Batch, BatchItem
 from app.db.models import Query, Tenant, utcnow
+from app.privacy import stored_in_clear
 from app.requests import QueryRequest, RequestError, validate_request
 from app.settings import Settings
 from app.validation import check_time_range

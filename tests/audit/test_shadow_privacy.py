@@ -12,10 +12,10 @@ import pytest
 from sqlalchemy import select
 
 from app.audit import render_report
-from app.audit.privacy import hash_question, redact_question, stored_form
 from app.audit.records import ShadowRun
 from app.db.models import Query, utcnow
 from app.evals.shadow import compare, is_sampled, run_shadow
+from app.privacy import hash_question, redact_question, stored_form
 from tests.audit.conftest import Live
 
 

@@ -12,10 +12,10 @@ from click.testing import CliRunner
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from app.audit.privacy import scrub_question
 from app.audit.render import to_csv
 from app.cli import main
 from app.db import ApiKey, Query, make_session_factory, utcnow
+from app.privacy import scrub_question
 from tests.tenancy.conftest import Api, make_api
 
 

@@ -18,9 +18,9 @@ from app.api.deps import (
 from app.api.errors import ApiError
 from app.api.schemas import ErrorOut, QueryAccepted, QueryOut
 from app.api.tokens import check_question_tokens, token_counter
-from app.audit.privacy import matches_stored
 from app.db import Tenant
 from app.outbox import admit
+from app.privacy import matches_stored
 from app.queries import create_query, get_query, query_view, require_collection
 from app.requests import QueryRequest, QueryStatus, validate_request
 
