@@ -1,6 +1,6 @@
 """Exact prefix reuse: KV of computed prompt blocks kept in a bounded pool, copied into new slots.
 
-``PrefixCache`` pairs the block index (generation/prefix_cache.py: hash chains, LRU, references)
+``PrefixCache`` pairs the block index (generation/block_index.py: hash chains, LRU, references)
 with the tensors it indexes: per model and layer, keys and values ``[num_blocks, block_size,
 kv_heads, head_dim]``, a slot's positions in the KV store (generation/model_runner.py, ``slot_kv``). A
 request that starts with a cached prefix gets that prefix's keys and values *copied* into its slot
@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from generation.prefix_cache import (
+from generation.block_index import (
     DEFAULT_BLOCK_SIZE,
     BlockIndex,
     CachedBlock,
@@ -108,7 +108,7 @@ class PrefixCache:
 
     ``budget_bytes``: the memory setting; a budget that cannot hold one block is refused
     (``PrefixCacheBudgetError``, naming the minimum). ``root``: everything that makes KV differ
-    (generation/prefix_cache.py ``root_hash``).
+    (generation/block_index.py ``root_hash``).
     """
 
     def __init__(

@@ -110,7 +110,7 @@ def test_the_prefix_cache_setting_reaches_the_engine_and_a_tiny_one_is_refused_a
     tiny_models: dict[str, Path], tmp_path: Path
 ) -> None:
     from generation import SamplingParams
-    from generation.prefix_cache import PrefixCacheBudgetError
+    from generation.block_index import PrefixCacheBudgetError
 
     # On by default (as vLLM's prefix caching is), bounded by the default 256 MB.
     with worker_resources(tiny_models, tmp_path) as resources:

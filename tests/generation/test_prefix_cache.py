@@ -14,7 +14,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from generation.prefix_cache import (
+from generation.block_index import (
     BlockIndex,
     CachedBlock,
     PrefixCacheBudgetError,
