@@ -14,7 +14,7 @@ import threading
 import torch
 
 from generation.base import Cancelled, DeltaCallback, GenerationResult, collect
-from generation.batching import BatchEngine
+from generation.engine_core import BatchEngine
 from generation.params import SamplingParams
 from generation.sequence import LoopHandle
 

@@ -1,7 +1,7 @@
 """The built-in PyTorch engine: speculative decoding over Hugging Face models on KV slots.
 
 As nano-vLLM's ``LLM``, ``generate`` is a batch of one: ``generate_many`` steps a ``BatchEngine``
-(generation/batching.py) until its requests are done, and ``start_loop`` steps one in a thread
+(generation/engine_core.py) until its requests are done, and ``start_loop`` steps one in a thread
 (generation/engine_loop.py). Both run on one KV store per model, whose slots are decided once
 (``max_concurrency``); while a loop runs, ``generate_many`` submits to it, so every caller
 (worker, audits, warm-up) takes the production path.
@@ -16,8 +16,8 @@ from typing import Any
 import torch
 
 from generation.base import BatchRequestError, GenerationResult, check_prompt, collect, per_prompt
-from generation.batching import BatchEngine, EngineCore
 from generation.config import EngineConfig
+from generation.engine_core import BatchEngine, EngineCore
 from generation.engine_loop import EngineLoop, run_many
 from generation.forward import Forward, forward_for
 from generation.goodput import RecentAcceptance, StepCosts
