@@ -39,7 +39,7 @@ from retrieval import build_prompt
 
 if TYPE_CHECKING:  # generation imports torch: loaded with the engine, not with this module
     from generation import GenerationResult, SamplingParams
-    from generation.base import DeltaCallback, RequestHandle
+    from generation.interface import DeltaCallback, RequestHandle
 
 log = logging.getLogger(__name__)
 
@@ -247,7 +247,7 @@ def loop_step(
 
 def _cancelled(exc: BaseException) -> bool:
     # generation (torch) is imported by whoever runs a loop; without it nothing was cancelled.
-    base = sys.modules.get("generation.base")
+    base = sys.modules.get("generation.interface")
     return base is not None and isinstance(exc, base.Cancelled)
 
 

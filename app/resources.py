@@ -19,8 +19,8 @@ from app.settings import Settings
 
 if TYPE_CHECKING:  # both import torch; they load with the models, not with this module
     from generation import Engine
-    from generation.base import GenerationLoop
     from generation.config import EngineConfig
+    from generation.interface import GenerationLoop
     from retrieval import RetrievalService
 
 log = logging.getLogger(__name__)

@@ -1,6 +1,6 @@
 """How many queries one worker process holds in flight, and whether its engine can hold them.
 
-A worker process runs ONE engine loop (generation.base.GenerationLoop); Celery's threads pool
+A worker process runs ONE engine loop (generation.interface.GenerationLoop); Celery's threads pool
 feeds it with ``SPECRAG_WORKER_CONCURRENCY`` task threads, each running claim → retrieve →
 submit to the loop → wait → record. The default depends on the engine: the CPU demo pair gains
 little past a handful of rows per target pass (each row is real arithmetic on two cores), a GPU

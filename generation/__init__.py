@@ -5,7 +5,10 @@ protocol other engines (vLLM) implement, the online loop (``EngineLoop``, contin
 batching) and its handles, and loaders.
 """
 
-from generation.base import (
+from generation.config import EngineConfig
+from generation.engine_loop import EngineLoop
+from generation.factory import load_engine
+from generation.interface import (
     BatchRequestError,
     Cancelled,
     DeltaCallback,
@@ -14,9 +17,6 @@ from generation.base import (
     GenerationResult,
     RequestHandle,
 )
-from generation.config import EngineConfig
-from generation.engine_loop import EngineLoop
-from generation.factory import load_engine
 from generation.loading import (
     CheckpointError,
     IncompatibleDraftError,

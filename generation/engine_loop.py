@@ -1,6 +1,6 @@
 """The engine's online loop: a thread that steps the running batch while requests come and go.
 
-An ``EngineLoop`` (the ``GenerationLoop`` of generation/base.py) owns a ``BatchEngine`` and one
+An ``EngineLoop`` (the ``GenerationLoop`` of generation/interface.py) owns a ``BatchEngine`` and one
 thread, which sleeps while there is nothing to do; an unexpected error inside a step fails the
 requests of that step and the loop goes on with the next ones. ``run_many`` steps a batch in the
 caller's thread instead (``generate_many`` without a loop).
@@ -13,8 +13,8 @@ import threading
 
 import torch
 
-from generation.base import Cancelled, DeltaCallback, GenerationResult, collect
 from generation.engine_core import BatchEngine
+from generation.interface import Cancelled, DeltaCallback, GenerationResult, collect
 from generation.params import SamplingParams
 from generation.sequence import LoopHandle
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from generation.base import Engine
 from generation.config import EngineConfig
+from generation.interface import Engine
 
 ENGINE_KINDS = ("torch", "vllm")
 

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from generation.base import Cancelled, DeltaCallback, GenerationResult
 from generation.goodput import Acceptance
+from generation.interface import Cancelled, DeltaCallback, GenerationResult
 from generation.params import SamplingParams
 from generation.proposers import NgramProposer
 from generation.stats import GenerationStats
@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 
 
 class LoopHandle:
-    """A request in flight (``generation.base.RequestHandle``); the loop's side emits,
+    """A request in flight (``generation.interface.RequestHandle``); the loop's side emits,
     finishes or fails it."""
 
     def __init__(self, on_delta: DeltaCallback | None = None) -> None:

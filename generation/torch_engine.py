@@ -15,12 +15,18 @@ from typing import Any
 
 import torch
 
-from generation.base import BatchRequestError, GenerationResult, check_prompt, collect, per_prompt
 from generation.config import EngineConfig
 from generation.engine_core import BatchEngine, EngineCore
 from generation.engine_loop import EngineLoop, run_many
 from generation.forward import Forward, forward_for
 from generation.goodput import RecentAcceptance, StepCosts
+from generation.interface import (
+    BatchRequestError,
+    GenerationResult,
+    check_prompt,
+    collect,
+    per_prompt,
+)
 from generation.loading import (
     check_vocab_compatible,
     eos_token_ids,
@@ -56,7 +62,7 @@ class SpeculativeEngine:
         fast, packed = config.fast_forward, config.packed_weights
         self.target_forward: Forward = forward_for(self.target, fast, packed)
         self.draft_forward = forward_for(draft, fast, packed) if draft is not None else None
-        # vocab_size, max_context, eos_token_id, model_pair: as generation.base.Engine says.
+        # vocab_size, max_context, eos_token_id, model_pair: as generation.interface.Engine says.
         self.vocab_size = output_vocab_size(target)
         self.max_context = min(max_context(m.config) for m in (target, draft) if m is not None)
         eos = eos_token_ids(target)

@@ -103,7 +103,7 @@ class FakeTokenizer:
 class FakeEngine:
     """An ``Engine`` that answers every prompt with its own first ``max_new_tokens`` tokens.
 
-    It names every member of ``generation.base.Engine`` (tests/test_fakes.py checks it against
+    It names every member of ``generation.interface.Engine`` (tests/test_fakes.py checks it against
     the protocol): requests are checked as a real engine checks them, ``generate_many`` answers
     in input order, and ``start_loop`` gives a ``FakeLoop`` that answers on the submitting thread.
     """
@@ -117,7 +117,7 @@ class FakeEngine:
 
     def check_request(self, prompt_token_ids: list[int], params: Any) -> None:
         """ValueError naming the problem, by the checks every engine shares."""
-        from generation.base import check_prompt
+        from generation.interface import check_prompt
 
         check_prompt(prompt_token_ids, params, self.vocab_size, self.max_context)
 

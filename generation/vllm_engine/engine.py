@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from generation.base import GenerationResult, check_prompt, collect, per_prompt
+from generation.interface import GenerationResult, check_prompt, collect, per_prompt
 from generation.loading import validate_checkpoint
 from generation.params import SamplingParams
 from generation.vllm_engine import cpu_fix

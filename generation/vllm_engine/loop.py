@@ -25,7 +25,7 @@ from collections.abc import Callable, Coroutine, Iterator
 from contextlib import aclosing
 from typing import Any, Protocol
 
-from generation.base import Cancelled, DeltaCallback, GenerationResult
+from generation.interface import Cancelled, DeltaCallback, GenerationResult
 from generation.params import SamplingParams
 
 logger = logging.getLogger(__name__)

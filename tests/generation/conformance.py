@@ -84,7 +84,7 @@ def check_protocol(obj: Any, protocol: type) -> None:
 
 
 def check_engine_protocol(engine: Any) -> None:
-    """Assert ``engine`` is a whole ``generation.base.Engine`` (see ``check_protocol``)."""
+    """Assert ``engine`` is a whole ``generation.interface.Engine`` (see ``check_protocol``)."""
     assert isinstance(engine, Engine), f"{type(engine).__name__} is not an Engine"
     assert {"check_request", "generate", "generate_many", "start_loop"} <= set(vars(Engine))
     check_protocol(engine, Engine)

@@ -9,9 +9,9 @@ from collections.abc import Iterator
 import pytest
 
 from generation import SamplingParams, SpeculativeEngine
-from generation.base import Cancelled, GenerationLoop
 from generation.config import EngineConfig
 from generation.engine_loop import EngineLoop
+from generation.interface import Cancelled, GenerationLoop
 from tests.generation.batch_support import References, check_greedy, mixed_requests
 from tests.generation.tiny_models import build_model, perturbed_copy
 

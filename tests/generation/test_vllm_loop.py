@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from generation import SamplingParams
-from generation.base import Cancelled
+from generation.interface import Cancelled
 from generation.vllm_engine import SpecMetricsMissingError
 from tests.generation.vllm_standin import PROMPT, WAIT, wait_until
 
