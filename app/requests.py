@@ -8,8 +8,7 @@ contract hold (``QueryStatus.QUEUED == "queued"``).
 
 from __future__ import annotations
 
-from enum import StrEnum
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -22,43 +21,12 @@ from pydantic import (
     field_validator,
 )
 
+from app.enums import ANSWER_QUEUES, FINAL_STATUSES, Method, QueryStatus, QueueName
+from app.settings import Settings
 from app.validation import text_problem
 
-if TYPE_CHECKING:  # Settings takes its method defaults from here
-    from app.settings import Settings
-
-
-class QueryStatus(StrEnum):
-    """Where a stored query stands; ``succeeded`` and ``failed`` are final."""
-
-    QUEUED = "queued"
-    RUNNING = "running"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-
-
-FINAL_STATUSES = (QueryStatus.SUCCEEDED, QueryStatus.FAILED)
-"""The statuses a query never leaves."""
-
-
-class Method(StrEnum):
-    """How drafts are proposed: a draft model, n-gram lookup over the prompt, or not at all."""
-
-    DRAFT_MODEL = "draft_model"
-    NGRAM = "ngram"
-    NONE = "none"
-
-
-class QueueName(StrEnum):
-    """The broker's queues: interactive answers, batch answers (lower priority), ingest (CPU)."""
-
-    ANSWER = "answer"
-    BATCH = "batch"
-    INGEST = "ingest"
-
-
-ANSWER_QUEUES = (QueueName.ANSWER, QueueName.BATCH)
-"""The queues a stored query can be answered from (``queries.queue``)."""
+# The vocabulary lives in app/enums.py (Settings names a method); callers import it from here.
+__all__ = ["ANSWER_QUEUES", "FINAL_STATUSES", "Method", "QueryStatus", "QueueName"]
 
 
 DEFAULT_NUM_SPECULATIVE_TOKENS = 4

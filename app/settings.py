@@ -12,7 +12,7 @@ from typing import Any, Literal
 from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from app.requests import Method
+from app.enums import Method
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEMO_MODELS = REPO_ROOT / "models" / "demo"

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import tantivy
 
-from retrieval import lexical_files as files
+import retrieval.lexical_files as files
 from retrieval.lexical_files import LexicalDirectoryError, Manifest
 
 log = logging.getLogger(__name__)

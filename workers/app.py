@@ -15,11 +15,14 @@ from typing import Any
 from celery import Celery
 from kombu import Exchange, Queue
 
+import workers.audit_tasks as audit_tasks
+import workers.batch_tasks as batch_tasks
+import workers.runtime as runtime
+import workers.tasks as tasks
 from app.dispatch import TaskName
 from app.evals.hooks import install_hooks
 from app.requests import QueueName
 from app.settings import Settings
-from workers import audit_tasks, batch_tasks, runtime, tasks
 
 QUEUES: tuple[str, ...] = tuple(queue.value for queue in QueueName)
 """Every queue a worker may consume, in the order it serves them (answer before batch)."""

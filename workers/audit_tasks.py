@@ -7,10 +7,10 @@ import uuid
 
 from celery import Celery, Task
 
+import workers.runtime as runtime
 from app.dispatch import TaskName
 from app.evals.shadow import is_pending, run_shadow
 from app.requests import QueueName
-from workers import runtime
 
 log = logging.getLogger(__name__)
 

@@ -25,6 +25,8 @@ from typing import Any
 from celery import Celery, Task
 from celery.signals import task_postrun, task_prerun, worker_ready, worker_shutdown
 
+import workers.priority as priority
+import workers.runtime as runtime
 from app.batch.preempt import Preemptor
 from app.batch.runner import run_chunk
 from app.batch.watchdog import Watchdog
@@ -32,7 +34,6 @@ from app.dispatch import TaskName
 from app.pipeline import loop_step
 from app.requests import QueueName
 from app.serving import worker_concurrency
-from workers import priority, runtime
 from workers.dispatcher import chunk_signature, dispatch_batch
 from workers.wakeup import listener
 

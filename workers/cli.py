@@ -10,6 +10,7 @@ from __future__ import annotations
 import click
 from fastapi import FastAPI
 
+import workers.runtime as runtime
 from app.api import create_app
 from app.cli import build_cli
 from app.commands.common import Wiring, get_settings, one_line_errors
@@ -18,7 +19,6 @@ from app.metrics import start_worker_metrics
 from app.requests import QueueName
 from app.serving import pool_concurrency
 from app.settings import Settings
-from workers import runtime
 from workers.app import QUEUES, create_celery
 from workers.dispatcher import CeleryDispatcher
 

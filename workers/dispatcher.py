@@ -15,9 +15,9 @@ from typing import Any
 from celery import Celery, group
 from celery.canvas import Signature
 
+import workers.priority as priority
 from app.dispatch import TaskName
 from app.requests import QueueName
-from workers import priority
 from workers.broker_epoch import BrokerEpoch
 from workers.queue_depth import queue_depths
 from workers.wakeup import announce

@@ -14,7 +14,7 @@ from typing import Any
 from celery import Celery
 from sqlalchemy import create_engine, inspect, text
 
-from workers import priority
+import workers.priority as priority
 from workers.wakeup import is_redis, redis_client
 
 _engines: dict[str, Any] = {}

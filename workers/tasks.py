@@ -8,6 +8,7 @@ from typing import Any
 
 from celery import Celery, Task
 
+import workers.runtime as runtime
 from app.dispatch import TaskName
 from app.outbox import admit
 from app.pipeline import answer_query as run
@@ -15,7 +16,6 @@ from app.pipeline import loop_step
 from app.requests import QueryStatus
 from app.tenancy.deadline import time_limit
 from app.tenancy.ingest import delete_uploaded, ingest_uploaded
-from workers import runtime
 from workers.audit_tasks import send_shadow_if_sampled
 from workers.dispatcher import send_query
 

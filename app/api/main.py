@@ -7,7 +7,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from app.api import errors
+import app.api.errors as errors
 from app.api.guard import RequestGuard
 from app.api.routes import admin, batches, documents, health, queries, stream
 from app.db import prepare

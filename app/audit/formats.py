@@ -8,7 +8,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from app.audit import charts
+import app.audit.charts as charts
 from app.audit.aggregate import LATENCY_METRICS
 from app.audit.render import Section, html_report, to_csv
 from app.audit.report import Thresholds, build_report

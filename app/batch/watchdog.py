@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.batch import runner
+import app.batch.runner as runner
 from app.periodic import Periodic
 from app.settings import Settings
 

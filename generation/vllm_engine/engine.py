@@ -14,10 +14,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import generation.vllm_engine.cpu_fix as cpu_fix
 from generation.interface import GenerationResult, check_prompt, collect, per_prompt
 from generation.loading import validate_checkpoint
 from generation.params import SamplingParams
-from generation.vllm_engine import cpu_fix
 from generation.vllm_engine.checkpoints import check_draft_vocab, checkpoint_limits
 from generation.vllm_engine.loop import EventLoopThread, VLLMLoop
 from generation.vllm_engine.mapping import (

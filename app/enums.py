@@ -1,0 +1,42 @@
+"""The service's vocabularies: query statuses, speculation methods, broker queues.
+
+Apart from app/requests.py so that Settings (whose defaults name a method) and the request model
+(whose limits come from Settings) do not import each other.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class QueryStatus(StrEnum):
+    """Where a stored query stands; ``succeeded`` and ``failed`` are final."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+
+
+FINAL_STATUSES = (QueryStatus.SUCCEEDED, QueryStatus.FAILED)
+"""The statuses a query never leaves."""
+
+
+class Method(StrEnum):
+    """How drafts are proposed: a draft model, n-gram lookup over the prompt, or not at all."""
+
+    DRAFT_MODEL = "draft_model"
+    NGRAM = "ngram"
+    NONE = "none"
+
+
+class QueueName(StrEnum):
+    """The broker's queues: interactive answers, batch answers (lower priority), ingest (CPU)."""
+
+    ANSWER = "answer"
+    BATCH = "batch"
+    INGEST = "ingest"
+
+
+ANSWER_QUEUES = (QueueName.ANSWER, QueueName.BATCH)
+"""The queues a stored query can be answered from (``queries.queue``)."""
