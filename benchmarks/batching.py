@@ -33,8 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from generation import SamplingParams, SpeculativeEngine  # noqa: E402
 from generation.config import EngineConfig  # noqa: E402
+from generation.kv_store import KVShape  # noqa: E402
 from generation.loading import load_tokenizer  # noqa: E402
-from generation.model_runner import kv_bytes_per_token  # noqa: E402
 
 MAX_NEW = 64
 
@@ -208,7 +208,7 @@ def part_memory(engine: SpeculativeEngine) -> None:
     for name, model in (("target", engine.target), ("draft", engine.draft)):
         if model is None:
             continue
-        per = kv_bytes_per_token(model.config, next(model.parameters()).dtype)
+        per = KVShape.of(model).bytes_per_token()
         print(
             f"| {name} | {per} | {per * 512 / 2**20:.1f} MiB | {per * engine.max_context / 2**20:.1f} MiB |"
         )

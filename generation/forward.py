@@ -18,15 +18,14 @@ last bits; unpacked (``packed=False``), a lone request is bit-identical to trans
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-if TYPE_CHECKING:
-    from generation.model_runner import KVStore
+from generation.kv_store import KVStore
 
 
 class Forward(Protocol):

@@ -1,7 +1,6 @@
-"""Who owns which KV memory, and one batched forward of a model on it.
+"""One batched forward of a model on its KV slots, and how many slots to allocate.
 
-``KVStore`` holds one model's keys and values for every slot, per layer
-``[num_slots, kv_heads, capacity, head_dim]``, and each slot's length on the host. ``plan_slots``
+The KV memory itself is generation/kv_store.py's ``KVStore``. ``plan_slots``
 decides once, before anything is allocated (as nano-vLLM's ``allocate_kv_cache``), how many
 slots fit at the full context, so nothing grows or copies while requests come and go and a full
 batch never runs out of memory mid-step. A pass writes at the slot's length; rejecting drafts
@@ -13,60 +12,11 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Any
 
 import torch
 
 from generation.forward import Forward
-
-
-def kv_shape(config: Any) -> tuple[int, int, int]:
-    """Return (layers, kv_heads, head_dim) of a model of ``config``."""
-    heads = int(config.num_attention_heads)
-    kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
-    head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
-    return int(config.num_hidden_layers), kv_heads, head_dim
-
-
-def kv_bytes_per_token(config: Any, dtype: torch.dtype) -> int:
-    """Return the bytes of keys and values one token occupies in every layer of ``config``."""
-    layers, kv_heads, head_dim = kv_shape(config)
-    return 2 * layers * kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
-
-
-class KVStore:
-    """Keys and values of one model for ``num_slots`` requests, each slot with its own length."""
-
-    def __init__(
-        self,
-        config: Any,
-        num_slots: int,
-        capacity: int,
-        *,
-        dtype: torch.dtype,
-        device: torch.device,
-    ) -> None:
-        self.num_layers, kv_heads, head_dim = kv_shape(config)
-        self.capacity = capacity
-        shape = (num_slots, kv_heads, capacity, head_dim)
-        # Zeros, not empty: positions past a length are masked, and a masked score must never
-        # meet a NaN of uninitialised memory.
-        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(self.num_layers)]
-        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in self.keys]
-        self.lengths = [0] * num_slots
-        """lengths[slot]: positions of the slot that hold valid keys and values."""
-
-    @property
-    def num_slots(self) -> int:
-        return len(self.lengths)
-
-    def move(self, src: int, dst: int) -> None:
-        """Copy slot ``src``'s valid positions into slot ``dst`` and empty ``src``."""
-        n = self.lengths[src]
-        for store in (self.keys, self.values):
-            for layer in store:
-                layer[dst, :, :n] = layer[src, :, :n]
-        self.lengths[dst], self.lengths[src] = n, 0
+from generation.kv_store import KVShape, KVStore
 
 
 class ModelRunner:
@@ -135,7 +85,7 @@ def free_memory_bytes(device: torch.device) -> int | None:
 
 def slot_bytes(models: list[Forward], capacity: int) -> int:
     """Bytes of KV one slot takes at ``capacity`` positions, every model together."""
-    return sum(kv_bytes_per_token(m.config, m.dtype) * capacity for m in models)
+    return sum(KVShape.of_config(m.config, m.dtype).bytes_per_token() * capacity for m in models)
 
 
 def plan_slots(models: list[Forward], capacity: int, wanted: int, memory_fraction: float) -> int:

@@ -2,7 +2,7 @@
 
 ``PrefixCache`` pairs the block index (generation/block_index.py: hash chains, LRU, references)
 with the tensors it indexes: per model and layer, keys and values ``[num_blocks, block_size,
-kv_heads, head_dim]``, a slot's positions in the KV store (generation/model_runner.py, ``slot_kv``). A
+kv_heads, head_dim]``, a slot's positions in the KV store (generation/kv_store.py, ``slot_kv``). A
 request that starts with a cached prefix gets that prefix's keys and values *copied* into its slot
 and prefills only the rest; when its prompt is prefilled, its full blocks not cached yet are copied
 out of the slot into the pool. A slot owns its copy, so a block is referenced only while it is
@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -35,37 +34,10 @@ from generation.block_index import (
     blocks_for_budget,
     root_hash,
 )
+from generation.kv_store import KVShape, SlotKV
 
 SETTING = "SPECRAG_PREFIX_CACHE_MB"
 DRAFT = "draft"
-
-SlotKV = tuple[Sequence[torch.Tensor], Sequence[torch.Tensor]]
-"""One slot of one model: per layer keys and values ``[positions, kv_heads, head_dim]``."""
-
-
-@dataclass(frozen=True)
-class KVShape:
-    """What one model's KV looks like per token."""
-
-    num_layers: int
-    kv_heads: int
-    head_dim: int
-    dtype: torch.dtype
-
-    @classmethod
-    def of(cls, model: Any) -> KVShape:
-        """The KV shape of a loaded causal LM (its config and its parameters' dtype)."""
-        cfg = model.config
-        heads = int(cfg.num_attention_heads)
-        kv_heads = int(getattr(cfg, "num_key_value_heads", None) or heads)
-        head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // heads)
-        dtype = next(model.parameters()).dtype
-        return cls(int(cfg.num_hidden_layers), kv_heads, head_dim, dtype)
-
-    def bytes_per_token(self) -> int:
-        """Keys and values of one token in every layer."""
-        element = torch.empty((), dtype=self.dtype).element_size()
-        return 2 * self.num_layers * self.kv_heads * self.head_dim * element
 
 
 class ModelBlocks:
@@ -225,16 +197,3 @@ class PrefixCache:
         """Forget every cached prefix (a new index of passages, an operator's wish); return how many."""
         with self._lock:
             return self.index.clear()
-
-
-def slot_kv(store: Any, slot: int) -> SlotKV:
-    """One slot of a KV store as per-layer views ``[capacity, kv_heads, head_dim]``.
-
-    The store lays a layer out ``[num_slots, kv_heads, capacity, head_dim]``
-    (generation/model_runner.py); the transposed view writes through to it, so copies in and out need
-    no reshaping here.
-    """
-    return (
-        [k[slot].transpose(0, 1) for k in store.keys],
-        [v[slot].transpose(0, 1) for v in store.values],
-    )

@@ -14,8 +14,8 @@ from generation.forward import (
     fast_path_refusal,
     forward_for,
 )
-from generation.model_runner import KVStore, ModelRunner
-from generation.prefix_kv import slot_kv
+from generation.kv_store import KVStore, slot_kv
+from generation.model_runner import ModelRunner
 from tests.generation.tiny_models import FAMILIES, build_model
 
 VOCAB = 96

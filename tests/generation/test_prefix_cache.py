@@ -21,7 +21,8 @@ from generation.block_index import (
     blocks_for_budget,
     root_hash,
 )
-from generation.prefix_kv import KVShape, PrefixCache, SlotKV
+from generation.kv_store import KVShape, SlotKV
+from generation.prefix_kv import PrefixCache
 
 ROOT = root_hash("target", "draft", "float32", "cpu")
 
