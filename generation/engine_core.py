@@ -19,9 +19,10 @@ from generation.config import EngineConfig
 from generation.goodput import Acceptance, RecentAcceptance, RowPlan, StepCosts, choose_k, row_k
 from generation.kv_store import slot_kv
 from generation.model_runner import ModelRunner
+from generation.ngram import NgramProposer
 from generation.params import SamplingParams
 from generation.prefix_kv import PrefixCache
-from generation.proposers import NgramProposer, propose
+from generation.proposers import propose
 from generation.rejection_sampler import PLACEHOLDER, sample_from_logits, verify
 from generation.scheduler import Scheduler
 from generation.sequence import LoopHandle, Sequence, new_generator

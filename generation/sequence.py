@@ -13,8 +13,8 @@ import torch
 
 from generation.goodput import Acceptance
 from generation.interface import Cancelled, DeltaCallback, GenerationResult
+from generation.ngram import NgramProposer
 from generation.params import SamplingParams
-from generation.proposers import NgramProposer
 from generation.stats import GenerationStats
 
 _END = object()
