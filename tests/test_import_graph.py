@@ -2,12 +2,17 @@
 
 Walks ``app/``, ``workers/``, ``retrieval/`` and ``generation/`` with :mod:`ast` (nothing is
 imported), counting module-level AND function-local imports: a cycle hidden inside a function is
-still a cycle a reader has to untangle. Imports under ``if TYPE_CHECKING:`` never run and are left
-out. An edge goes to the module named (``from app.db import models`` names ``app.db.models``;
+still a cycle a reader has to untangle. Imports under ``if TYPE_CHECKING:`` count too: they never
+run, but a reader still has to hold both modules in mind at once to read either.
+
+An edge goes to the module named (``from app.db import models`` names ``app.db.models``;
 ``from app.db import Query`` names ``app.db``) and also to every package above it that Python
 initialises first (``app.db.models`` runs ``app/db/__init__.py``), except the importer's own
 packages, which are already initialising when it runs. So a package ``__init__`` that re-exports
-a module which imports back into that package's importers is a cycle too.
+a module which imports back into that package's importers is a cycle too. ``from pkg import mod``
+inside ``pkg`` also reads the half-initialised package itself (``pkg.mod`` is looked up on it), so
+it is an edge to ``pkg`` as well: with ``pkg/__init__`` importing the importer, that is a cycle
+through the package ``__init__``; siblings are imported by their full name instead.
 """
 
 from __future__ import annotations
@@ -59,26 +64,12 @@ def _resolve(name: str, known: dict[str, Path]) -> str | None:
     return None
 
 
-def _walk_runtime(tree: ast.AST) -> list[ast.AST]:
-    # Every node but those under ``if TYPE_CHECKING:``: annotations only, never executed.
-    found: list[ast.AST] = []
-    todo = [tree]
-    while todo:
-        node = todo.pop()
-        found.append(node)
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            todo.extend(node.orelse)
-            continue
-        todo.extend(ast.iter_child_nodes(node))
-    return found
-
-
 def imports_of(module: str, path: Path, known: dict[str, Path]) -> set[tuple[str, int]]:
     """The walked modules that ``module`` imports anywhere in its file, with a line number each."""
     tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
     is_package = path.name == "__init__.py"
     edges: set[tuple[str, int]] = set()
-    for node in _walk_runtime(tree):
+    for node in ast.walk(tree):
         names: list[str] = []
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
@@ -90,6 +81,9 @@ def imports_of(module: str, path: Path, known: dict[str, Path]) -> set[tuple[str
                 anchor = anchor[: len(anchor) - (node.level - 1)]
                 base = ".".join([*anchor, base] if base else anchor)
             names = [f"{base}.{alias.name}" for alias in node.names]
+            if base in known and module.startswith(base + "."):
+                # ``from pkg import mod`` inside pkg: reads the half-initialised package.
+                edges.add((base, node.lineno))
         for name in names:
             target = _resolve(name, known)
             if target is None or target == module:
@@ -179,7 +173,7 @@ def test_the_walk_sees_function_local_and_relative_imports(tmp_path: Path) -> No
     (tmp_path / "pkg").mkdir()
     known["pkg.a"].write_text("def f():\n    from pkg import b\n", encoding="utf-8")
     known["pkg.b"].write_text("from .a import f\n", encoding="utf-8")
-    assert imports_of("pkg.a", known["pkg.a"], known) == {("pkg.b", 2)}
+    assert imports_of("pkg.a", known["pkg.a"], known) == {("pkg.b", 2), ("pkg", 2)}
     assert imports_of("pkg.b", known["pkg.b"], known) == {("pkg.a", 1)}
     graph = {"pkg.a": {"pkg.b": 2}, "pkg.b": {"pkg.a": 1}, "pkg": {}}
     assert find_cycles(graph) == [["pkg.a", "pkg.b"]]
@@ -200,7 +194,7 @@ def test_importing_a_module_runs_the_packages_above_it(tmp_path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.touch()
     known["pkg"].write_text("from pkg.a import f\n", encoding="utf-8")
-    known["pkg.a"].write_text("import other.b\nfrom pkg import c\n", encoding="utf-8")
+    known["pkg.a"].write_text("import other.b\nimport pkg.c\n", encoding="utf-8")
     known["other.b"].write_text("from pkg.c import g\n", encoding="utf-8")
     assert imports_of("other.b", known["other.b"], known) == {("pkg.c", 1), ("pkg", 1)}
     # pkg.a's own package is already initialising when pkg.a runs: no edge back to it.
@@ -242,11 +236,29 @@ def test_imports_point_one_way(importer: str) -> None:
     assert not wrong, "imports against the arrows:\n" + "\n".join(wrong)
 
 
-def test_type_checking_imports_are_left_out(tmp_path: Path) -> None:
+def test_type_checking_imports_count(tmp_path: Path) -> None:
     known = {"pkg.a": tmp_path / "a.py", "pkg.b": tmp_path / "b.py"}
     known["pkg.a"].write_text(
-        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg import b\n"
-        "else:\n    import pkg.b\n",
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg import b\n",
         encoding="utf-8",
     )
-    assert imports_of("pkg.a", known["pkg.a"], known) == {("pkg.b", 5)}
+    assert imports_of("pkg.a", known["pkg.a"], known) == {("pkg.b", 3)}
+
+
+def test_from_own_package_import_module_is_an_edge_to_the_package(tmp_path: Path) -> None:
+    # pkg/__init__ imports pkg.a, and pkg.a does ``from pkg import b``: a cycle through the
+    # package __init__; ``import pkg.b as b`` names only the module.
+    known = {
+        "pkg": tmp_path / "pkg/__init__.py",
+        "pkg.a": tmp_path / "pkg/a.py",
+        "pkg.b": tmp_path / "pkg/b.py",
+    }
+    (tmp_path / "pkg").mkdir()
+    known["pkg"].write_text("from pkg.a import f\n", encoding="utf-8")
+    known["pkg.a"].write_text("from pkg import b\n", encoding="utf-8")
+    known["pkg.b"].touch()
+    assert imports_of("pkg.a", known["pkg.a"], known) == {("pkg.b", 1), ("pkg", 1)}
+    graph = {m: dict(imports_of(m, p, known)) for m, p in known.items()}
+    assert find_cycles(graph) == [["pkg", "pkg.a"]]
+    known["pkg.a"].write_text("import pkg.b as b\n", encoding="utf-8")
+    assert imports_of("pkg.a", known["pkg.a"], known) == {("pkg.b", 1)}
