@@ -9,7 +9,6 @@ from generation.config import EngineConfig
 from generation.engine_loop import EngineLoop
 from generation.factory import load_engine
 from generation.interface import (
-    BatchRequestError,
     Cancelled,
     DeltaCallback,
     Engine,
@@ -24,6 +23,7 @@ from generation.loading import (
     validate_checkpoint,
 )
 from generation.params import METHODS, SamplingParams
+from generation.requests import BatchRequestError
 from generation.stats import GenerationStats
 from generation.torch_engine import SpeculativeEngine
 

@@ -23,7 +23,9 @@ from generation.ngram import NgramProposer
 from generation.params import SamplingParams
 from generation.prefix_kv import PrefixCache
 from generation.proposers import propose
-from generation.rejection_sampler import PLACEHOLDER, sample_from_logits, verify
+from generation.rejection_sampler import PLACEHOLDER, verify
+from generation.requests import token_budget
+from generation.sampling import sample_from_logits
 from generation.scheduler import Scheduler
 from generation.sequence import LoopHandle, Sequence, new_generator
 from generation.stats import GenerationStats
@@ -99,7 +101,7 @@ class BatchEngine:
             prompt=prompt,
             params=params,
             handle=handle,
-            budget=min(params.max_new_tokens, core.max_context - len(prompt)),
+            budget=token_budget(len(prompt), params, core.max_context),
             generator=new_generator(params, core.device),
             background=background,
             stats=GenerationStats(

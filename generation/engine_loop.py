@@ -14,8 +14,9 @@ import threading
 import torch
 
 from generation.engine_core import BatchEngine
-from generation.interface import Cancelled, DeltaCallback, GenerationResult, collect
+from generation.interface import Cancelled, DeltaCallback, GenerationResult
 from generation.params import SamplingParams
+from generation.requests import collect
 from generation.sequence import LoopHandle
 
 log = logging.getLogger(__name__)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from generation.model_runner import ModelRunner
+from generation.sampling import sample_with_probs
 from generation.sequence import Sequence
 
 
@@ -79,9 +80,9 @@ def draft_with_model(
             if position >= ks[i] or seq.temperature == 0.0:
                 drafted[i].append(greedy[i])
                 continue
-            p = torch.softmax(logits[i] / seq.temperature, dim=-1)  # [vocab]
-            drafted[i].append(torch.multinomial(p, 1, generator=seq.generator))
-            probs[i].append(p)
+            token, p = sample_with_probs(logits[i], seq.temperature, seq.generator)
+            drafted[i].append(token)
+            probs[i].append(p)  # [vocab]
         input_ids = torch.stack([t[-1] for t in drafted])  # [R, 1]
         counts = [1 if position + 1 < k else 0 for k in ks]
     host = torch.stack([torch.cat(t) for t in drafted]).tolist()  # [R, max k]

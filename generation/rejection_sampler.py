@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 
 from generation.proposers import Drafts
+from generation.sampling import sample_from_logits, temperature_probs
 
 PLACEHOLDER = -1
 """Pads a row of ``verify``'s output after its last emitted token."""
@@ -47,7 +48,7 @@ def verify(
             next_token[b] = sample_from_logits(logits[b, 0], temperature, generators[b])[0]
             accepted[b] = 0
             continue
-        target_probs = torch.softmax(logits[b, : n + 1] / temperature, dim=-1)  # [n + 1, vocab]
+        target_probs = temperature_probs(logits[b, : n + 1], temperature)  # [n + 1, vocab]
         num, token = rejection_sample(
             target_probs, drafts.probs[b], drafts.token_ids[b, :n], generators[b]
         )
@@ -96,15 +97,3 @@ def rejection_sample(
     chosen = next_dists.index_select(0, num_accepted)  # [1, vocab_size]
     next_token = torch.multinomial(chosen, 1, generator=generator).view(1)  # [1]
     return num_accepted, next_token
-
-
-def sample_from_logits(
-    logits: torch.Tensor,  # [vocab_size]
-    temperature: float,
-    generator: torch.Generator | None,
-) -> torch.Tensor:
-    """Return the next token [1]: argmax at temperature 0, else a draw from softmax(logits / T)."""
-    if temperature == 0.0:
-        return logits.argmax(dim=-1, keepdim=True)
-    probs = torch.softmax(logits.float() / temperature, dim=-1)
-    return torch.multinomial(probs, 1, generator=generator)

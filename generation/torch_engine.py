@@ -20,13 +20,7 @@ from generation.engine_core import BatchEngine, EngineCore
 from generation.engine_loop import EngineLoop, run_many
 from generation.forward import Forward, forward_for
 from generation.goodput import RecentAcceptance, StepCosts
-from generation.interface import (
-    BatchRequestError,
-    GenerationResult,
-    check_prompt,
-    collect,
-    per_prompt,
-)
+from generation.interface import GenerationResult
 from generation.loading import (
     check_vocab_compatible,
     eos_token_ids,
@@ -38,6 +32,7 @@ from generation.loading import (
 from generation.model_runner import ModelRunner, plan_slots, slot_bytes, time_batch_steps
 from generation.params import SamplingParams
 from generation.prefix_kv import PrefixCache
+from generation.requests import BatchRequestError, check_prompt, collect, per_prompt
 
 
 def _label(model: Any) -> str:

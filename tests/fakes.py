@@ -117,7 +117,7 @@ class FakeEngine:
 
     def check_request(self, prompt_token_ids: list[int], params: Any) -> None:
         """ValueError naming the problem, by the checks every engine shares."""
-        from generation.interface import check_prompt
+        from generation.requests import check_prompt
 
         check_prompt(prompt_token_ids, params, self.vocab_size, self.max_context)
 

@@ -15,9 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import generation.vllm_engine.cpu_fix as cpu_fix
-from generation.interface import GenerationResult, check_prompt, collect, per_prompt
+from generation.interface import GenerationResult
 from generation.loading import validate_checkpoint
 from generation.params import SamplingParams
+from generation.requests import check_prompt, collect, per_prompt, token_budget
 from generation.vllm_engine.checkpoints import check_draft_vocab, checkpoint_limits
 from generation.vllm_engine.loop import EventLoopThread, VLLMLoop
 from generation.vllm_engine.mapping import (
@@ -347,7 +348,7 @@ class VLLMEngine:
     # -- used by VLLMLoop ---------------------------------------------------------------------
     def vllm_sampling_params(self, prompt_token_ids: list[int], params: SamplingParams) -> Any:
         """Return vLLM's ``SamplingParams`` for one checked request (the torch engine's budget)."""
-        budget = min(params.max_new_tokens, self.max_context - len(prompt_token_ids))
+        budget = token_budget(len(prompt_token_ids), params, self.max_context)
         return self.make_sampling_params(**sampling_kwargs(params, self._eos, budget))
 
     def result_from_output(
