@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import hashlib
 import secrets
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session, joinedload
 
 from app.db import ApiKey, Tenant, utcnow
+from app.db.models import as_utc
 from app.queries import get_or_create_tenant
 
 KEY_PREFIX = "srk_"
@@ -54,7 +55,7 @@ def list_keys(session: Session, tenant: str | None = None) -> list[dict[str, Any
             "created_at": k.created_at.isoformat(),
             "expires_at": k.expires_at.isoformat() if k.expires_at else None,
             "revoked_at": k.revoked_at.isoformat() if k.revoked_at else None,
-            "active": k.revoked_at is None and (k.expires_at is None or _aware(k.expires_at) > now),
+            "active": k.revoked_at is None and (k.expires_at is None or as_utc(k.expires_at) > now),
         }
         for k in session.scalars(stmt)
     ]
@@ -79,11 +80,6 @@ def revoke_key(session: Session, prefix: str) -> int:
     return len(keys)
 
 
-def _aware(when: datetime) -> datetime:
-    # SQLite returns naive timestamps; every stored one is UTC.
-    return when if when.tzinfo is not None else when.replace(tzinfo=UTC)
-
-
 def find_key(session: Session, key: str) -> ApiKey | None:
     """The live ApiKey (tenant loaded) that ``key`` hashes to, or None (revoked, expired)."""
     found = session.scalar(
@@ -91,6 +87,6 @@ def find_key(session: Session, key: str) -> ApiKey | None:
         .options(joinedload(ApiKey.tenant))
         .where(ApiKey.key_hash == hash_key(key), ApiKey.revoked_at.is_(None))
     )
-    if found is not None and found.expires_at is not None and _aware(found.expires_at) <= utcnow():
+    if found is not None and found.expires_at is not None and as_utc(found.expires_at) <= utcnow():
         return None
     return found

@@ -21,6 +21,7 @@ from sqlalchemy import ColumnElement, and_, func, or_, select, text, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.db import Query, utcnow
+from app.db.models import rowcount
 from app.db.session import skip_fsync
 from app.failures import WORKER_LOST
 from app.finish import finish_query
@@ -57,11 +58,6 @@ def send_and_mark(
     return True
 
 
-def _rowcount(result: object) -> int:
-    # UPDATE results are CursorResults; the generic Result type does not declare rowcount.
-    return int(getattr(result, "rowcount", 0))
-
-
 def _requeue(session: Session, query_id: uuid.UUID, stopped: ColumnElement[bool]) -> bool:
     # Back to queued and unsent: the sweep sends it again.
     result = session.execute(
@@ -69,7 +65,7 @@ def _requeue(session: Session, query_id: uuid.UUID, stopped: ColumnElement[bool]
         .where(Query.id == query_id, Query.status == QueryStatus.RUNNING, stopped)
         .values(status=QueryStatus.QUEUED, enqueued_at=None, heartbeat_at=None, worker_host=None)
     )
-    return bool(_rowcount(result))
+    return bool(rowcount(result))
 
 
 def reap_stale(session_factory: sessionmaker[Session], settings: Settings) -> list[uuid.UUID]:
@@ -305,7 +301,7 @@ def forget_lost_sends(session_factory: sessionmaker[Session], before: datetime) 
             .values(enqueued_at=None)
         )
         session.commit()
-    forgotten = _rowcount(result)
+    forgotten = rowcount(result)
     if forgotten:
         log.warning("broker lost its data: %d queued queries will be sent again", forgotten)
     return forgotten

@@ -19,7 +19,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal
 
 from sqlalchemy import select
@@ -27,6 +27,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.db import Answer, AnswerSource, GenerationStatsRecord, Query, utcnow
+from app.db.models import as_utc
 from app.failures import public_error
 from app.finish import finish_query
 from app.hooks import Answered, run_after_answer
@@ -388,9 +389,4 @@ def _answered(
 
 
 def _ms(later: datetime, earlier: datetime) -> float:
-    return (_aware(later) - _aware(earlier)).total_seconds() * 1000.0
-
-
-def _aware(dt: datetime) -> datetime:
-    # SQLite hands timestamps back without a zone; every stored timestamp is UTC.
-    return dt if dt.tzinfo is not None else dt.replace(tzinfo=UTC)
+    return (as_utc(later) - as_utc(earlier)).total_seconds() * 1000.0

@@ -16,14 +16,14 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import TYPE_CHECKING, Literal
 
 from sqlalchemy import delete, func, or_, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.batch.records import FINAL_BATCH, FINAL_ITEM, Batch, BatchItem
-from app.db.models import Query, utcnow
+from app.db.models import Query, as_utc, rowcount, utcnow
 from app.db.session import skip_fsync
 from app.pipeline import answer_query
 from app.resources import Resources
@@ -34,15 +34,6 @@ if TYPE_CHECKING:
 
 ChunkOutcome = Literal["done", "more", "yield", "stopped"]
 SessionFactory = sessionmaker[Session]
-
-
-def _aware(dt: datetime) -> datetime:
-    # SQLite hands timestamps back without a zone; every stored timestamp is UTC.
-    return dt if dt.tzinfo is not None else dt.replace(tzinfo=UTC)
-
-
-def _rowcount(result: object) -> int:
-    return int(getattr(result, "rowcount", 0))
 
 
 def start(sf: SessionFactory, batch_id: uuid.UUID, epoch: int) -> bool:
@@ -141,7 +132,7 @@ def finish_item(sf: SessionFactory, item_id: int) -> str | None:
             .where(BatchItem.id == item_id, BatchItem.status.not_in(FINAL_ITEM))
             .values(status=new, done_at=utcnow())
         )
-        if _rowcount(moved):
+        if rowcount(moved):
             counter = getattr(Batch, new)
             session.execute(
                 update(Batch)
@@ -225,7 +216,7 @@ def reserve_start(sf: SessionFactory, batch_id: uuid.UUID, rate: float) -> float
         planned = session.scalar(
             select(Batch.next_item_at).where(Batch.id == batch_id).with_for_update()
         )
-        begin = max(_aware(planned), now) if planned is not None else now
+        begin = max(as_utc(planned), now) if planned is not None else now
         session.execute(
             update(Batch)
             .where(Batch.id == batch_id)
@@ -301,7 +292,7 @@ def cancel(sf: SessionFactory, batch_id: uuid.UUID) -> str | None:
             .where(Batch.id == batch_id, Batch.status.in_(("queued", "running")))
             .values(status="cancelled")
         )
-        if not _rowcount(moved):
+        if not rowcount(moved):
             session.rollback()
             return session.scalar(select(Batch.status).where(Batch.id == batch_id))
         # Open items whose query never ran are cancelled, and their queries deleted (not left
@@ -384,7 +375,7 @@ def stalled(sf: SessionFactory, settings: Settings) -> list[tuple[uuid.UUID, int
                 .where(Batch.id == batch_id, Batch.epoch == epoch)
                 .values(epoch=epoch + 1, heartbeat_at=now)
             )
-            if _rowcount(bumped):
+            if rowcount(bumped):
                 out.append((batch_id, epoch + 1, lanes))
         session.commit()
     return out

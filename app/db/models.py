@@ -38,6 +38,17 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
+def as_utc(when: datetime) -> datetime:
+    """``when`` with its zone: SQLite hands timestamps back naive, and every stored one is UTC."""
+    return when if when.tzinfo is not None else when.replace(tzinfo=UTC)
+
+
+def rowcount(result: object) -> int:
+    """The rows an UPDATE or DELETE touched (a CursorResult's ``rowcount``; the generic Result
+    type does not declare it)."""
+    return int(getattr(result, "rowcount", 0))
+
+
 class Base(DeclarativeBase):
     """Declarative base of the service's tables, on the metadata shared with retrieval."""
 
