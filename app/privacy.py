@@ -1,8 +1,9 @@
 """How a question is kept once it has been answered: in clear, hashed, or redacted.
 
 The worker needs the clear question to retrieve and prompt, so a query is stored in clear while
-it is queued or running. As soon as it is finished (answer recorded, or failed for good), the
-pipeline calls ``scrub_question``, which rewrites ``queries.question`` per ``store_questions``:
+it is queued or running. The transition to a final state (answer recorded, or failed for good;
+app/finish.py) writes ``stored_form`` of it into ``queries.question`` in the same UPDATE, per
+``store_questions`` (``scrub_question`` rewrites one finished query after the fact):
 
 - ``clear``: left as asked.
 - ``hashed``: ``sha256:<hex>`` of the question. Equal questions still match (repeat counts,

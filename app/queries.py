@@ -29,7 +29,7 @@ from app.requests import (
 )
 from retrieval.records import CollectionIndex
 
-# Re-exported: the request model and its validation used to live here.
+# Re-exported: callers of the query store import the request model's names from here too.
 __all__ = [
     "QueryOut",
     "QueryRequest",

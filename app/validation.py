@@ -1,8 +1,8 @@
 """Input hygiene shared by every entry point: text that PostgreSQL, JSON and UTF-8 can all hold.
 
 A NUL byte cannot be stored in a PostgreSQL ``text`` column and a lone surrogate cannot be
-encoded as UTF-8 (nor sent in a Celery message), so both used to surface as a 500 after part of
-a request had been stored or queued. Every string a client sends is checked here first, and the
+encoded as UTF-8 (nor sent in a Celery message): unchecked, either surfaces as a 500 after part
+of a request has been stored or queued. Every string a client sends is checked here first, and the
 refusal names the field (``app.requests.check_text`` raises the RequestError). CSV cells are
 neutralised here too (OWASP "CSV injection"). This module imports nothing of the app.
 """

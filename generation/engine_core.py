@@ -1,7 +1,9 @@
-"""The speculative step: schedule -> propose -> run -> verify -> postprocess.
+"""The speculative step: schedule -> prefill -> propose -> run -> verify -> postprocess.
 
 ``step`` advances every running request by one round; a lone request is a batch of one, so every
-rule of a round exists once, here. Each request gets what it would get alone: greedy rows the
+rule of a round exists once, here. The first token, sampled after a prompt's last chunk, goes
+through the same postprocess as a verified round's tokens (end of sequence, budget, emit,
+rollback). Each request gets what it would get alone: greedy rows the
 target's greedy tokens, sampled rows the target's law, and a seeded row with a fixed k the same
 tokens in any company (its random draws come from its own generator in the same order).
 """
@@ -17,6 +19,7 @@ import torch
 
 from generation.config import EngineConfig
 from generation.goodput import Acceptance, RecentAcceptance, RowPlan, StepCosts, choose_k, row_k
+from generation.handle import LoopHandle
 from generation.kv_store import slot_kv
 from generation.model_runner import ModelRunner
 from generation.ngram import NgramProposer
@@ -27,7 +30,7 @@ from generation.rejection_sampler import PLACEHOLDER, verify
 from generation.requests import token_budget
 from generation.sampling import sample_from_logits
 from generation.scheduler import Scheduler
-from generation.sequence import LoopHandle, Sequence, new_generator
+from generation.sequence import Sequence, new_generator
 from generation.stats import GenerationStats
 
 
@@ -109,6 +112,8 @@ class BatchEngine:
             ),
         )
         self._next_id += 1
+        if params.method == "ngram":
+            seq.ngram = NgramProposer(max_n=core.config.ngram_max_n)
         if params.method != "none":
             seq.acceptance = Acceptance(prior_alpha=core.recent[params.method].alpha)
         self.scheduler.add(seq)
@@ -119,23 +124,80 @@ class BatchEngine:
             self.scheduler.release(seq)
             seq.handle.fail(error)
 
-    def _schedule(self) -> list[Sequence]:
-        """Drop cancelled requests, admit and prefill; return the rows that decode this step."""
+    @torch.inference_mode()
+    def step(self) -> None:
+        """Advance every running request by one round."""
+        for seq, logits in self._prefill(self._schedule()):  # prompts whose last chunk ran
+            first = int(sample_from_logits(logits, seq.temperature, seq.generator).item())
+            seq.stats.ttft_ms = (time.perf_counter() - seq.arrived) * 1000.0
+            seq.stats.num_output_tokens = self._postprocess(seq, [first])
+        self._release_finished()
+        rows = self.scheduler.decoding()
+        if not rows:
+            return
+        started = time.perf_counter()
+        for seq in rows:
+            seq.last_step = started
+        plans = [_plan(seq) for seq in rows]
+        batch_k = choose_k(plans, self.core.costs)
+        ks = [row_k(plan, batch_k) for plan in plans]
+        drafts = propose(rows, ks, self.core.draft, self.core.device)
+        logits = self._run(rows, drafts.token_ids)  # [B, 1 + k, vocab]
+        emitted = verify(logits, drafts, [s.temperature for s in rows], [s.generator for s in rows])
+        for b, seq in enumerate(rows):
+            num_draft = drafts.num_tokens[b]
+            row = emitted[b]
+            row = row[: row.index(PLACEHOLDER)] if PLACEHOLDER in row else row
+            accepted = len(row) - 1
+            if seq.acceptance is not None:
+                seq.acceptance.observe(num_draft, accepted)
+            kept = self._postprocess(seq, row, num_draft)
+            seq.stats.record_round(num_draft, min(accepted, kept), kept)
+            seq.batch_size_sum += len(rows)
+            seq.chosen_k_sum += ks[b]
+        table = self.core.costs.table(len(rows), any(p.uses_draft_model for p in plans))
+        table.observe(max(ks), time.perf_counter() - started)
+        self._release_finished()
+
+    def _schedule(self) -> list[tuple[Sequence, int]]:
+        """Decide who runs: drop cancelled requests, give free slots to waiting ones; return the
+        prompt chunks to prefill this step (the rows that decode are those whose prompt is in)."""
         for seq in [*self.scheduler.waiting, *self.scheduler.running]:
             if seq.handle.cancel_requested:
                 self.scheduler.release(seq)
                 seq.handle.fail(seq.cancelled())
         for seq in self.scheduler.admit():
-            for runner in (self.core.target, self.core.draft):
+            for runner in (self.core.target, self.core.draft):  # the new occupant's slot is empty
                 if runner is not None:
                     runner.set_length(seq.slot, 0)
+        return self.scheduler.prefill_plan()
+
+    def _prefill(self, chunks: list[tuple[Sequence, int]]) -> list[tuple[Sequence, torch.Tensor]]:
+        """Prefill each chunk; return the requests whose prompt is now in, each with the target's
+        logits after its last prompt token [vocab]."""
+        core = self.core
         now = time.perf_counter()
-        for seq, count in self.scheduler.prefill_plan():
+        done = []
+        for seq, count in chunks:
             seq.last_step = now
-            self._prefill(seq, count)
-        for seq in [s for s in self.scheduler.running if s.finished]:
-            self._finish(seq)
-        return self.scheduler.decoding()
+            if seq.prefilled == 0 and core.prefix is not None:
+                # Looked up at the first chunk, not at admission: a request admitted beside
+                # another with the same passage reuses what that one's prefill kept earlier in
+                # this step.
+                self._reuse_prefix(seq, core.prefix)
+                count = min(count, len(seq.prompt) - seq.prefilled)
+            chunk = seq.prompt[seq.prefilled : seq.prefilled + count]
+            logits = core.target.prefill(seq.slot, chunk)
+            if seq.params.method == "draft_model":
+                assert core.draft is not None
+                core.draft.prefill(seq.slot, chunk)
+            seq.prefilled += count
+            if seq.prefilled == len(seq.prompt):
+                if core.prefix is not None:
+                    core.prefix.keep(seq.prompt, *self._slots(seq), seq.params.cache_salt)
+                seq.tokens = list(seq.prompt)
+                done.append((seq, logits))
+        return done
 
     def _slots(self, seq: Sequence) -> tuple[Any, Any]:
         """The request's slot in the target's store and, if it drafts with it, the draft's."""
@@ -155,57 +217,6 @@ class BatchEngine:
         seq.prefilled = cached
         seq.stats.num_cached_prompt_tokens = cached
 
-    def _prefill(self, seq: Sequence, count: int) -> None:
-        """Prefill the next ``count`` prompt tokens; after the last, sample the first token."""
-        core = self.core
-        if seq.prefilled == 0 and core.prefix is not None:
-            # Looked up at the first chunk, not at admission: a request admitted beside another
-            # with the same passage reuses what that one's prefill kept earlier in this step.
-            self._reuse_prefix(seq, core.prefix)
-            count = min(count, len(seq.prompt) - seq.prefilled)
-        chunk = seq.prompt[seq.prefilled : seq.prefilled + count]
-        logits = core.target.prefill(seq.slot, chunk)
-        if seq.params.method == "draft_model":
-            assert core.draft is not None
-            core.draft.prefill(seq.slot, chunk)
-        seq.prefilled += count
-        if seq.prefilled < len(seq.prompt):
-            return
-        if core.prefix is not None:
-            core.prefix.keep(seq.prompt, *self._slots(seq), seq.params.cache_salt)
-        first = int(sample_from_logits(logits, seq.temperature, seq.generator).item())
-        seq.output.append(first)
-        seq.tokens = seq.prompt + [first]
-        seq.last_token = first
-        seq.stats.ttft_ms = (time.perf_counter() - seq.arrived) * 1000.0
-        seq.stats.num_output_tokens = 1
-        seq.handle.emit([first])
-        seq.finished = first in core.eos or seq.budget <= 1
-        if seq.params.method == "ngram" and not seq.finished:
-            seq.ngram = NgramProposer(max_n=core.config.ngram_max_n)
-
-    @torch.inference_mode()
-    def step(self) -> None:
-        """Advance every running request by one round."""
-        rows = self._schedule()
-        if not rows:
-            return
-        started = time.perf_counter()
-        for seq in rows:
-            seq.last_step = started
-        plans = [_plan(seq) for seq in rows]
-        batch_k = choose_k(plans, self.core.costs)
-        ks = [row_k(plan, batch_k) for plan in plans]
-        drafts = propose(rows, ks, self.core.draft, self.core.device)
-        logits = self._run(rows, drafts.token_ids)  # [B, 1 + k, vocab]
-        emitted = verify(logits, drafts, [s.temperature for s in rows], [s.generator for s in rows])
-        for b, seq in enumerate(rows):
-            self._postprocess(seq, drafts.num_tokens[b], emitted[b], len(rows), ks[b])
-        table = self.core.costs.table(len(rows), any(p.uses_draft_model for p in plans))
-        table.observe(max(ks), time.perf_counter() - started)
-        for seq in [s for s in self.scheduler.running if s.finished]:
-            self._finish(seq)
-
     def _run(self, rows: list[Sequence], drafts: torch.Tensor) -> torch.Tensor:
         """Run the target over each row's last token and drafts [B, k]; return logits."""
         last = torch.tensor([[s.last_token] for s in rows], dtype=torch.long, device=drafts.device)
@@ -213,34 +224,33 @@ class BatchEngine:
         counts = [input_ids.shape[1]] * len(rows)  # padding is written past the length, unread
         return self.core.target.run([s.slot for s in rows], input_ids, counts)
 
-    def _postprocess(
-        self, seq: Sequence, num_draft: int, row: list[int], batch: int, k: int
-    ) -> None:
-        """Append row ``row``'s emitted tokens, stop at EOS or budget, roll the slots back."""
+    def _postprocess(self, seq: Sequence, emitted: list[int], num_draft: int = 0) -> int:
+        """Append ``emitted`` (a round's accepted drafts and its recovered or bonus token, or
+        the first token alone), stop at end of sequence or the budget, roll the slots back to
+        what stays valid, emit; return how many tokens were kept."""
         core = self.core
-        emitted = row[: row.index(PLACEHOLDER)] if PLACEHOLDER in row else row
         accepted = len(emitted) - 1
-        if seq.acceptance is not None:
-            seq.acceptance.observe(num_draft, accepted)
         for i, token in enumerate(emitted):
             if token in core.eos:
                 emitted = emitted[: i + 1]
                 seq.finished = True
                 break
-        seq.stats.record_round(num_draft, min(accepted, len(emitted)), len(emitted))
-        seq.batch_size_sum += batch
-        seq.chosen_k_sum += k
+        before = len(seq.tokens)  # the target's slot holds all but the newest of these
         seq.output.extend(emitted)
         seq.tokens.extend(emitted)
         seq.last_token = emitted[-1]
         seq.finished = seq.finished or len(seq.output) >= seq.budget
         # Rollback is a length: the target's slot keeps the last token and the accepted drafts;
-        # the draft's keeps the drafts it fed that were accepted.
-        core.target.set_length(seq.slot, len(seq.tokens) - len(emitted) + accepted)
+        # the draft's keeps the drafts it was fed (all but the last) that were accepted.
+        core.target.set_length(seq.slot, before + accepted)
         if num_draft and core.draft is not None and seq.params.method == "draft_model":
-            stale = max(0, num_draft - 1 - accepted)
-            core.draft.set_length(seq.slot, core.draft.length(seq.slot) - stale)
+            core.draft.set_length(seq.slot, before + min(accepted, num_draft - 1))
         seq.handle.emit(emitted)
+        return len(emitted)
+
+    def _release_finished(self) -> None:
+        for seq in [s for s in self.scheduler.running if s.finished]:
+            self._finish(seq)
 
     def _finish(self, seq: Sequence) -> None:
         self.scheduler.release(seq)

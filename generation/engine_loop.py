@@ -14,10 +14,10 @@ import threading
 import torch
 
 from generation.engine_core import BatchEngine
+from generation.handle import LoopHandle
 from generation.interface import Cancelled, DeltaCallback, GenerationResult
 from generation.params import SamplingParams
 from generation.requests import collect
-from generation.sequence import LoopHandle
 
 log = logging.getLogger(__name__)
 

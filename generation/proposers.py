@@ -62,7 +62,8 @@ def draft_with_model(
     The draft's slot lags the row by the tokens it has not seen (the target's last token,
     after a fully accepted round also the last draft, more after rounds that drafted
     nothing): they are fed first, so no prompt is recomputed. Every draft token but the last
-    enters the slot; ``postprocess`` rolls back those the target rejected.
+    enters the slot (a row stops feeding after its own k); the engine's postprocess rolls back
+    those the target rejected (generation/engine_core.py), the one place a slot is rolled back.
     """
     slots = [s.slot for s in rows]
     pending = [s.tokens[runner.length(s.slot) :] for s in rows]
@@ -86,8 +87,6 @@ def draft_with_model(
         input_ids = torch.stack([t[-1] for t in drafted])  # [R, 1]
         counts = [1 if position + 1 < k else 0 for k in ks]
     host = torch.stack([torch.cat(t) for t in drafted]).tolist()  # [R, max k]
-    for seq, k in zip(rows, ks, strict=True):
-        runner.set_length(seq.slot, len(seq.tokens) + k - 1)
     return [
         (row[:k], torch.stack(p) if p else None) for row, k, p in zip(host, ks, probs, strict=True)
     ]

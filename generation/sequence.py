@@ -1,81 +1,18 @@
-"""One request's state in the step loop (``Sequence``), and the handle its caller holds."""
+"""One request's state in the step loop (``Sequence``); its caller holds a ``LoopHandle``."""
 
 from __future__ import annotations
 
-import logging
-import queue
-import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import torch
 
 from generation.goodput import Acceptance
-from generation.interface import Cancelled, DeltaCallback, GenerationResult
+from generation.handle import LoopHandle
+from generation.interface import Cancelled, GenerationResult
 from generation.ngram import NgramProposer
 from generation.params import SamplingParams
 from generation.stats import GenerationStats
-
-_END = object()
-log = logging.getLogger(__name__)
-
-
-class LoopHandle:
-    """A request in flight (``generation.interface.RequestHandle``); the loop's side emits,
-    finishes or fails it."""
-
-    def __init__(self, on_delta: DeltaCallback | None = None) -> None:
-        self._on_delta = on_delta
-        self._deltas: queue.SimpleQueue[object] = queue.SimpleQueue()
-        self._done = threading.Event()
-        self._result: GenerationResult | None = None
-        self._error: BaseException | None = None
-        self.cancel_requested = False
-        """Set by ``cancel``; the loop drops the request at its next step boundary."""
-
-    def deltas(self) -> Iterator[list[int]]:
-        while True:
-            item = self._deltas.get()
-            if item is _END:
-                self._deltas.put(_END)  # a second iterator ends at once too
-                return
-            assert isinstance(item, list)
-            yield item
-
-    def result(self, timeout: float | None = None) -> GenerationResult:
-        if not self._done.wait(timeout):
-            raise TimeoutError(f"request not finished after {timeout} s")
-        if self._error is not None:
-            raise self._error
-        assert self._result is not None
-        return self._result
-
-    def cancel(self) -> None:
-        self.cancel_requested = True
-
-    @property
-    def done(self) -> bool:
-        return self._done.is_set()
-
-    def emit(self, token_ids: list[int]) -> None:
-        if not token_ids:
-            return
-        self._deltas.put(list(token_ids))
-        if self._on_delta is not None:
-            try:
-                self._on_delta(list(token_ids))
-            except Exception:  # the caller's bug stops its own request, not the batch
-                log.exception("on_delta raised; the request is cancelled")
-                self.cancel_requested = True
-
-    def finish(self, result: GenerationResult | None, error: BaseException | None = None) -> None:
-        self._result, self._error = result, error
-        self._deltas.put(_END)
-        self._done.set()
-
-    def fail(self, error: BaseException) -> None:
-        self.finish(None, error)
 
 
 def new_generator(params: SamplingParams, device: torch.device) -> torch.Generator | None:

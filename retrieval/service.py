@@ -172,8 +172,8 @@ class RetrievalService:
     def _embed(self, pending: list[PreparedDocument], bar: Any) -> None:
         """Fill in every pending document's vectors, in full batches across files.
 
-        Batches of similar length from many files run about 1.6x faster on CPU than one small
-        batch per file (measured: benchmarks/retrieval.py), so files are embedded together."""
+        Batches of similar length from many files run faster on a CPU than one small batch per
+        file (docs/benchmarks.md, "Ingest throughput"), so files are embedded together."""
         texts = [embedding_text(c.title, c.heading, c.text) for p in pending for c in p.chunks]
         vectors = np.zeros((len(texts), self.embedder.dim), dtype=np.float32)
         order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))  # little padding
@@ -280,7 +280,7 @@ class RetrievalService:
         else:
             ranked = single(dense if mode == "dense" else sparse, mode)
         # Only the passages that can make the top k are read (a margin for rows the tenant
-        # check below drops, which a consistent index never has): ~13 rows, not ~100.
+        # check below drops, which a consistent index never has), not every fused candidate.
         ranked = sorted(ranked, key=lambda f: (-f.score, f.chunk_id))[: top_k + TIE_MARGIN]
         found: dict[int, Fused] = {f.chunk_id: f for f in ranked}
         if not found:

@@ -54,8 +54,8 @@ def waiting(app: Celery, queue: str = QueueName.ANSWER) -> bool:
     """Whether messages wait on ``queue`` in ``app``'s broker (False, logged, when it cannot tell).
 
     Called every few milliseconds while a batch item generates, so on Redis it is one pipelined
-    LLEN per priority list (~0.5 ms) instead of kombu's passive queue_declare (~15 ms of Python
-    under load, which measurably slowed the generation it was guarding).
+    LLEN per priority list instead of kombu's passive queue_declare, whose Python cost slows the
+    generation it guards (docs/benchmarks.md, "History and measurements moved out of comments").
     """
     url = str(app.conf.broker_url or "")
     try:

@@ -2,10 +2,10 @@
 
 A batch item's generation is preempted when interactive ``answer`` messages wait in the broker
 (app/batch/preempt.py).  Polling the queue alone makes an interactive query wait half a poll
-interval on average (10 ms at a 20 ms poll) and a whole one at worst, measured as most of the
-~30 ms queue wait a batch added.  So whoever sends an ``answer`` message on a Redis broker also
-PUBLISHes on the broker's announcement channel (~0.2 ms), and each batch worker keeps one subscriber thread that wakes
-the preemption watcher the moment a message arrives.  The queue poll stays as the fallback for
+interval on average and a whole one at worst (docs/benchmarks.md, "Batch").  So whoever sends an
+``answer`` message on a Redis broker also PUBLISHes on the broker's announcement channel, and
+each batch worker keeps one subscriber thread that wakes the preemption watcher the moment a
+message arrives.  The queue poll stays as the fallback for
 messages nobody announced (the outbox sweeper re-sending after a broker outage, another
 producer) and for a subscriber that lost its connection; an announcement only makes the watcher
 check the queue now, so a message already taken by an idle worker preempts nothing.

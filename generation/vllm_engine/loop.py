@@ -17,19 +17,18 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
-import queue
 import threading
 import time
 import uuid
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Coroutine
 from contextlib import aclosing
 from typing import Any, Protocol
 
+from generation.handle import LoopHandle
 from generation.interface import Cancelled, DeltaCallback, GenerationResult
 from generation.params import SamplingParams
 
 logger = logging.getLogger(__name__)
-_END = object()  # ends a handle's delta queue
 CLOSE_TIMEOUT = 30.0
 """Seconds ``VLLMLoop.close`` waits for its aborted requests to end."""
 
@@ -123,8 +122,9 @@ class EventLoopThread:
             self.loop.close()
 
 
-class VLLMRequest:
-    """A ``RequestHandle`` for one request in flight in vLLM."""
+class VLLMRequest(LoopHandle):
+    """The ``LoopHandle`` of one request in flight in vLLM (generation/handle.py): ``cancel``
+    aborts it in vLLM (``AsyncLLM.abort``), its slot freed at the next step."""
 
     def __init__(
         self,
@@ -133,63 +133,28 @@ class VLLMRequest:
         on_delta: DeltaCallback | None,
         abort: Callable[[], Coroutine[Any, Any, None]],
     ) -> None:
+        super().__init__(on_delta)
         self.request_id = request_id
         self._runner = runner
-        self._on_delta = on_delta
         self._abort = abort
         self._task: asyncio.Task[Any] | None = None
-        self._deltas: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._finished = threading.Event()
-        self._result: GenerationResult | None = None
-        self._error: BaseException | None = None
-        self.cancel_requested = False
-        """Set on the loop's thread; the request's task aborts at its next output."""
         self.registered = False
         """Whether the request was handed to vLLM (so ``abort`` can find it)."""
 
-    def deltas(self) -> Iterator[list[int]]:
-        """Newly verified token ids as they land; ends when the request finished or was cancelled."""
-        while (item := self._deltas.get()) is not _END:
-            yield item
-
-    def result(self, timeout: float | None = None) -> GenerationResult:
-        """The whole result; raises ``Cancelled``, the request's own error, or TimeoutError."""
-        if not self._finished.wait(timeout):
-            raise TimeoutError(f"request {self.request_id}: not finished after {timeout} s")
-        if self._error is not None:
-            raise self._error
-        assert self._result is not None
-        return self._result
-
     def cancel(self) -> None:
         """Abort the request in vLLM (``AsyncLLM.abort``); its slot is freed at the next step."""
-        if not self._finished.is_set():
+        if not self.done:
             self._runner.call_soon(self._request_cancel)
-
-    @property
-    def done(self) -> bool:
-        """Whether the request finished, failed or was cancelled."""
-        return self._finished.is_set()
 
     # -- called on the loop's thread ------------------------------------------------------
     def _request_cancel(self) -> None:
-        if self._finished.is_set() or self.cancel_requested:
+        if self.done or self.cancel_requested:
             return
         self.cancel_requested = True
         if self.registered:
             self._runner.spawn(self._abort(), f"abort of {self.request_id}")
         elif self._task is not None:
             self._task.cancel()  # still waiting for a slot here: vLLM never saw it
-
-    def _deliver(self, token_ids: list[int]) -> None:
-        self._deltas.put(token_ids)
-        if self._on_delta is not None:
-            self._on_delta(token_ids)
-
-    def _finish(self, result: GenerationResult | None, error: BaseException | None) -> None:
-        self._result, self._error = result, error
-        self._deltas.put(_END)
-        self._finished.set()
 
 
 class VLLMLoop:
@@ -232,7 +197,7 @@ class VLLMLoop:
         handle = VLLMRequest(self._runner, request_id, on_delta, lambda: llm.abort(request_id))
         with self._lock:
             if self._closed:
-                handle._finish(None, Cancelled("the generation loop is closed"))
+                handle.finish(None, Cancelled("the generation loop is closed"))
                 return handle
             self._live.add(handle)
         try:
@@ -241,7 +206,7 @@ class VLLMLoop:
             sampling = self.engine.vllm_sampling_params(prompt, params)
         except Exception as exc:  # the request's own error, never the loop's
             self._forget(handle)
-            handle._finish(None, exc)
+            handle.finish(None, exc)
             return handle
         self._runner.submit(self._run(handle, prompt, params, sampling))
         return handle
@@ -261,7 +226,7 @@ class VLLMLoop:
             return  # called from a callback: waiting here would block the aborts
         deadline = time.monotonic() + CLOSE_TIMEOUT
         for handle in live:
-            handle._finished.wait(max(0.0, deadline - time.monotonic()))
+            handle.wait(max(0.0, deadline - time.monotonic()))
 
     def _forget(self, handle: VLLMRequest) -> None:
         with self._lock:
@@ -291,16 +256,16 @@ class VLLMLoop:
                 raise Cancelled(f"request {handle.request_id}: cancelled")
             result = self.engine.result_from_output(params, final, batch_sizes, timing)
         except asyncio.CancelledError:
-            handle._finish(None, Cancelled(f"request {handle.request_id}: cancelled"))
+            handle.finish(None, Cancelled(f"request {handle.request_id}: cancelled"))
             self._forget(handle)
             if not handle.cancel_requested:
                 raise  # the event loop is stopping
             return
         except Exception as exc:  # the handle carries the request's own failure
-            handle._finish(None, exc)
+            handle.finish(None, exc)
             self._forget(handle)
             return
-        handle._finish(result, None)
+        handle.finish(result, None)
         self._forget(handle)
 
     async def _stream(
@@ -311,7 +276,7 @@ class VLLMLoop:
         sent, final, batch_sizes = 0, None, []
         started, first_at = time.perf_counter(), None
         handle.registered = True
-        # aclosing: an error here (e.g. in on_delta) closes the stream, and vLLM aborts it.
+        # aclosing: an error here closes the stream, and vLLM aborts it.
         inputs: dict[str, Any] = {"prompt_token_ids": prompt}
         if salt is not None:  # vLLM's own per-request salt of its prefix-cache hashes
             inputs["cache_salt"] = salt
@@ -321,7 +286,7 @@ class VLLMLoop:
                 token_ids = output.outputs[0].token_ids  # CUMULATIVE: every token so far
                 if len(token_ids) > sent:
                     first_at = first_at or time.perf_counter()
-                    handle._deliver([int(t) for t in token_ids[sent:]])
+                    handle.emit([int(t) for t in token_ids[sent:]])
                     sent = len(token_ids)
                 if handle.cancel_requested and not output.finished:
                     # A cancel that came while vLLM was still adding the request found

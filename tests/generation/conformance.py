@@ -158,6 +158,25 @@ class EngineConformance:
         assert engine.vocab_size > 0 and engine.max_context > 0
         assert isinstance(engine.model_pair, str) and engine.model_pair
 
+    def test_one_handle_behaviour(self, engine: Engine, prompts: list[list[int]]) -> None:
+        # generation/handle.py, on every engine: a raising on_delta fails its own request with
+        # that error while the others go on; once a request ended, a second deltas() ends at once.
+        def broken(token_ids: list[int]) -> None:
+            raise OSError("client socket gone")
+
+        loop = engine.start_loop()
+        try:
+            failing = loop.submit(prompts[0], SamplingParams(max_new_tokens=MAX_NEW), broken)
+            fine = loop.submit(prompts[1], SamplingParams(max_new_tokens=MAX_NEW))
+            with pytest.raises(OSError, match="client socket gone"):
+                failing.result(120)
+            result = fine.result(120)
+        finally:
+            loop.close()
+        assert [t for burst in fine.deltas() for t in burst] == result.token_ids
+        assert list(fine.deltas()) == []
+        assert list(failing.deltas()) and list(failing.deltas()) == []
+
     @pytest.mark.parametrize(
         ("prompt", "params", "message"),
         [

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from generation.handle import LoopHandle
 from generation.params import SamplingParams
 from generation.scheduler import Scheduler
-from generation.sequence import LoopHandle, Sequence
+from generation.sequence import Sequence
 from generation.stats import GenerationStats
 
 
