@@ -40,11 +40,11 @@ services:
 	@scripts/ensure-services.sh
 
 lint: venv
-	$(VENV)/bin/ruff check .
-	$(VENV)/bin/ruff format --check .
+	scripts/timed.sh 'ruff check' $(VENV)/bin/ruff check .
+	scripts/timed.sh 'ruff format --check' $(VENV)/bin/ruff format --check .
 
 typecheck: venv
-	$(VENV)/bin/mypy
+	scripts/timed.sh mypy $(VENV)/bin/mypy
 
 # Two pytest processes (pytest-xdist), one test file at a time each: most of the suite's time is
 # live workers starting and answering, which leaves a core free. Every test runs on a database
@@ -53,24 +53,25 @@ typecheck: venv
 # --durations: the slowest tests are printed at the end, for whoever speeds the suite up.
 PYTEST_WORKERS ?= 2
 pytest: venv services
-	HF_HUB_OFFLINE=1 $(VENV)/bin/pytest -ra --durations=15 -n $(PYTEST_WORKERS) --dist loadfile --ignore=tests/vllm $(PYTEST_ARGS)
+	HF_HUB_OFFLINE=1 scripts/timed.sh pytest $(VENV)/bin/pytest -ra --durations=15 -n $(PYTEST_WORKERS) --dist loadfile --ignore=tests/vllm $(PYTEST_ARGS)
 
 # The tests on real vLLM (tests/vllm/), from .venv-vllm, in ONE process: its engines are shared
 # by the whole session (each start costs tens of seconds), and vLLM binds its OpenMP threads to
 # cores, so a second pytest process beside it would slow both. SPECRAG_REQUIRE_VLLM=1: they fail
 # rather than skip if vLLM is missing. Run after the main suite, not beside it, for that reason.
 pytest-vllm: vllm-venv services
-	SPECRAG_REQUIRE_VLLM=1 HF_HUB_OFFLINE=1 $(VLLM_VENV)/bin/pytest -ra --durations=10 -n 0 -p no:cacheprovider tests/vllm $(PYTEST_VLLM_ARGS)
+	SPECRAG_REQUIRE_VLLM=1 HF_HUB_OFFLINE=1 scripts/timed.sh pytest-vllm $(VLLM_VENV)/bin/pytest -ra --durations=10 -n 0 -p no:cacheprovider tests/vllm $(PYTEST_VLLM_ARGS)
 
 test: lint typecheck pytest pytest-vllm
 
-# The developer's loop: lint, types and the unit tests (fakes, in-memory SQLite; no services, no
-# model weights). tests/conftest.py marks the rest by what it needs; the three folders skipped
-# here hold only such tests, and leaving them out spares collecting them (torch, transformers).
-FAST_TESTS := -m "not integration and not models" --ignore=tests/generation --ignore=tests/models --ignore=tests/integration
+# The developer's loop: lint, types and the unit tests (fakes, in-memory SQLite, the engine's
+# logic on hand-made tensors; no services, no model weights). tests/conftest.py marks the rest by
+# what it needs (tests/generation: every file but its ENGINE_LOGIC list builds a model); the two
+# folders skipped here hold only such tests, and leaving them out spares collecting them.
+FAST_TESTS := -m "not integration and not models" --ignore=tests/models --ignore=tests/integration
 
 test-fast: lint typecheck
-	HF_HUB_OFFLINE=1 $(VENV)/bin/pytest -q -p no:cacheprovider $(FAST_TESTS) $(PYTEST_ARGS)
+	HF_HUB_OFFLINE=1 scripts/timed.sh 'fast tests' $(VENV)/bin/pytest -q -p no:cacheprovider $(FAST_TESTS) $(PYTEST_ARGS)
 
 demo: venv
 	HF_HUB_OFFLINE=1 $(PY) scripts/demo.py

@@ -188,6 +188,16 @@ LIVE_FIXTURES = {
 """Fixtures that need a live PostgreSQL or Redis (every fixture built on them counts too)."""
 MODEL_FIXTURES = {"tiny_models", "embedder", "demo_dirs", "live"}
 """Fixtures that load real weights: tiny random model pairs, MiniLM, the shipped demo pair."""
+ENGINE_LOGIC = {
+    "test_config.py",
+    "test_goodput.py",
+    "test_prefix_cache.py",
+    "test_proposers_adaptive.py",
+    "test_rejection_sampler.py",
+    "test_scheduler.py",
+}
+"""tests/generation files that build no model (the engine's logic on hand-made tensors and
+tables): not ``models``, so ``make test-fast`` runs them; every other file there builds one."""
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -199,5 +209,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         parts = Path(str(item.path)).relative_to(REPO_ROOT).parts
         if names & LIVE_FIXTURES or "postgresql" in params or parts[:2] == ("tests", "integration"):
             item.add_marker(pytest.mark.integration)
-        if names & MODEL_FIXTURES or parts[:2] in {("tests", "models"), ("tests", "generation")}:
+        builds_models = parts[:2] == ("tests", "generation") and parts[-1] not in ENGINE_LOGIC
+        if names & MODEL_FIXTURES or parts[:2] == ("tests", "models") or builds_models:
             item.add_marker(pytest.mark.models)
