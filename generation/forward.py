@@ -145,12 +145,16 @@ def fast_path_refusal(model: Any) -> str | None:
 
 
 def can_pack(weight: torch.Tensor) -> bool:
-    """Whether oneDNN can run a projection of ``weight`` on packed weights (float32 on a CPU)."""
-    usable = weight.device.type == "cpu" and weight.dtype == torch.float32
+    """Whether oneDNN can run a projection of ``weight`` on packed weights (float32, or
+    bfloat16 where oneDNN has bf16 kernels, on a CPU)."""
+    if weight.device.type != "cpu" or weight.dtype not in (torch.float32, torch.bfloat16):
+        return False
     # Private ops (inductor's CPU path uses them): a torch build without them runs F.linear.
     ops = ("_reorder_linear_weight", "_linear_pointwise")
     built = torch.backends.mkldnn.is_available() and all(hasattr(torch.ops.mkldnn, o) for o in ops)
-    return usable and built
+    if not built or weight.dtype == torch.float32:
+        return built
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 class Linear:
@@ -218,7 +222,10 @@ class FastLlamaForward:
         self.dtype = self.embed.dtype
         able = can_pack(self.embed)
         if packed and not able:
-            raise ValueError("FastLlamaForward: packed weights need float32 weights on a CPU")
+            raise ValueError(
+                "FastLlamaForward: packed weights need float32 (or oneDNN-supported bfloat16) "
+                "weights on a CPU"
+            )
         self.packed = able if packed is None else packed
         self.layers = [_Layer(layer, self.packed) for layer in inner.layers]
         self.norm = inner.norm
