@@ -79,6 +79,14 @@ class Settings(BaseSettings):
         description="Device for either engine (auto: CUDA where there is one; for vLLM, the "
         "platform its installed build runs on).",
     )
+    dtype: Literal["float32", "bfloat16", "auto"] = Field(
+        default="auto",
+        description=(
+            "Numerics of either engine: float32 (bit-exact), bfloat16, or auto (bfloat16 on "
+            "CUDA and on CPUs with AMX / AVX-512 BF16, else float32). A worker refuses "
+            "bfloat16 on a CPU without them, naming the missing feature."
+        ),
+    )
 
     # Request limits (API and CLI validate against these).
     max_question_chars: int = Field(default=2000, description="Longest question accepted.")
