@@ -159,15 +159,22 @@ def can_pack(weight: torch.Tensor) -> bool:
 
 class Linear:
     """One projection, ``x @ weight.T + bias``: F.linear on the module's weight, or oneDNN on a
-    copy of it packed once (``packed``; the module's weight stays, so memory holds both)."""
+    copy of it packed once (``packed``; the module's weight stays, so memory holds both).
 
-    def __init__(self, module: Any, packed: bool) -> None:
+    ``dtype``: run in this dtype on a copy of the weights (None: the module's); the input is
+    cast to it."""
+
+    def __init__(self, module: Any, packed: bool, dtype: torch.dtype | None = None) -> None:
         self.weight, self.bias = module.weight, module.bias
+        if dtype is not None and dtype != self.weight.dtype:
+            self.weight = self.weight.detach().to(dtype)
+            self.bias = None if self.bias is None else self.bias.detach().to(dtype)
         self.packed = (
             torch.ops.mkldnn._reorder_linear_weight(self.weight.detach()) if packed else None
         )
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.to(self.weight.dtype)
         if self.packed is None:
             return F.linear(x, self.weight, self.bias)
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
@@ -229,7 +236,9 @@ class FastLlamaForward:
         self.packed = able if packed is None else packed
         self.layers = [_Layer(layer, self.packed) for layer in inner.layers]
         self.norm = inner.norm
-        self.lm_head = Linear(model.lm_head, self.packed)
+        # Logits in float32 whatever the weights' dtype: bf16 logits (8-bit mantissa) would
+        # turn near-ties into exact ties and quantise every probability the sampler sees.
+        self.lm_head = Linear(model.lm_head, self.packed, torch.float32)
         attn = inner.layers[0].self_attn
         self.head_dim = attn.head_dim
         self.heads = self.layers[0].q_size // self.head_dim
