@@ -137,7 +137,7 @@ def measure(engines: dict[str, Any], args: argparse.Namespace) -> dict[str, dict
         cached = sum(r.stats.num_cached_prompt_tokens for r in results)
         rows[name]["burst"] = (sum(len(r.token_ids) for r in results), secs)
         rows[name]["burst_hit"] = cached / sum(len(p) + 1 for p in burst)
-    rows["_prompts"] = {"stream": stream}
+    rows["_prompts"] = {"stream": stream, "many": batch}
     return rows
 
 
@@ -178,28 +178,42 @@ def exactness(engines: dict[str, Any], rows: dict[str, dict[str, Any]], args: An
     if not {"torch bf16", "torch f32"} <= set(engines):
         return
     bf16, f32 = engines["torch bf16"], engines["torch f32"]
-    prompts = rows["_prompts"]["stream"]
+    stream, many = rows["_prompts"]["stream"], rows["_prompts"]["many"]
     none = SamplingParams(max_new_tokens=args.max_tokens, method="none")
-    ref_bf16 = [bf16.generate(p, none).token_ids for p in prompts]
-    ref_f32 = [f32.generate(p, none).token_ids for p in prompts]
+    spec = SamplingParams(max_new_tokens=args.max_tokens, num_speculative_tokens=args.k)
+    ref: dict[str, list[list[int]]] = {
+        "bf16 none": [bf16.generate(p, none).token_ids for p in stream],
+        "f32 none": [f32.generate(p, none).token_ids for p in stream],
+        "bf16 none (batch prompts)": [bf16.generate(p, none).token_ids for p in many],
+    }
+    for name in ("torch bf16", "vllm bf16"):  # the batch's prompts once more, each alone
+        if name in engines:
+            ref[f"{name} alone"] = [engines[name].generate(p, spec).token_ids for p in many]
     print(f"\n{isa()}")
     print("| greedy answers vs a reference | differ | all at near-ties | largest gap excused | "
           "clear-margin divergences |\n|---|---|---|---|---|")  # fmt: skip
-    cases = (  # (label, engine, its answers, the reference's engine, the reference)
-        ("torch bf16 draft_model one stream vs bf16 none", "torch bf16", "answers", bf16, ref_bf16),
-        ("torch bf16 draft_model generate_many vs bf16 none", "torch bf16", "many_answers", bf16,
-         ref_bf16),
-        ("torch bf16 none vs torch f32 none", None, "", f32, ref_f32),
-        ("torch f32 draft_model one stream vs f32 none", "torch f32", "answers", f32, ref_f32),
-        ("vllm bf16 vs torch bf16 none", "vllm bf16", "answers", bf16, ref_bf16),
-        ("vllm f32 vs torch f32 none", "vllm f32", "answers", f32, ref_f32),
+    # (label, answers' engine, their key in rows, reference, the forward judging near-ties)
+    cases = (
+        ("torch bf16 draft_model one stream vs bf16 none", "torch bf16", "answers", "bf16 none",
+         bf16, stream),
+        ("torch bf16 draft_model generate_many vs bf16 none", "torch bf16", "many_answers",
+         "bf16 none (batch prompts)", bf16, many),
+        ("torch bf16 generate_many vs the same alone (batch company)", "torch bf16",
+         "many_answers", "torch bf16 alone", bf16, many),
+        ("vllm bf16 generate_many vs the same alone (batch company)", "vllm bf16",
+         "many_answers", "vllm bf16 alone", bf16, many),
+        ("torch bf16 none vs torch f32 none", None, "", "f32 none", f32, stream),
+        ("torch f32 draft_model one stream vs f32 none", "torch f32", "answers", "f32 none", f32,
+         stream),
+        ("vllm bf16 vs torch bf16 none", "vllm bf16", "answers", "bf16 none", bf16, stream),
+        ("vllm f32 vs torch f32 none", "vllm f32", "answers", "f32 none", f32, stream),
     )  # fmt: skip
-    for label, name, key, engine, refs in cases:
-        if name is not None and name not in rows:
+    for label, name, key, reference, engine, prompts in cases:
+        if (name is not None and name not in rows) or reference not in ref:
             continue
-        outs = ref_bf16 if name is None else rows[name][key]
+        outs = ref["bf16 none"] if name is None else rows[name][key]
         divs = [check_greedy(engine.target_forward, p, r, o)
-                for p, r, o in zip(prompts, refs, outs, strict=True)]  # fmt: skip
+                for p, r, o in zip(prompts, ref[reference], outs, strict=True)]  # fmt: skip
         found = [d for d in divs if d is not None]
         excused = [d for d in found if d.excused]
         largest = max((d.gap for d in excused), default=None)
