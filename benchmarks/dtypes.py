@@ -16,6 +16,7 @@ the float32 top-2 gap where it does). The CPU's ISA heads every table.
 
     flock /tmp/bench.lock .venv-vllm/bin/python benchmarks/dtypes.py [--prompts 16]
         [--max-tokens 64] [--k 4] [--burst 48] [--torch-threads 1]
+    .venv/bin/python benchmarks/dtypes.py --ties 96   # only how often bf16 changes answers
 """
 
 from __future__ import annotations
@@ -221,6 +222,39 @@ def exactness(engines: dict[str, Any], rows: dict[str, dict[str, Any]], args: An
               f"{'-' if largest is None else f'{largest:.4f}'} | {len(found) - len(excused)} |")  # fmt: skip
 
 
+def ties(args: argparse.Namespace) -> None:
+    """How often bf16 changes a greedy answer of the torch engine, and at what float32 margin:
+    ``--ties N`` RAG prompts, method none in both dtypes (no timing: needs no quiet machine)."""
+    from generation import SamplingParams, SpeculativeEngine
+    from generation.exactness import check_greedy
+
+    engines = {d: SpeculativeEngine.from_pretrained(DEMO / "target", DEMO / "draft", dtype=d)
+               for d in ("float32", "bfloat16")}  # fmt: skip
+    prompts = rag_prompts(args.ties)
+    none = SamplingParams(max_new_tokens=args.max_tokens, method="none")
+    spec = SamplingParams(max_new_tokens=args.max_tokens, num_speculative_tokens=args.k)
+    f32 = [r.token_ids for r in engines["float32"].generate_many(prompts, none)]
+    bf16 = [r.token_ids for r in engines["bfloat16"].generate_many(prompts, none)]
+    bf16_spec = [r.token_ids for r in engines["bfloat16"].generate_many(prompts, spec)]
+    print(f"\n{isa()}")
+    print(f"| {args.ties} RAG prompts, {args.max_tokens} tokens, greedy | answers differing | "
+          "of them at near-ties | first-divergence position p50 | float32 top-2 gap there, max |"
+          "\n|---|---|---|---|---|")  # fmt: skip
+    for label, outs, refs, judge in (
+        ("bf16 none vs float32 none", bf16, f32, engines["float32"]),
+        ("bf16 draft_model (batched) vs bf16 none", bf16_spec, bf16, engines["bfloat16"]),
+    ):
+        divs = [check_greedy(judge.target_forward, p, r, o)
+                for p, r, o in zip(prompts, refs, outs, strict=True)]  # fmt: skip
+        found = [d for d in divs if d is not None]
+        near = [d for d in found if d.excused]
+        pos = statistics.median(d.position for d in found) if found else None
+        gap = max((d.gap for d in found), default=None)
+        print(f"| {label} | {len(found)}/{len(prompts)} | {len(near)} | "
+              f"{'-' if pos is None else f'{pos:.0f}'} | "
+              f"{'-' if gap is None else f'{gap:.4f}'} |")  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--prompts", type=int, default=16)
@@ -230,6 +264,7 @@ def main() -> None:
     parser.add_argument("--max-batch", type=int, default=16)
     parser.add_argument("--torch-threads", type=int, default=1, help="0: torch's default")
     parser.add_argument("--engines", default=",".join(ENGINES), help="a subset, for a dry run")
+    parser.add_argument("--ties", type=int, default=0, help="only: bf16 vs f32 answers of N")
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
@@ -238,6 +273,9 @@ def main() -> None:
 
         torch.set_num_threads(args.torch_threads)
     print(isa(), flush=True)
+    if args.ties:
+        ties(args)
+        return
     engines = load_all(args)
     rows = measure(engines, args)
     table(rows, args)
