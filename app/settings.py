@@ -278,7 +278,7 @@ class Settings(BaseSettings):
         default=None,
         description=(
             "Torch engine: run the projections on weights packed once for oneDNN, as vLLM's CPU "
-            "build does (None: where the weights are float32 on a CPU). A 5-token verify pass "
+            "build does (None: on a CPU, float32 or bfloat16 weights). A 5-token verify pass "
             "then costs about one token's; answers are unchanged, at a second copy of the "
             "weights in memory. False: transformers' kernels, logits bit for bit."
         ),

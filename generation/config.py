@@ -33,8 +33,9 @@ class EngineConfig:
     fast_forward: bool = True
     """Run Llama-family models on the engine's own forward pass (False: transformers')."""
     packed_weights: bool | None = None
-    """That pass's projections on weights packed once for oneDNN (None: where float32 on a CPU;
-    generation/forward.py); False keeps transformers' kernels, bit for bit."""
+    """That pass's projections on weights packed once for oneDNN (None: on a CPU, in float32,
+    or in bfloat16 where oneDNN has bf16 kernels; generation/forward.py); False keeps
+    transformers' kernels, bit for bit."""
     dtype: str | None = None
     """Numerics of weights, KV and prefix blocks: "float32", "bfloat16" or "auto" (bfloat16 on
     CUDA and on CPUs with AMX / AVX-512 BF16; generation/dtypes.py). None: float32 when the
