@@ -6,8 +6,8 @@ round differently, so where the target's top two logits are within that rounding
 computations may pick different tokens. A divergence is *excused* only there: at the first
 position where an output differs from the reference (``none``) run, the reference's top-2 gap
 must be within ``tolerance``, a multiple of the rounding measured on this very run (the
-reference's logits against the same tokens recomputed in one pass). A divergence at a clear
-margin is a bug, whatever the dtype.
+reference's logits against the same tokens recomputed in one pass; or, comparing two dtypes,
+recomputed in the other dtype). A divergence at a clear margin is a bug, whatever the dtype.
 """
 
 from __future__ import annotations
@@ -65,16 +65,27 @@ def _logits(fwd: Forward, prompt: list[int], tokens: list[int], one_by_one: bool
 
 
 def check_greedy(
-    fwd: Forward, prompt: list[int], reference: list[int], other: list[int], slack: float = SLACK
+    fwd: Forward,
+    prompt: list[int],
+    reference: list[int],
+    other: list[int],
+    slack: float = SLACK,
+    other_fwd: Forward | None = None,
 ) -> Divergence | None:
     """Return where ``other`` first leaves ``reference`` (the ``none`` run's greedy tokens after
-    ``prompt`` on the target ``fwd``), with the reference's top-2 gap there; None if identical."""
+    ``prompt`` on the target ``fwd``), with the reference's top-2 gap there; None if identical.
+
+    ``other_fwd``: ``other`` came from these numerics (the same target in another dtype); the
+    rounding is then measured between the two on the reference's tokens, not between shapes."""
     position = first_divergence(reference, other)
     if position is None or position >= len(reference):
         return None if position is None else Divergence(position, float("inf"), 0.0)
     tokens = reference[: position + 1]
     sequential = _logits(fwd, prompt, tokens, one_by_one=True)
-    chunked = _logits(fwd, prompt, tokens, one_by_one=False)
+    if other_fwd is not None:
+        chunked = _logits(other_fwd, prompt, tokens, one_by_one=True)
+    else:
+        chunked = _logits(fwd, prompt, tokens, one_by_one=False)
     top2 = sequential[position].topk(2).values
     rounding = (sequential - chunked).abs().max().item()
     ulp = 2.0**-8 * top2[0].abs().item()  # one bf16 rounding of the top logit itself
