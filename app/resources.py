@@ -58,13 +58,20 @@ class Resources:
                 from generation import load_engine  # heavy: torch
 
                 s = self.settings
+                from generation.dtypes import resolve_dtype
+
+                try:  # before any model loads: bf16 on a CPU without it fails at once
+                    dtype = resolve_dtype(s.dtype, _engine_device(s))
+                except ValueError as exc:
+                    raise ValueError(f"SPECRAG_DTYPE: {exc}") from None
                 if s.engine == "vllm":  # before any model loads: a typo fails at once
                     from generation.vllm_engine import VLLMEngine
 
                     VLLMEngine.check_options(s.vllm_options)
                 log.info(
-                    "loading %s engine: target %s, draft %s",
+                    "loading %s engine (%s): target %s, draft %s",
                     s.engine,
+                    dtype,
                     s.target_model,
                     s.draft_model,
                 )
@@ -75,6 +82,7 @@ class Resources:
                     s.device,
                     s.vllm_options if s.engine == "vllm" else None,
                     config=engine_config(s),
+                    dtype=dtype,
                 )
             return self._engine
 
@@ -194,6 +202,15 @@ def engine_config(settings: Settings) -> EngineConfig:
     if settings.packed_weights is not None:
         fields["packed_weights"] = settings.packed_weights
     return EngineConfig(**fields)
+
+
+def _engine_device(settings: Settings) -> str:
+    """The device an engine of ``settings`` runs on ("auto": CUDA where torch sees one)."""
+    if settings.device != "auto":
+        return settings.device
+    import torch  # heavy; the engine loads it next anyway
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def _batch_warmup(warmup: Any, settings: Settings) -> dict[str, Any]:

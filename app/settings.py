@@ -79,6 +79,14 @@ class Settings(BaseSettings):
         description="Device for either engine (auto: CUDA where there is one; for vLLM, the "
         "platform its installed build runs on).",
     )
+    dtype: Literal["float32", "bfloat16", "auto"] = Field(
+        default="auto",
+        description=(
+            "Numerics of either engine: float32 (bit-exact), bfloat16, or auto (bfloat16 on "
+            "CUDA and on CPUs with AMX / AVX-512 BF16, else float32). A worker refuses "
+            "bfloat16 on a CPU without them, naming the missing feature."
+        ),
+    )
 
     # Request limits (API and CLI validate against these).
     max_question_chars: int = Field(default=2000, description="Longest question accepted.")
@@ -270,7 +278,7 @@ class Settings(BaseSettings):
         default=None,
         description=(
             "Torch engine: run the projections on weights packed once for oneDNN, as vLLM's CPU "
-            "build does (None: where the weights are float32 on a CPU). A 5-token verify pass "
+            "build does (None: on a CPU, float32 or bfloat16 weights). A 5-token verify pass "
             "then costs about one token's; answers are unchanged, at a second copy of the "
             "weights in memory. False: transformers' kernels, logits bit for bit."
         ),

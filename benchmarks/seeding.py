@@ -149,6 +149,8 @@ def seed(
                         None if load_rng.random() < 0.2 else float(load_rng.uniform(0.0, 4.0))
                     ),
                     "num_cached_prompt_tokens": cached,
+                    # Null: rows from before migration 0015 (no extra draw: other figures stay).
+                    "dtype": ("float32", "bfloat16", None)[out_tokens % 3],
                     **lat,
                 }
                 srows.append(stats)

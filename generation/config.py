@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from generation.dtypes import check_dtype_name
+
 
 @dataclass(frozen=True)
 class EngineConfig:
@@ -31,8 +33,14 @@ class EngineConfig:
     fast_forward: bool = True
     """Run Llama-family models on the engine's own forward pass (False: transformers')."""
     packed_weights: bool | None = None
-    """That pass's projections on weights packed once for oneDNN (None: where float32 on a CPU;
-    generation/forward.py); False keeps transformers' kernels, bit for bit."""
+    """That pass's projections on weights packed once for oneDNN (None: on a CPU, in float32,
+    or in bfloat16 where oneDNN has bf16 kernels; generation/forward.py); False keeps
+    transformers' kernels, bit for bit."""
+    dtype: str | None = None
+    """Numerics of weights, KV and prefix blocks: "float32", "bfloat16" or "auto" (bfloat16 on
+    CUDA and on CPUs with AMX / AVX-512 BF16; generation/dtypes.py). None: float32 when the
+    engine loads checkpoints, the models' own dtype when it is handed loaded models. Logits,
+    softmax, sampling and the rejection rule are float32 whatever this says."""
     prefix_cache_mb: float = 0.0
     """MB of KV kept for computed prompt prefixes, reused exactly by later requests (0: off;
     generation/prefix_kv.py)."""
@@ -53,6 +61,11 @@ class EngineConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not ok(value):
                 raise ValueError(f"engine config: {name} must be {want}, got {value!r}")
+        if self.dtype is not None:
+            try:
+                check_dtype_name(self.dtype)
+            except ValueError as exc:
+                raise ValueError(f"engine config: {exc}") from None
         for name in ("pause_background", "packed_weights"):
             if not isinstance(getattr(self, name), (bool, type(None))):
                 raise ValueError(

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from generation.config import EngineConfig
+from generation.dtypes import dtype_name
 from generation.goodput import Acceptance, RecentAcceptance, RowPlan, StepCosts, choose_k, row_k
 from generation.handle import LoopHandle
 from generation.kv_store import slot_kv
@@ -108,7 +109,9 @@ class BatchEngine:
             generator=new_generator(params, core.device),
             background=background,
             stats=GenerationStats(
-                method=params.method, num_speculative_tokens=params.num_speculative_tokens
+                method=params.method,
+                num_speculative_tokens=params.num_speculative_tokens,
+                dtype=dtype_name(core.target.fwd.dtype),
             ),
         )
         self._next_id += 1

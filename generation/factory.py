@@ -5,7 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from generation.config import EngineConfig
+from generation.dtypes import check_dtype_name, resolve_dtype
 from generation.interface import Engine
 
 ENGINE_KINDS = ("torch", "vllm")
@@ -19,6 +22,7 @@ def load_engine(
     options: dict[str, Any] | None = None,
     *,
     config: EngineConfig | None = None,
+    dtype: str | None = None,
 ) -> Engine:
     """Return a loaded engine of ``kind`` ("torch" or "vllm"); vLLM is imported only when asked.
 
@@ -26,15 +30,20 @@ def load_engine(
     num_speculative_tokens, gpu_memory_utilization, max_model_len, ...); the torch engine takes none.
     ``config``: the engine config (generation/config.py); the vLLM engine takes from it room
     for ``max_batch_size`` requests (``max_num_seqs``) unless ``options`` name one.
+    ``dtype``: "float32", "bfloat16" or "auto" (None: the config's, else float32), for either
+    engine (vLLM: its ``dtype`` engine argument, unless ``options``' llm_kwargs name one);
+    refused by name when unknown, or bfloat16 on a CPU without native bf16.
     """
     options = options or {}
+    if dtype is not None:
+        check_dtype_name(dtype)
     if kind == "torch":
         if options:
             raise ValueError(f"engine options: the torch engine takes none, got {sorted(options)}")
         from generation.torch_engine import SpeculativeEngine  # heavy: torch
 
         return SpeculativeEngine.from_pretrained(
-            target_dir, draft_dir, device=device, config=config
+            target_dir, draft_dir, device=device, config=config, dtype=dtype
         )
     if kind == "vllm":
         try:
@@ -48,6 +57,18 @@ def load_engine(
         if config is not None:  # room for the batch the config asks for, at least vLLM's default
             seqs = max(config.max_batch_size, DEFAULT_MAX_NUM_SEQS)
             options = {"max_num_seqs": seqs, **options}
+        name = dtype or (config.dtype if config is not None else None)
+        llm_kwargs = dict(options.get("llm_kwargs") or {})
+        if name is not None and "dtype" not in llm_kwargs:
+            llm_kwargs["dtype"] = resolve_dtype(name, _vllm_device(device))
+            options = {**options, "llm_kwargs": llm_kwargs}
         engine: Engine = VLLMEngine.from_pretrained(target_dir, draft_dir, device=device, **options)
         return engine
     raise ValueError(f"engine: unknown kind {kind!r}; expected one of {', '.join(ENGINE_KINDS)}")
+
+
+def _vllm_device(device: str) -> str:
+    """The device vLLM will run on, for ``auto`` dtypes: CUDA where torch sees one."""
+    if device != "auto":
+        return device
+    return "cuda" if torch.cuda.is_available() else "cpu"

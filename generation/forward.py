@@ -144,25 +144,36 @@ def fast_path_refusal(model: Any) -> str | None:
 
 
 def can_pack(weight: torch.Tensor) -> bool:
-    """Whether oneDNN can run a projection of ``weight`` on packed weights (float32 on a CPU)."""
-    usable = weight.device.type == "cpu" and weight.dtype == torch.float32
+    """Whether oneDNN can run a projection of ``weight`` on packed weights (float32, or
+    bfloat16 where oneDNN has bf16 kernels, on a CPU)."""
+    if weight.device.type != "cpu" or weight.dtype not in (torch.float32, torch.bfloat16):
+        return False
     # Private ops (inductor's CPU path uses them): a torch build without them runs F.linear.
     ops = ("_reorder_linear_weight", "_linear_pointwise")
     built = torch.backends.mkldnn.is_available() and all(hasattr(torch.ops.mkldnn, o) for o in ops)
-    return usable and built
+    if not built or weight.dtype == torch.float32:
+        return built
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 class Linear:
     """One projection, ``x @ weight.T + bias``: F.linear on the module's weight, or oneDNN on a
-    copy of it packed once (``packed``; the module's weight stays, so memory holds both)."""
+    copy of it packed once (``packed``; the module's weight stays, so memory holds both).
 
-    def __init__(self, module: Any, packed: bool) -> None:
+    ``dtype``: run in this dtype on a copy of the weights (None: the module's); the input is
+    cast to it."""
+
+    def __init__(self, module: Any, packed: bool, dtype: torch.dtype | None = None) -> None:
         self.weight, self.bias = module.weight, module.bias
+        if dtype is not None and dtype != self.weight.dtype:
+            self.weight = self.weight.detach().to(dtype)
+            self.bias = None if self.bias is None else self.bias.detach().to(dtype)
         self.packed = (
             torch.ops.mkldnn._reorder_linear_weight(self.weight.detach()) if packed else None
         )
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.to(self.weight.dtype)
         if self.packed is None:
             return F.linear(x, self.weight, self.bias)
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
@@ -217,11 +228,16 @@ class FastLlamaForward:
         self.dtype = self.embed.dtype
         able = can_pack(self.embed)
         if packed and not able:
-            raise ValueError("FastLlamaForward: packed weights need float32 weights on a CPU")
+            raise ValueError(
+                "FastLlamaForward: packed weights need float32 (or oneDNN-supported bfloat16) "
+                "weights on a CPU"
+            )
         self.packed = able if packed is None else packed
         self.layers = [_Layer(layer, self.packed) for layer in inner.layers]
         self.norm = inner.norm
-        self.lm_head = Linear(model.lm_head, self.packed)
+        # Logits in float32 whatever the weights' dtype: bf16 logits (8-bit mantissa) would
+        # turn near-ties into exact ties and quantise every probability the sampler sees.
+        self.lm_head = Linear(model.lm_head, self.packed, torch.float32)
         attn = inner.layers[0].self_attn
         self.head_dim = attn.head_dim
         self.heads = self.layers[0].q_size // self.head_dim

@@ -61,12 +61,15 @@ def resolve_device(device: str | torch.device) -> torch.device:
     return torch.device(device)
 
 
-def load_causal_lm(model_dir: str | Path, device: str | torch.device = "cpu") -> Any:
-    """Return the checkpoint's model in eval mode on ``device`` (float32 on CPU, bf16 on CUDA)."""
+def load_causal_lm(
+    model_dir: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None
+) -> Any:
+    """Return the checkpoint's model in eval mode on ``device``, its weights in ``dtype``
+    (None: float32 on CPU, bf16 on CUDA)."""
     path = validate_checkpoint(model_dir)
     dev = resolve_device(device)
-    # bf16 matmuls are slow on most CPUs; on GPUs they are the fast path.
-    dtype = torch.float32 if dev.type == "cpu" else torch.bfloat16
+    if dtype is None:  # bf16 matmuls are slow on most CPUs; on GPUs they are the fast path.
+        dtype = torch.float32 if dev.type == "cpu" else torch.bfloat16
     config = AutoConfig.from_pretrained(path, local_files_only=True)
     model = AutoModelForCausalLM.from_pretrained(
         path, config=config, dtype=dtype, local_files_only=True

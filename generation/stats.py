@@ -45,6 +45,8 @@ class GenerationStats:
     num_cached_prompt_tokens: int = 0
     """Prompt tokens whose KV was reused from earlier requests (0 when none; vLLM:
     ``num_cached_tokens``): the prefill ran only past them."""
+    dtype: str | None = None
+    """Numerics the answer was computed in ("float32", "bfloat16"); None where unknown."""
 
     def record_round(self, num_draft_tokens: int, num_accepted: int, num_emitted: int) -> None:
         """Count one target pass that verified ``num_draft_tokens`` and kept ``num_emitted``.

@@ -9,6 +9,7 @@ As nano-vLLM's ``LLM``, ``generate`` is a batch of one: ``generate_many`` steps 
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from typing import Any
 import torch
 
 from generation.config import EngineConfig
+from generation.dtypes import TORCH_DTYPES, dtype_name, resolve_dtype
 from generation.engine_core import BatchEngine, EngineCore
 from generation.engine_loop import EngineLoop, run_many
 from generation.forward import Forward, forward_for
@@ -51,9 +53,14 @@ class SpeculativeEngine:
         config: EngineConfig | None = None,
     ) -> None:
         self.config = config = config or EngineConfig()
+        self.device = next(target.parameters()).device
+        if config.dtype is not None:  # else the models' own dtype
+            want = TORCH_DTYPES[resolve_dtype(config.dtype, self.device)]
+            target, draft = target.to(want), draft.to(want) if draft is not None else None
         self.target = target.eval()
         self.draft = draft.eval() if draft is not None else None
-        self.device = next(target.parameters()).device
+        self.dtype = dtype_name(next(self.target.parameters()).dtype)
+        """The numerics of weights, KV slots and prefix blocks ("float32", "bfloat16")."""
         fast, packed = config.fast_forward, config.packed_weights
         self.target_forward: Forward = forward_for(self.target, fast, packed)
         self.draft_forward = forward_for(draft, fast, packed) if draft is not None else None
@@ -107,13 +114,20 @@ class SpeculativeEngine:
         draft_dir: str | Path | None = None,
         device: str | torch.device = "cpu",
         config: EngineConfig | None = None,
+        dtype: str | None = None,
     ) -> SpeculativeEngine:
-        """Return an engine with the checkpoints loaded once; a mismatched draft is refused."""
+        """Return an engine with the checkpoints loaded once; a mismatched draft is refused.
+
+        ``dtype``: "float32", "bfloat16" or "auto" (None: the config's, else float32); bfloat16
+        on a CPU without AMX / AVX-512 BF16 is refused before anything loads."""
         dev = resolve_device(device)
-        target = load_causal_lm(target_dir, dev)
+        config = config or EngineConfig()
+        name = resolve_dtype(dtype or config.dtype or "float32", dev)
+        config = dataclasses.replace(config, dtype=name)
+        target = load_causal_lm(target_dir, dev, TORCH_DTYPES[name])
         draft = None
         if draft_dir is not None:
-            draft = load_causal_lm(draft_dir, dev)
+            draft = load_causal_lm(draft_dir, dev, TORCH_DTYPES[name])
             check_vocab_compatible(
                 output_vocab_size(target), output_vocab_size(draft), target_dir, draft_dir
             )

@@ -121,6 +121,7 @@ def base_select(window: Window) -> Select[Any]:
         s.c.mean_batch_size,
         s.c.mean_chosen_k,
         s.c.num_cached_prompt_tokens,
+        s.c.dtype,
         batch_bucket.label("batch_size"),
         chosen_k.label("chosen_k"),
         sh.c.status.label("shadow_status"),

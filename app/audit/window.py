@@ -20,8 +20,10 @@ GROUPINGS = (
     "num_speculative_tokens",
     "batch_size",
     "chosen_k",
+    "dtype",
 )
-"""``batch_size``: buckets of mean_batch_size (load); ``chosen_k``: mean_chosen_k rounded."""
+"""``batch_size``: buckets of mean_batch_size (load); ``chosen_k``: mean_chosen_k rounded;
+``dtype``: the numerics of the answer (float32, bfloat16)."""
 DEFAULT_GROUP_BY = ("tenant", "collection", "method", "model_pair")
 DEFAULT_SPAN = timedelta(days=1)
 

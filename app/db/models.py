@@ -228,6 +228,8 @@ class GenerationStatsRecord(Base):
     mean_chosen_k: Mapped[float | None] = mapped_column(Float)
     # Prompt tokens whose KV a prefix cache supplied (null: recorded before migration 0010).
     num_cached_prompt_tokens: Mapped[int | None] = mapped_column(Integer)
+    # The numerics the answer was computed in (null: recorded before migration 0015).
+    dtype: Mapped[str | None] = mapped_column(String(16))
 
     query: Mapped[Query] = relationship(back_populates="stats")
 
@@ -250,6 +252,7 @@ class GenerationStatsRecord(Base):
         "mean_batch_size",
         "mean_chosen_k",
         "num_cached_prompt_tokens",
+        "dtype",
     )
 
     def to_dict(self) -> dict[str, Any]:

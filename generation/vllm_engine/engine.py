@@ -83,6 +83,9 @@ class VLLMEngine:
         kernel; where it is not active, ``check_request`` refuses such requests."""
         self.engine_args = dict(engine_args or {})
         """The keyword arguments vLLM's ``AsyncEngineArgs`` was built from."""
+        dtype = self.engine_args.get("dtype")
+        self.dtype = str(dtype).removeprefix("torch.") if dtype not in (None, "auto") else None
+        """The numerics asked of vLLM ("float32", "bfloat16"; None: vLLM's choice)."""
         self.max_num_seqs = max_num_seqs
         """Most requests vLLM runs in one batch; a loop may not ask for more."""
         self._k_varies = k_varies  # a batch-size schedule may pick k = 0
@@ -375,6 +378,7 @@ class VLLMEngine:
             params, len(token_ids), counters, ttft_ms, generation_ms, max(1.0, mean_batch)
         )
         stats.num_cached_prompt_tokens = cached_prompt_tokens(final)
+        stats.dtype = self.dtype
         if self._k_varies and stats.num_target_forwards:
             stats.mean_chosen_k = sum(counters.drafted_per_round) / stats.num_target_forwards
         return GenerationResult(token_ids=token_ids, stats=stats)

@@ -145,3 +145,22 @@ def test_the_packed_weights_setting_reaches_both_models(
         engine = resources.engine
         want = packed is None and can_pack(torch.ones(1))  # unset: on for float32 on a CPU
         assert [engine.target_forward.packed, engine.draft_forward.packed] == [want, want]
+
+
+def test_the_dtype_setting_reaches_the_engine_and_bf16_without_cpu_support_is_refused(
+    tiny_models: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from generation import dtypes
+
+    with pytest.raises(ValueError, match="dtype"):
+        Settings(dtype="float16")
+    monkeypatch.setattr(dtypes, "cpu_bf16_flags", lambda: frozenset())  # a CPU without bf16
+    with worker_resources(tiny_models, tmp_path, dtype="auto") as resources:
+        assert resources.engine.dtype == "float32"  # auto falls back
+    with worker_resources(tiny_models, tmp_path, dtype="bfloat16") as resources:
+        refusal = r"SPECRAG_DTYPE: dtype 'bfloat16': .*avx512_bf16.*SPECRAG_DTYPE=float32"
+        with pytest.raises(ValueError, match=refusal):
+            resources.engine  # noqa: B018 - what a worker loads at start
+    monkeypatch.setattr(dtypes, "cpu_bf16_flags", lambda: frozenset({"avx512_bf16"}))
+    with worker_resources(tiny_models, tmp_path, dtype="auto") as resources:
+        assert resources.engine.dtype == "bfloat16"

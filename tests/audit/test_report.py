@@ -104,6 +104,14 @@ def test_groups_by_load_and_chosen_k_match_numpy(audit_db: AuditDB) -> None:
     assert r["mean_batch_size"] == pytest.approx(np.mean(sizes))
 
 
+def test_groups_by_dtype_count_each_answer_once(audit_db: AuditDB) -> None:
+    r = report(audit_db, MAIN, ("dtype",))
+    ok = [x for x in audit_db.main.rows if x["status"] == "succeeded"]
+    got = {g["dtype"]: g["succeeded"] for g in r["groups"]}
+    want = {d: sum(x["dtype"] == d for x in ok) for d in ("float32", "bfloat16", None)}
+    assert got == want and all(want.values())
+
+
 def test_prefix_cache_hit_rate_matches_numpy(audit_db: AuditDB) -> None:
     """vLLM's queries / hits: prompt tokens of answers that recorded a figure, tokens reused."""
     r = report(audit_db, MAIN, ("method",))

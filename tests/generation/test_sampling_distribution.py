@@ -51,12 +51,13 @@ def chi_square_pvalue(observed: np.ndarray, probs: np.ndarray) -> float:
     return float(chisquare(f_obs, f_exp).pvalue)
 
 
-@pytest.fixture(scope="module")
-def engine() -> SpeculativeEngine:
+@pytest.fixture(scope="module", params=[torch.float32, torch.bfloat16], ids=str)
+def engine(request: pytest.FixtureRequest) -> SpeculativeEngine:
+    """The engine in float32 and in bfloat16 (weights, KV); its sampling is float32 in both."""
     # Sharpened logits: uneven distributions that target and draft disagree on.
     target = build_model("llama", vocab_size=VOCAB, seed=11, logit_scale=30.0)
     draft = perturbed_copy(target, noise=0.6)
-    engine = SpeculativeEngine(target, draft)
+    engine = SpeculativeEngine(target.to(request.param), draft.to(request.param))
     # The draft costs what the target does, so goodput would rightly not draft for "auto";
     # priced as a cheap draft, "auto" drafts and its rounds are tested.
     engine.step_costs().timer = lambda batch_size, ks, with_draft: {k: 0.01 for k in ks}

@@ -1,0 +1,298 @@
+"""float32 and bfloat16 on both engines in ONE run: torch f32, torch bf16, vLLM bf16, vLLM f32.
+
+Same demo pair, prompts, draft_model k and greedy decoding for all four, loaded together and
+measured in alternation (prompt by prompt) so the shared machine's drift hits them alike:
+1. prefill: each RAG prompt alone with one new token and nothing cached; prompt tokens/s;
+2. one stream: each RAG prompt alone, ``--max-tokens``; tokens/s and median TTFT (``ttft_ms``);
+3. ``generate_many`` of the ``--prompts`` RAG prompts at once: tokens/s of the batch;
+4. burst: ``--burst`` requests of benchmarks/prefix.py's traffic (recurring passages) at once,
+   prefix caching on in both engines (torch: 256 MB, as a worker); tokens/s and hit rate.
+Every scenario starts cold: its prompts begin with a token of their own, so no engine reuses
+KV across scenarios (and the prefill prompts one each, so none reuses any).
+
+Then exactness: the torch bf16 answers against the torch bf16 ``none`` run (divergences only at
+near-ties, generation/exactness.py) and against float32 (how often bf16 changes an answer, and
+the float32 top-2 gap where it does). The CPU's ISA heads every table.
+
+    flock /tmp/bench.lock .venv-vllm/bin/python benchmarks/dtypes.py [--prompts 16]
+        [--max-tokens 64] [--k 4] [--burst 48] [--torch-threads 1]
+    .venv/bin/python benchmarks/dtypes.py --ties 96   # only how often bf16 changes answers
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from benchmarks.vllm_engines import DEMO, rag_prompts  # noqa: E402
+
+ENGINES = ("torch f32", "torch bf16", "vllm bf16", "vllm f32")
+
+
+def isa() -> str:
+    """The CPU's bf16 features and torch's vector ISA, for every table's head."""
+    import torch
+
+    from generation.dtypes import BF16_CPU_FLAGS, cpu_bf16_flags
+
+    have = cpu_bf16_flags()
+    flags = ", ".join(f"{f} {'yes' if f in have else 'no'}" for f in BF16_CPU_FLAGS)
+    return f"CPU: {flags}, amx_tile {'yes' if _flag('amx_tile') else 'no'}; " + (
+        f"torch {torch.__version__} {torch.backends.cpu.get_cpu_capability()}, "
+        f"{torch.get_num_threads()} threads"
+    )
+
+
+def _flag(name: str) -> bool:
+    try:
+        return name in Path("/proc/cpuinfo").read_text().split()
+    except OSError:
+        return False
+
+
+def load_all(args: argparse.Namespace) -> dict[str, Any]:
+    from benchmarks.support import warm_up_torch_engine
+    from generation import EngineConfig, load_engine
+
+    engines: dict[str, Any] = {}
+    for name in args.engines.split(","):
+        kind, dtype = name.split()
+        t = time.perf_counter()
+        if kind == "torch":
+            config = EngineConfig(max_batch_size=args.max_batch, prefix_cache_mb=256.0)
+            engines[name] = load_engine(
+                "torch", DEMO / "target", DEMO / "draft", "cpu", config=config,
+                dtype={"f32": "float32", "bf16": "bfloat16"}[dtype],
+            )  # fmt: skip
+            warm_up_torch_engine(engines[name], args.max_batch)
+        else:
+            options = {
+                "num_speculative_tokens": args.k,
+                "max_num_seqs": args.max_batch,
+                "llm_kwargs": {"enable_prefix_caching": True},
+            }
+            engines[name] = load_engine(
+                "vllm", DEMO / "target", DEMO / "draft", "cpu", options,
+                dtype={"f32": "float32", "bf16": "bfloat16"}[dtype],
+            )  # fmt: skip
+        print(f"{name}: loaded and warmed in {time.perf_counter() - t:.0f} s", flush=True)
+    return engines
+
+
+def marked(prompts: list[list[int]], marker: int) -> list[list[int]]:
+    """``prompts`` behind one leading token of their own: KV of other scenarios never matches."""
+    return [[marker, *p] for p in prompts]
+
+
+def measure(engines: dict[str, Any], args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    from benchmarks.prefix_traffic import build_traffic
+    from generation import SamplingParams, load_tokenizer
+
+    prompts = rag_prompts(args.prompts)
+    params = SamplingParams(max_new_tokens=args.max_tokens, num_speculative_tokens=args.k)
+    one = SamplingParams(max_new_tokens=1, num_speculative_tokens=args.k)  # prefill only
+    rows: dict[str, dict[str, Any]] = {n: {"prefill": [], "stream": []} for n in engines}
+    for engine in engines.values():  # kernels of every shape once, outside the timings
+        engine.generate(marked(prompts[:1], 7)[0], params)
+    for i, prompt in enumerate(marked(prompts, 0)):
+        prompt[0] = 100 + i  # one marker per prompt: nothing to reuse
+        for name in engines if i % 2 == 0 else list(engines)[::-1]:
+            t = time.perf_counter()
+            engines[name].generate(prompt, one)
+            rows[name]["prefill"].append((len(prompt), time.perf_counter() - t))
+    stream = marked(prompts, 200)
+    for i, prompt in enumerate(stream):
+        for name in engines if i % 2 == 0 else list(engines)[::-1]:
+            t = time.perf_counter()
+            result = engines[name].generate(prompt, params)
+            rows[name]["stream"].append(
+                (len(result.token_ids), time.perf_counter() - t, result.stats.ttft_ms)
+            )
+            rows[name].setdefault("answers", []).append(result.token_ids)
+    batch = marked(prompts, 300)
+    for name in engines:
+        t = time.perf_counter()
+        results = engines[name].generate_many(batch, params)
+        rows[name]["many"] = (sum(len(r.token_ids) for r in results), time.perf_counter() - t)
+        rows[name]["many_answers"] = [r.token_ids for r in results]
+    from app.settings import Settings
+
+    tokenizer = load_tokenizer(str(DEMO / "target"))
+    traffic = build_traffic(
+        Settings(), tokenizer, 2 * args.burst, seed=0, max_tokens=args.max_tokens,
+        cache=REPO / "var" / "bench" / f"prefix_traffic_{0}.json",
+    )  # fmt: skip
+    burst = [r.prompt for r in traffic[args.burst : 2 * args.burst]]
+    for j, name in enumerate(engines):
+        t = time.perf_counter()
+        results = engines[name].generate_many(marked(burst, 400 + j), params)
+        secs = time.perf_counter() - t
+        cached = sum(r.stats.num_cached_prompt_tokens for r in results)
+        rows[name]["burst"] = (sum(len(r.token_ids) for r in results), secs)
+        rows[name]["burst_hit"] = cached / sum(len(p) + 1 for p in burst)
+    rows["_prompts"] = {"stream": stream, "many": batch}
+    return rows
+
+
+def table(rows: dict[str, dict[str, Any]], args: argparse.Namespace) -> None:
+    names = [n for n in ENGINES if n in rows]
+    ratio = [(a, b) for a, b in (("torch bf16", "torch f32"), ("torch bf16", "vllm bf16"))
+             if a in names and b in names]  # fmt: skip
+    print(f"\n{isa()}")
+    print(f"| demo pair, {args.prompts} RAG prompts, {args.max_tokens} tokens, draft_model "
+          f"k={args.k} | " + " | ".join(names) + " | " + " | ".join(f"{a} / {b}" for a, b in ratio)
+          + " |")  # fmt: skip
+    print("|---" * (1 + len(names) + len(ratio)) + "|")
+    prefill = {n: sum(x[0] for x in r["prefill"]) / sum(x[1] for x in r["prefill"])
+               for n, r in rows.items() if n in names}  # fmt: skip
+    stream = {n: sum(x[0] for x in r["stream"]) / sum(x[1] for x in r["stream"])
+              for n, r in rows.items() if n in names}  # fmt: skip
+    ttft = {n: statistics.median(x[2] for x in rows[n]["stream"]) for n in names}
+    many = {n: rows[n]["many"][0] / rows[n]["many"][1] for n in names}
+    burst = {n: rows[n]["burst"][0] / rows[n]["burst"][1] for n in names}
+    hit = {n: rows[n]["burst_hit"] for n in names}
+    for label, values, fmt in (
+        ("prefill, prompt tokens/s", prefill, "{:.0f}"),
+        ("one stream, tokens/s", stream, "{:.0f}"),
+        ("one stream, TTFT p50 ms", ttft, "{:.1f}"),
+        (f"generate_many({args.prompts}), tokens/s", many, "{:.0f}"),
+        (f"burst of {args.burst} (recurring passages), tokens/s", burst, "{:.0f}"),
+        ("burst prefix hit rate", hit, "{:.0%}"),
+    ):
+        cells = [fmt.format(values[n]) for n in names]
+        cells += [f"{values[a] / values[b]:.2f}x" if values[b] else "-" for a, b in ratio]
+        print(f"| {label} | " + " | ".join(cells) + " |")
+
+
+def exactness(engines: dict[str, Any], rows: dict[str, dict[str, Any]], args: Any) -> None:
+    from generation import SamplingParams
+    from generation.exactness import check_greedy
+
+    if not {"torch bf16", "torch f32"} <= set(engines):
+        return
+    bf16, f32 = engines["torch bf16"], engines["torch f32"]
+    stream, many = rows["_prompts"]["stream"], rows["_prompts"]["many"]
+    none = SamplingParams(max_new_tokens=args.max_tokens, method="none")
+    spec = SamplingParams(max_new_tokens=args.max_tokens, num_speculative_tokens=args.k)
+    ref: dict[str, list[list[int]]] = {
+        "bf16 none": [bf16.generate(p, none).token_ids for p in stream],
+        "f32 none": [f32.generate(p, none).token_ids for p in stream],
+        "bf16 none (batch prompts)": [bf16.generate(p, none).token_ids for p in many],
+    }
+    for name in ("torch bf16", "vllm bf16"):  # the batch's prompts once more, each alone
+        if name in engines:
+            ref[f"{name} alone"] = [engines[name].generate(p, spec).token_ids for p in many]
+    print(f"\n{isa()}")
+    print("| greedy answers vs a reference | differ | all at near-ties | largest gap excused | "
+          "clear-margin divergences |\n|---|---|---|---|---|")  # fmt: skip
+    # (label, answers' engine, their key in rows, reference, the forward judging near-ties)
+    cases = (
+        ("torch bf16 draft_model one stream vs bf16 none", "torch bf16", "answers", "bf16 none",
+         bf16, stream),
+        ("torch bf16 draft_model generate_many vs bf16 none", "torch bf16", "many_answers",
+         "bf16 none (batch prompts)", bf16, many),
+        ("torch bf16 generate_many vs the same alone (batch company)", "torch bf16",
+         "many_answers", "torch bf16 alone", bf16, many),
+        ("vllm bf16 generate_many vs the same alone (batch company)", "vllm bf16",
+         "many_answers", "vllm bf16 alone", bf16, many),
+        ("torch bf16 none vs torch f32 none (cross-dtype rounding)", None, "", "f32 none", f32,
+         stream),
+        ("torch f32 draft_model one stream vs f32 none", "torch f32", "answers", "f32 none", f32,
+         stream),
+        # Other kernels (vLLM's attention, its bf16 logits): judged by the torch engine's own
+        # shape rounding, so a "clear margin" here says the engines round differently.
+        ("vllm bf16 vs torch bf16 none", "vllm bf16", "answers", "bf16 none", bf16, stream),
+        ("vllm f32 vs torch f32 none", "vllm f32", "answers", "f32 none", f32, stream),
+    )  # fmt: skip
+    for label, name, key, reference, engine, prompts in cases:
+        if (name is not None and name not in rows) or reference not in ref:
+            continue
+        outs = ref["bf16 none"] if name is None else rows[name][key]
+        # bf16 against float32: the rounding between the two dtypes, not between two shapes.
+        other = bf16.target_forward if name is None else None
+        divs = [check_greedy(engine.target_forward, p, r, o, other_fwd=other)
+                for p, r, o in zip(prompts, ref[reference], outs, strict=True)]  # fmt: skip
+        found = [d for d in divs if d is not None]
+        excused = [d for d in found if d.excused]
+        largest = max((d.gap for d in excused), default=None)
+        print(f"| {label} | {len(found)}/{len(prompts)} | {len(excused)} | "
+              f"{'-' if largest is None else f'{largest:.4f}'} | {len(found) - len(excused)} |")  # fmt: skip
+
+
+def ties(args: argparse.Namespace) -> None:
+    """How often bf16 changes a greedy answer of the torch engine, and at what float32 margin:
+    ``--ties N`` RAG prompts, method none in both dtypes (no timing: needs no quiet machine)."""
+    from generation import SamplingParams, SpeculativeEngine
+    from generation.exactness import check_greedy
+
+    engines = {d: SpeculativeEngine.from_pretrained(DEMO / "target", DEMO / "draft", dtype=d)
+               for d in ("float32", "bfloat16")}  # fmt: skip
+    prompts = rag_prompts(args.ties)
+    none = SamplingParams(max_new_tokens=args.max_tokens, method="none")
+    spec = SamplingParams(max_new_tokens=args.max_tokens, num_speculative_tokens=args.k)
+    f32 = [r.token_ids for r in engines["float32"].generate_many(prompts, none)]
+    bf16 = [r.token_ids for r in engines["bfloat16"].generate_many(prompts, none)]
+    bf16_spec = [r.token_ids for r in engines["bfloat16"].generate_many(prompts, spec)]
+    print(f"\n{isa()}")
+    print(f"| {args.ties} RAG prompts, {args.max_tokens} tokens, greedy | answers differing | "
+          "of them at near-ties | first-divergence position p50 | reference's top-2 gap there, "
+          "p50 / max | tolerance p50 (rounding measured on the run) |\n|---|---|---|---|---|---|")  # fmt: skip
+    for label, outs, refs, judge, other in (
+        ("bf16 none vs float32 none", bf16, f32, engines["float32"], engines["bfloat16"]),
+        ("bf16 draft_model (batched) vs bf16 none", bf16_spec, bf16, engines["bfloat16"], None),
+    ):
+        other_fwd = None if other is None else other.target_forward
+        divs = [check_greedy(judge.target_forward, p, r, o, other_fwd=other_fwd)
+                for p, r, o in zip(prompts, refs, outs, strict=True)]  # fmt: skip
+        found = [d for d in divs if d is not None]
+        near = [d for d in found if d.excused]
+        pos = statistics.median(d.position for d in found) if found else None
+        gaps = sorted(d.gap for d in found)
+        tols = sorted(d.tolerance for d in found)
+        print(f"| {label} | {len(found)}/{len(prompts)} | {len(near)} | "
+              f"{'-' if pos is None else f'{pos:.0f}'} | "
+              + (f"{statistics.median(gaps):.4f} / {gaps[-1]:.4f} | "
+                 f"{statistics.median(tols):.4f} |" if found else "- | - |"))  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--prompts", type=int, default=16)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--k", type=int, default=4)
+    parser.add_argument("--burst", type=int, default=48)
+    parser.add_argument("--max-batch", type=int, default=16)
+    parser.add_argument("--torch-threads", type=int, default=1, help="0: torch's default")
+    parser.add_argument("--engines", default=",".join(ENGINES), help="a subset, for a dry run")
+    parser.add_argument("--ties", type=int, default=0, help="only: bf16 vs f32 answers of N")
+    args = parser.parse_args()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+    if args.torch_threads:
+        import torch
+
+        torch.set_num_threads(args.torch_threads)
+    print(isa(), flush=True)
+    if args.ties:
+        ties(args)
+        return
+    engines = load_all(args)
+    rows = measure(engines, args)
+    table(rows, args)
+    exactness(engines, rows, args)
+    for engine in engines.values():
+        close = getattr(engine, "close", None)
+        if callable(close):
+            close()
+
+
+if __name__ == "__main__":
+    main()
