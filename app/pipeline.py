@@ -31,6 +31,7 @@ from app.failures import public_error
 from app.finish import finish_query
 from app.hooks import Answered, run_after_answer
 from app.lease import Claimed, claim, heartbeat, release
+from app.outage import DatabaseUnavailable, unreachable, with_database
 from app.requests import QueryStatus
 from app.resources import Resources
 from app.settings import Settings
@@ -43,9 +44,13 @@ if TYPE_CHECKING:  # generation imports torch: loaded with the engine, not with 
 
 log = logging.getLogger(__name__)
 
-Outcome = Literal["succeeded", "failed", "skipped", "duplicate", "missing", "released"]
+Outcome = Literal[
+    "succeeded", "failed", "skipped", "duplicate", "missing", "released", "superseded"
+]
 """What happened to a query; "released": its request was cancelled in the engine loop (batch
-preemption, worker shutdown) and the query is queued again with nothing recorded."""
+preemption, worker shutdown), its engine died or the database stayed away, and the query is
+queued again with nothing recorded; "superseded": a newer attempt holds the query (this one
+stalled past its lease), so this attempt's result was dropped."""
 MIN_PROMPT_BUDGET = 16
 """Fewest context tokens that must remain for the prompt after the answer's ``max_tokens``."""
 
@@ -88,45 +93,93 @@ def answer_query(
     """
     qid = query_id if isinstance(query_id, uuid.UUID) else uuid.UUID(str(query_id))
     sf = resources.session_factory
-    claimed = claim(sf, qid, host or socket.gethostname())
+    s = resources.settings
+    window = s.database_retry_seconds
+    # A claim the database cannot take raises DatabaseUnavailable: the caller keeps the message.
+    claimed = with_database(
+        lambda: claim(sf, qid, host or socket.gethostname()), seconds=window, what=f"query {qid}"
+    )
     if claimed is None:
-        with sf() as session:
-            status = session.scalar(select(Query.status).where(Query.id == qid))
+        status = with_database(lambda: _status(sf, qid), seconds=window, what=f"query {qid}")
         log.info("query %s not claimed (status %s)", qid, status)
         return "missing" if status is None else "skipped"
-    s = resources.settings
     step = generate_step or (lambda built, deltas: generate(resources.engine, built, deltas))
-    # Token bursts for GET /v1/queries/{id}/stream (a no-op without a stream Redis).
+    # Token bursts for GET /v1/queries/{id}/stream (a no-op without a stream Redis), fenced by
+    # the attempt: once a newer attempt opens the stream, this one's entries are refused.
     stream = open_stream(resources, qid, claimed.attempt)
     with heartbeat(sf, qid, claimed.attempt, s.heartbeat_seconds, float(s.task_time_limit)):
         try:
             outcome = _answer(resources, qid, claimed, step, stream.chain(on_delta), stream)
-            stream.end(outcome)  # after the commit: readers then find the final state
+            if outcome == QueryStatus.SUCCEEDED:
+                stream.end(outcome)  # after the commit: readers then find the final state
             return outcome
         except BaseException as exc:
-            if _cancelled(exc):
-                # Cancelled at a step boundary (preempted, shut down): nothing was recorded.
-                release(sf, qid)
-                log.info("query %s cancelled in the engine loop; queued again", qid)
+            if _cancelled(exc) or (isinstance(exc, Exception) and _not_the_querys(resources, exc)):
+                # Cancelled at a step boundary (preempted, shut down), the database away, or the
+                # engine dead: nothing was recorded and the query did nothing wrong.
+                log.warning("query %s handed back (%s); queued again", qid, _name(exc))
+                _hand_back(resources, qid, claimed.attempt)
                 return "released"
             if not isinstance(exc, Exception):
                 # Shutdown or interrupt: not the query's fault, so it goes back on the outbox.
-                release(sf, qid)
+                _hand_back(resources, qid, claimed.attempt)
                 raise
             # Anything else (bad collection, out of context, time limit) fails the query with a
             # message the client can read; a killed process never gets here (the reaper does).
             message = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
             # The client gets a stable message (app/failures.py); the exception's text is logged.
             log.warning("query %s failed: %s", qid, message, exc_info=exc)
-            with sf() as session:
-                finish_query(
-                    session, s, qid, QueryStatus.FAILED, question=claimed.question,
-                    error=public_error(exc),
-                )  # fmt: skip
-                session.commit()
+            if not _fail(resources, qid, claimed, public_error(exc)):
+                return "superseded"
             stream.end(QueryStatus.FAILED)
             run_after_answer(resources, _answered(resources, qid, claimed, QueryStatus.FAILED))
             return "failed"
+
+
+def _status(sf: sessionmaker[Session], qid: uuid.UUID) -> str | None:
+    with sf() as session:
+        return session.scalar(select(Query.status).where(Query.id == qid))
+
+
+def _not_the_querys(resources: Resources, exc: Exception) -> bool:
+    """Whether ``exc`` came from the service (database away, engine dead), not from the query."""
+    return unreachable(exc) or resources.engine_dead()
+
+
+def _name(exc: BaseException) -> str:
+    return type(exc).__name__
+
+
+def _hand_back(resources: Resources, qid: uuid.UUID, attempt: int) -> None:
+    """Release the query (this attempt's hold only); if the database stays away, the reaper will."""
+    sf = resources.session_factory
+    try:
+        with_database(
+            lambda: release(sf, qid, attempt),
+            seconds=resources.settings.database_retry_seconds,
+            what=f"release of query {qid}",
+        )
+    except DatabaseUnavailable:
+        log.error("query %s: release failed; the reaper re-queues it once its lease expires", qid)
+
+
+def _fail(resources: Resources, qid: uuid.UUID, claimed: Claimed, error: str) -> bool:
+    """Make the query failed with ``error`` if this attempt still holds it; True if it did."""
+    sf, s = resources.session_factory, resources.settings
+
+    def write() -> bool:
+        with sf() as session:
+            moved = finish_query(
+                session, s, qid, QueryStatus.FAILED, question=claimed.question, error=error,
+                where=(Query.attempts == claimed.attempt,),
+            )  # fmt: skip
+            session.commit()
+        return moved
+
+    moved = with_database(write, seconds=s.database_retry_seconds, what=f"failure of query {qid}")
+    if not moved:
+        log.info("query %s: attempt %d no longer holds it; failure dropped", qid, claimed.attempt)
+    return moved
 
 
 def _answer(
@@ -277,23 +330,28 @@ def record(
         if stats.ttft_ms is not None
         else None
     )
-    return _record(
-        resources.session_factory,
-        resources.settings,
-        qid,
-        question=claimed.question,
-        text=text,
-        cited=built.cited,
-        stats=stats.to_dict(),
-        model_pair=resources.engine.model_pair,
-        engine_kind=resources.settings.engine,
-        index_version=retrieved.index_version,
-        prompt_tokens=len(built.prompt_ids),
-        times={
-            "retrieved_at": retrieved.retrieved_at,
-            "first_token_at": first_token_at,
-            "done_at": done_at,
-        },
+    return with_database(
+        lambda: _record(
+            resources.session_factory,
+            resources.settings,
+            qid,
+            attempt=claimed.attempt,
+            question=claimed.question,
+            text=text,
+            cited=built.cited,
+            stats=stats.to_dict(),
+            model_pair=resources.engine.model_pair,
+            engine_kind=resources.settings.engine,
+            index_version=retrieved.index_version,
+            prompt_tokens=len(built.prompt_ids),
+            times={
+                "retrieved_at": retrieved.retrieved_at,
+                "first_token_at": first_token_at,
+                "done_at": done_at,
+            },
+        ),
+        seconds=resources.settings.database_retry_seconds,
+        what=f"answer of query {qid}",
     )
 
 
@@ -302,6 +360,7 @@ def _record(
     settings: Settings,
     qid: uuid.UUID,
     *,
+    attempt: int,
     question: str | None,
     text: str,
     cited: list[Any],
@@ -343,15 +402,21 @@ def _record(
             session.add(answer)
             session.add(GenerationStatsRecord(query_id=qid, **fields))
             # The flush (here, before the UPDATE) is where a second answer hits the unique key.
-            finish_query(
+            moved = finish_query(
                 session,
                 settings,
                 qid,
                 QueryStatus.SUCCEEDED,
                 question=question,
-                from_statuses=(QueryStatus.QUEUED, QueryStatus.RUNNING),
+                where=(Query.attempts == attempt,),  # the lease: only the attempt holding it
                 times=times,
             )
+            if not moved:
+                # The reaper gave the query to a newer attempt (this one stalled past its lease),
+                # or it is final already: nothing of this run is kept.
+                session.rollback()
+                log.info("query %s: attempt %d no longer holds it; answer dropped", qid, attempt)
+                return "superseded"
             session.commit()
         except IntegrityError:
             # Another run of this query recorded its answer first: the unique constraint decided.

@@ -201,6 +201,11 @@ class Settings(BaseSettings):
     stale_after_seconds: float = Field(
         default=30.0, description="A running query with no heartbeat for this long is re-queued."
     )
+    database_retry_seconds: float = Field(
+        default=120.0,
+        description="How long a worker retries a database write (claim, answer, failure) while "
+        "the database is unreachable before handing the query back.",
+    )
     max_attempts: int = Field(
         default=3, description="Worker losses a query survives before it is marked failed."
     )
