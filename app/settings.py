@@ -221,6 +221,11 @@ class Settings(BaseSettings):
         default=900.0,
         description="A query still queued this long after its send is sent again (lost message).",
     )
+    unclaimed_resend_seconds: float = Field(
+        default=45.0,
+        description="A queued query whose message a worker took this long ago without claiming "
+        "it (the worker died first) is sent again (Redis broker).",
+    )
     max_resends: int = Field(
         default=1,
         description="Times a still-queued query's lost message is re-sent (bounds outage growth).",

@@ -20,6 +20,7 @@ from app.resources import Resources
 from workers.broker_epoch import BrokerEpoch
 from workers.dispatcher import send_query
 from workers.engine_guard import EngineGuard
+from workers.unclaimed import UnclaimedDeliveries
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +85,7 @@ def connect_signals(app: Celery) -> None:
             res.settings,
             lambda qid, queue: send_query(app, qid, queue),
             BrokerEpoch(str(app.conf.broker_url or "")).lost,
+            UnclaimedDeliveries(str(app.conf.broker_url or "")),
         ).start()
         kinds = getattr(app, "warm", {})
         if kinds.get(QueueName.ANSWER, True) and app.conf.worker_pool != "prefork":

@@ -110,3 +110,55 @@ def test_a_database_outage_strands_no_query_and_the_api_answers_503_meanwhile(
     rows = stored_rows(settings, list(done))
     assert all((answers, stats) == (1, 1) for _, answers, stats in rows.values()), rows
     print(f"\ndatabase down {down_seconds} s: all {len(done)} answered {recovered_in:.1f} s after")
+
+
+def test_a_message_taken_by_a_worker_that_died_before_claiming_is_sent_again_within_a_minute(
+    pg_deployment: Deployment,
+    private_pg: PostgresServer,
+    worker_process: Callable[..., WorkerProcess],
+) -> None:
+    import redis
+    from sqlalchemy import update
+
+    from app.db import Query, make_engine, make_session_factory, utcnow
+    from app.queries import create_query, get_or_create_tenant, validate_request
+    from workers import create_celery
+    from workers.dispatcher import send_query
+
+    settings, collection = pg_deployment.settings, pg_deployment.collection
+    first = worker_process(settings, "first")
+    first.wait_ready()
+    engine = make_engine(settings)
+    with make_session_factory(engine)() as session:
+        asked = {"question": "What does assert do?", "collection": collection, "max_tokens": 4}
+        req = validate_request(settings, asked)
+        qid = create_query(session, get_or_create_tenant(session, "acme"), req)[0].id
+        session.execute(update(Query).where(Query.id == qid).values(enqueued_at=utcnow(), sends=1))
+        session.commit()
+    engine.dispose()
+    private_pg.stop()  # the worker takes the message and cannot claim the query
+    send_query(create_celery(settings), qid)
+    broker = redis.Redis.from_url(settings.resolved_broker_url)
+    deadline = time.monotonic() + 30
+    while broker.hlen("unacked") == 0:
+        assert time.monotonic() < deadline, f"the worker never took the message: {first.tail()}"
+        time.sleep(0.05)
+    first.kill()  # dies holding the message, unacknowledged, the query still queued
+    private_pg.start()
+    back_at = time.monotonic()
+    worker_process(settings, "second").wait_ready()
+    engine = make_engine(settings)
+    sf = make_session_factory(engine)
+    status = None
+    while status != "succeeded":
+        assert time.monotonic() - back_at < 120, f"query still {status} after 120 s"
+        time.sleep(0.5)
+        with sf() as session:
+            status = session.get(Query, qid).status  # type: ignore[union-attr]
+    answered_in = time.monotonic() - back_at
+    with sf() as session:
+        query = session.get(Query, qid)
+        assert query is not None and (query.sends, query.attempts) == (2, 1)
+    engine.dispose()
+    assert stored_rows(settings, [str(qid)])[str(qid)][1:] == (1, 1)
+    print(f"\nconsumed, never claimed: answered {answered_in:.1f} s after the database returned")

@@ -57,7 +57,7 @@ def test_killing_vllms_engine_core_hands_queries_back_and_the_worker_exits(
     assert first.proc is not None
     with ApiServer(settings) as api, SpecragClient(api.url, keys["acme"]) as client:
         ids = [
-            client.submit(f"What does del do? ({n})", docs, max_tokens=400, method="none")
+            client.submit(f"What does del do? ({n})", docs, max_tokens=400)
             for n in range(6)
         ]
         deadline = time.monotonic() + 120
