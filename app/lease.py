@@ -138,6 +138,27 @@ def heartbeat(
 
 _held: dict[uuid.UUID, int] = {}
 _held_lock = threading.Lock()
+_guarded = threading.Event()
+
+
+def guard_engine(on: bool = True) -> None:
+    """Say whether this process hands back what it holds and exits when its engine dies."""
+    if on:
+        _guarded.set()
+    else:
+        _guarded.clear()
+
+
+def await_hand_back(timeout: float = 120.0) -> None:
+    """With an engine guard, block (up to ``timeout``) while it hands the held queries back and
+    ends the process; without one, return at once (the caller releases the query itself).
+
+    Released from a process whose broker connection may still have a blocking pop in flight, a
+    re-sent message could be swallowed by the dying worker, so the guard releases only once it
+    stopped consuming.
+    """
+    if _guarded.is_set():
+        threading.Event().wait(timeout)
 
 
 def held() -> dict[uuid.UUID, int]:

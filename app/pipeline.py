@@ -30,7 +30,7 @@ from app.db import Answer, AnswerSource, GenerationStatsRecord, Query, utcnow
 from app.failures import public_error
 from app.finish import finish_query
 from app.hooks import Answered, run_after_answer
-from app.lease import Claimed, claim, heartbeat, release
+from app.lease import Claimed, await_hand_back, claim, heartbeat, release
 from app.outage import DatabaseUnavailable, unreachable, with_database
 from app.requests import QueryStatus
 from app.resources import Resources
@@ -104,16 +104,21 @@ def answer_query(
         log.info("query %s not claimed (status %s)", qid, status)
         return "missing" if status is None else "skipped"
     step = generate_step or (lambda built, deltas: generate(resources.engine, built, deltas))
-    # Token bursts for GET /v1/queries/{id}/stream (a no-op without a stream Redis), fenced by
-    # the attempt: once a newer attempt opens the stream, this one's entries are refused.
-    stream = open_stream(resources, qid, claimed.attempt)
     with heartbeat(sf, qid, claimed.attempt, s.heartbeat_seconds, float(s.task_time_limit)):
+        # Token bursts for GET /v1/queries/{id}/stream (a no-op without a stream Redis), fenced
+        # by the attempt: once a newer attempt writes to the stream, this one's are refused.
+        stream = open_stream(resources, qid, claimed.attempt)
         try:
             outcome = _answer(resources, qid, claimed, step, stream.chain(on_delta), stream)
             if outcome == QueryStatus.SUCCEEDED:
                 stream.end(outcome)  # after the commit: readers then find the final state
             return outcome
         except BaseException as exc:
+            if isinstance(exc, Exception) and _engine_died(resources, exc):
+                log.warning("query %s: the engine died (%s); handed back", qid, _name(exc))
+                await_hand_back()  # a worker's guard releases it and ends the process
+                _hand_back(resources, qid, claimed.attempt)  # no guard here: release it now
+                return "released"
             if _cancelled(exc) or (isinstance(exc, Exception) and _not_the_querys(resources, exc)):
                 # Cancelled at a step boundary (preempted, shut down), the database away, or the
                 # engine dead: nothing was recorded and the query did nothing wrong.
@@ -143,7 +148,12 @@ def _status(sf: sessionmaker[Session], qid: uuid.UUID) -> str | None:
 
 def _not_the_querys(resources: Resources, exc: Exception) -> bool:
     """Whether ``exc`` came from the service (database away, engine dead), not from the query."""
-    return unreachable(exc) or resources.engine_dead()
+    return unreachable(exc) or _engine_died(resources, exc)
+
+
+def _engine_died(resources: Resources, exc: Exception) -> bool:
+    # vLLM's EngineDeadError, by name (vLLM is optional), may beat the engine's own flag.
+    return resources.engine_dead() or type(exc).__name__ == "EngineDeadError"
 
 
 def _name(exc: BaseException) -> str:

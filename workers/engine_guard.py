@@ -3,10 +3,12 @@
 A worker whose engine died (vLLM's EngineCore process killed or crashed, the torch engine's loop
 thread ended) would otherwise stay up, answer ``celery inspect ping`` and fail every query it
 takes within milliseconds. The guard polls the engine every ``INTERVAL`` seconds; once it is
-dead, the answer task rejects (re-queues) new messages, the guard cancels this node's consumers,
-releases every query this process holds (app/lease.py ``held``, fenced by attempt: they did
-nothing wrong; the sweepers send them to another worker) and exits with ``EXIT_ENGINE_DEAD``, so
-that its supervisor (the compose file's restart policy, systemd, Kubernetes) starts a new one.
+dead, the answer tasks stop (a new message is neither claimed nor acknowledged: the sweepers
+send it again, workers/unclaimed.py), the guard cancels this node's consumers, waits for a
+blocking pop in flight to return, releases every query this process holds (app/lease.py
+``held``, fenced by attempt: they did nothing wrong; the sweepers send them to another worker)
+and exits with ``EXIT_ENGINE_DEAD``, so that its supervisor (the compose file's restart policy,
+systemd, Kubernetes) starts a new one. Only ``specrag worker`` processes run a guard.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import sys
 import time
 from collections.abc import Callable
 
-from app.lease import held, release
+from app.lease import guard_engine, held, release
 from app.outage import DatabaseUnavailable, with_database
 from app.periodic import Periodic
 from app.resources import Resources
@@ -28,6 +30,9 @@ EXIT_ENGINE_DEAD = 70
 """The worker's exit status when its engine died (EX_SOFTWARE)."""
 INTERVAL = 0.2
 """Seconds between two looks at the engine."""
+DRAIN_SECONDS = 1.5
+"""Wait after cancelling the consumers: a blocking pop already sent to Redis (kombu's BRPOP
+times out after 1 s) could otherwise take a re-sent message into a process about to exit."""
 RELEASE_SECONDS = 30.0
 """How long the dying worker retries its releases while the database is away (then the reaper)."""
 
@@ -40,11 +45,24 @@ class EngineGuard(Periodic):
         resources: Resources,
         stop_consuming: Callable[[], None],
         exit: Callable[[int], None] = os._exit,
+        drain_seconds: float = DRAIN_SECONDS,
     ) -> None:
         super().__init__(INTERVAL, "specrag-engine-guard")
         self.resources = resources
         self.stop_consuming = stop_consuming
         self._exit = exit
+        self.drain_seconds = drain_seconds
+
+    def start(self) -> EngineGuard:
+        """Start watching; from now on the process's tasks leave the hand-back to the guard."""
+        guard_engine()
+        super().start()
+        return self
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop watching (a warm shutdown closes the engine on purpose)."""
+        guard_engine(False)
+        super().stop(timeout)
 
     def tick(self) -> object:
         """One look at the engine; never returns once it is dead."""
@@ -60,6 +78,7 @@ class EngineGuard(Periodic):
             self.stop_consuming()
         except Exception:  # exiting is what matters; the tasks reject what still arrives
             log.exception("cancelling the consumers failed")
+        time.sleep(self.drain_seconds)
         released = self.release_held()
         log.critical(
             "engine dead: %d queries handed back in %.2f s; exiting with status %d",

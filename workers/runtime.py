@@ -88,8 +88,13 @@ def connect_signals(app: Celery) -> None:
             UnclaimedDeliveries(str(app.conf.broker_url or "")),
         ).start()
         kinds = getattr(app, "warm", {})
-        if kinds.get(QueueName.ANSWER, True) and app.conf.worker_pool != "prefork":
-            # An answer worker lives and dies with its engine (workers/engine_guard.py).
+        if (
+            getattr(app, "exit_on_engine_death", False)
+            and kinds.get(QueueName.ANSWER, True)
+            and app.conf.worker_pool != "prefork"
+        ):
+            # A `specrag worker` process lives and dies with its engine (workers/engine_guard.py);
+            # never one in a test's process or any other host of a Celery app.
             node = getattr(sender, "hostname", None)
             queues = list(app.amqp.queues.consume_from or app.amqp.queues)
 

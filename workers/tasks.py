@@ -10,6 +10,7 @@ from celery import Celery, Task
 from celery.exceptions import Reject
 
 from app.dispatch import TaskName
+from app.lease import await_hand_back
 from app.outage import DatabaseUnavailable, backoff
 from app.outbox import admit
 from app.pipeline import answer_query as run
@@ -40,7 +41,9 @@ def register(app: Celery) -> None:
         """Answer the stored query ``query_id``; returns its id and what happened to it."""
         resources = runtime.resources(self.app)
         if resources.engine_dead():
-            # This worker is on its way out (workers/engine_guard.py): the message goes back.
+            # This worker is on its way out (workers/engine_guard.py): nothing is claimed, and the
+            # message, never acknowledged, is sent again by the sweepers (workers/unclaimed.py).
+            await_hand_back()
             raise Reject("the engine died; this worker takes no more queries", requeue=True)
         hostname = self.request.hostname or socket.gethostname()
         try:
