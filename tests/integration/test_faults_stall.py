@@ -45,13 +45,13 @@ def test_a_resumed_stale_attempt_neither_streams_nor_records(
 ) -> None:
     keys, collection = private_deployment.keys, private_deployment.collection
     settings = private_deployment.settings.model_copy(
-        update={"broker_url": private_redis.url(4), "max_tokens_limit": 3000}
+        update={"broker_url": private_redis.url(4), "max_tokens_limit": 1500}
     )
     stalled = worker_process(settings, "stalled")
     stalled.wait_ready()
     assert stalled.proc is not None
     with ApiServer(settings) as api, SpecragClient(api.url, keys["acme"]) as client:
-        qid = client.submit("What does assert do?", collection, max_tokens=3000, method="none")
+        qid = client.submit("What does assert do?", collection, max_tokens=1500, method="none")
         events: list[StreamEvent] = []
         reader = threading.Thread(
             target=lambda: events.extend(client.stream(qid, timeout=240)), daemon=True
@@ -93,7 +93,7 @@ def test_revoking_a_key_ends_its_open_streams(
 
     collection = private_deployment.collection
     settings = private_deployment.settings.model_copy(
-        update={"broker_url": private_redis.url(5), "max_tokens_limit": 3000}
+        update={"broker_url": private_redis.url(5), "max_tokens_limit": 1500}
     )
     engine = make_engine(settings)
     sf = make_session_factory(engine)
@@ -102,7 +102,7 @@ def test_revoking_a_key_ends_its_open_streams(
     worker = worker_process(settings, "answer")
     worker.wait_ready()
     with ApiServer(settings) as api, SpecragClient(api.url, key) as client:
-        qid = client.submit("What does assert do?", collection, max_tokens=3000, method="none")
+        qid = client.submit("What does assert do?", collection, max_tokens=1500, method="none")
         events: list[StreamEvent] = []
         reader = threading.Thread(
             target=lambda: events.extend(client.stream(qid, timeout=120)), daemon=True
