@@ -409,9 +409,7 @@ def _record(
         fields["num_speculative_tokens"] = None if k is None else str(k)
         fields["accepted_per_position"] = list(stats.get("accepted_per_position") or [])
         try:
-            session.add(answer)
-            session.add(GenerationStatsRecord(query_id=qid, **fields))
-            # The flush (here, before the UPDATE) is where a second answer hits the unique key.
+            # The lease first: the UPDATE moves the query only for the attempt holding it.
             moved = finish_query(
                 session,
                 settings,
@@ -427,6 +425,9 @@ def _record(
                 session.rollback()
                 log.info("query %s: attempt %d no longer holds it; answer dropped", qid, attempt)
                 return "superseded"
+            session.add(answer)
+            session.add(GenerationStatsRecord(query_id=qid, **fields))
+            # The flush (at the commit) is where a second answer would hit the unique key.
             session.commit()
         except IntegrityError:
             # Another run of this query recorded its answer first: the unique constraint decided.

@@ -109,7 +109,7 @@ def test_a_late_second_run_cannot_record_a_second_answer(resources: Resources) -
         prompt_tokens=1,
         times={},
     )
-    assert outcome == "duplicate"
+    assert outcome == "superseded"  # the attempt no longer holds the (answered) query
     assert _count(resources.session_factory, Answer, qid) == 1
     assert _count(resources.session_factory, GenerationStatsRecord, qid) == 1
 

@@ -95,11 +95,17 @@ def test_a_database_outage_strands_no_query_and_the_api_answers_503_meanwhile(
             headers={"Authorization": f"Bearer {keys['acme']}"},
             timeout=30,
         )
+        read = httpx.get(
+            f"{api.url}/v1/queries/{ids[0]}",
+            headers={"Authorization": f"Bearer {keys['acme']}"},
+            timeout=30,
+        )
         time.sleep(max(0.0, down_seconds - (time.monotonic() - down_at)))
         private_pg.start()
         back_at = time.monotonic()
         assert raw.status_code == 503, raw.text
         assert raw.headers.get("Retry-After") and raw.json()["error"]["field"] == "database"
+        assert read.status_code == 503 and read.headers.get("Retry-After"), read.text
         submitter.join(timeout=120)
         assert late, "the submission made during the outage never went through"
         done = {q: client.wait(q, timeout=150) for q in [*ids, *late]}

@@ -79,8 +79,11 @@ def test_a_resumed_stale_attempt_neither_streams_nor_records(
     query, answers, stats = stored_rows(settings, [qid])[qid]
     assert (answers, stats) == (1, 1)
     assert query.worker_host is not None and query.worker_host.startswith("second@")
-    time.sleep(2)  # A's own generation ends too: it must find it no longer holds the query
-    assert "no longer holds it" in stalled.tail(1 << 20) or "handed back" in stalled.tail(1 << 20)
+    deadline = time.monotonic() + 60  # A's own generation ends too, and finds the query gone
+    while "'outcome': " not in stalled.tail(1 << 20):
+        assert time.monotonic() < deadline, stalled.tail()
+        time.sleep(0.2)
+    assert "'outcome': 'superseded'" in stalled.tail(1 << 20), stalled.tail()
 
 
 def test_revoking_a_key_ends_its_open_streams(

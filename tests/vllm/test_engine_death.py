@@ -56,10 +56,7 @@ def test_killing_vllms_engine_core_hands_queries_back_and_the_worker_exits(
     first.wait_ready(timeout=600)
     assert first.proc is not None
     with ApiServer(settings) as api, SpecragClient(api.url, keys["acme"]) as client:
-        ids = [
-            client.submit(f"What does del do? ({n})", docs, max_tokens=400)
-            for n in range(6)
-        ]
+        ids = [client.submit(f"What does del do? ({n})", docs, max_tokens=400) for n in range(6)]
         deadline = time.monotonic() + 120
         while not any(client.get(q)["status"] == "running" for q in ids):
             assert time.monotonic() < deadline, f"nothing ran: {first.tail()}"
