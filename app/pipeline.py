@@ -29,9 +29,10 @@ from sqlalchemy.orm import Session, sessionmaker
 from app.db import Answer, AnswerSource, GenerationStatsRecord, Query, utcnow
 from app.failures import public_error
 from app.finish import finish_query
+from app.handback import engine_died, fail, hand_back, not_the_querys
 from app.hooks import Answered, run_after_answer
-from app.lease import Claimed, await_hand_back, claim, heartbeat, release
-from app.outage import DatabaseUnavailable, unreachable, with_database
+from app.lease import Claimed, await_hand_back, claim, heartbeat
+from app.outage import with_database
 from app.requests import QueryStatus
 from app.resources import Resources
 from app.settings import Settings
@@ -114,27 +115,27 @@ def answer_query(
                 stream.end(outcome)  # after the commit: readers then find the final state
             return outcome
         except BaseException as exc:
-            if isinstance(exc, Exception) and _engine_died(resources, exc):
-                log.warning("query %s: the engine died (%s); handed back", qid, _name(exc))
+            if isinstance(exc, Exception) and engine_died(resources, exc):
+                log.warning("query %s: the engine died (%s); handed back", qid, type(exc).__name__)
                 await_hand_back()  # a worker's guard releases it and ends the process
-                _hand_back(resources, qid, claimed.attempt)  # no guard here: release it now
+                hand_back(resources, qid, claimed.attempt)  # no guard here: release it now
                 return "released"
-            if _cancelled(exc) or (isinstance(exc, Exception) and _not_the_querys(resources, exc)):
+            if _cancelled(exc) or (isinstance(exc, Exception) and not_the_querys(resources, exc)):
                 # Cancelled at a step boundary (preempted, shut down), the database away, or the
                 # engine dead: nothing was recorded and the query did nothing wrong.
-                log.warning("query %s handed back (%s); queued again", qid, _name(exc))
-                _hand_back(resources, qid, claimed.attempt)
+                log.warning("query %s handed back (%s); queued again", qid, type(exc).__name__)
+                hand_back(resources, qid, claimed.attempt)
                 return "released"
             if not isinstance(exc, Exception):
                 # Shutdown or interrupt: not the query's fault, so it goes back on the outbox.
-                _hand_back(resources, qid, claimed.attempt)
+                hand_back(resources, qid, claimed.attempt)
                 raise
             # Anything else (bad collection, out of context, time limit) fails the query with a
             # message the client can read; a killed process never gets here (the reaper does).
             message = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
             # The client gets a stable message (app/failures.py); the exception's text is logged.
             log.warning("query %s failed: %s", qid, message, exc_info=exc)
-            if not _fail(resources, qid, claimed, public_error(exc)):
+            if not fail(resources, qid, claimed, public_error(exc)):
                 return "superseded"
             stream.end(QueryStatus.FAILED)
             run_after_answer(resources, _answered(resources, qid, claimed, QueryStatus.FAILED))
@@ -144,52 +145,6 @@ def answer_query(
 def _status(sf: sessionmaker[Session], qid: uuid.UUID) -> str | None:
     with sf() as session:
         return session.scalar(select(Query.status).where(Query.id == qid))
-
-
-def _not_the_querys(resources: Resources, exc: Exception) -> bool:
-    """Whether ``exc`` came from the service (database away, engine dead), not from the query."""
-    return unreachable(exc) or _engine_died(resources, exc)
-
-
-def _engine_died(resources: Resources, exc: Exception) -> bool:
-    # vLLM's EngineDeadError, by name (vLLM is optional), may beat the engine's own flag.
-    return resources.engine_dead() or type(exc).__name__ == "EngineDeadError"
-
-
-def _name(exc: BaseException) -> str:
-    return type(exc).__name__
-
-
-def _hand_back(resources: Resources, qid: uuid.UUID, attempt: int) -> None:
-    """Release the query (this attempt's hold only); if the database stays away, the reaper will."""
-    sf = resources.session_factory
-    try:
-        with_database(
-            lambda: release(sf, qid, attempt),
-            seconds=resources.settings.database_retry_seconds,
-            what=f"release of query {qid}",
-        )
-    except DatabaseUnavailable:
-        log.error("query %s: release failed; the reaper re-queues it once its lease expires", qid)
-
-
-def _fail(resources: Resources, qid: uuid.UUID, claimed: Claimed, error: str) -> bool:
-    """Make the query failed with ``error`` if this attempt still holds it; True if it did."""
-    sf, s = resources.session_factory, resources.settings
-
-    def write() -> bool:
-        with sf() as session:
-            moved = finish_query(
-                session, s, qid, QueryStatus.FAILED, question=claimed.question, error=error,
-                where=(Query.attempts == claimed.attempt,),
-            )  # fmt: skip
-            session.commit()
-        return moved
-
-    moved = with_database(write, seconds=s.database_retry_seconds, what=f"failure of query {qid}")
-    if not moved:
-        log.info("query %s: attempt %d no longer holds it; failure dropped", qid, claimed.attempt)
-    return moved
 
 
 def _answer(
