@@ -4,6 +4,12 @@
 to do. While a query runs, a heartbeat thread refreshes ``queries.heartbeat_at``; when the worker
 dies the heartbeat stops and the reaper (app/outbox.py) re-queues the query. ``release`` hands a
 query back to the outbox when its work was interrupted through no fault of its own.
+
+The attempt number (``queries.attempts`` after the claim) is the query's lease epoch: the
+heartbeat, the release, the recording of the answer and the stream publisher only act for the
+attempt that holds the query now, so a stalled worker that resumes after the reaper re-queued its
+query can no longer write. ``held()`` lists what this process holds, for a worker that must hand
+everything back at once (its engine died: workers/engine_guard.py).
 """
 
 from __future__ import annotations
@@ -74,6 +80,8 @@ def claim(sf: sessionmaker[Session], query_id: uuid.UUID, host: str) -> Claimed 
         session.commit()
     if row is None:
         return None
+    with _held_lock:  # held from here: a dying worker hands back even what it just claimed
+        _held[query_id] = row[0]
     return Claimed(row[0], row[1], row[2], row[3], dict(row[4]), row[5], now, row[6])
 
 
@@ -92,6 +100,8 @@ def heartbeat(
     """
     stop = threading.Event()
     started = time.monotonic()
+    with _held_lock:
+        _held[query_id] = attempt
 
     def beat() -> None:
         while not stop.wait(interval):
@@ -119,21 +129,60 @@ def heartbeat(
     try:
         yield
     finally:
+        with _held_lock:
+            if _held.get(query_id) == attempt:
+                del _held[query_id]
         stop.set()
         thread.join(timeout=5)
 
 
-def release(sf: sessionmaker[Session], qid: uuid.UUID) -> None:
-    """Put a running query back to queued and unsent (the outbox sends it again)."""
+_held: dict[uuid.UUID, int] = {}
+_held_lock = threading.Lock()
+_guarded = threading.Event()
+
+
+def guard_engine(on: bool = True) -> None:
+    """Say whether this process hands back what it holds and exits when its engine dies."""
+    if on:
+        _guarded.set()
+    else:
+        _guarded.clear()
+
+
+def await_hand_back(timeout: float = 120.0) -> None:
+    """With an engine guard, block (up to ``timeout``) while it hands the held queries back and
+    ends the process; without one, return at once (the caller releases the query itself).
+
+    Released from a process whose broker connection may still have a blocking pop in flight, a
+    re-sent message could be swallowed by the dying worker, so the guard releases only once it
+    stopped consuming.
+    """
+    if _guarded.is_set():
+        threading.Event().wait(timeout)
+
+
+def held() -> dict[uuid.UUID, int]:
+    """The queries this process is answering now, with the attempt that holds each."""
+    with _held_lock:
+        return dict(_held)
+
+
+def release(sf: sessionmaker[Session], qid: uuid.UUID, attempt: int | None = None) -> bool:
+    """Put a running query back to queued and unsent (the outbox sends it again); True if moved.
+
+    With ``attempt``, only while that attempt still holds it (a newer one is left alone).
+    """
+    fence = () if attempt is None else (Query.attempts == attempt,)
     with sf() as session:
         # Lost in a database crash, the query stays running with a stale heartbeat and the reaper
         # queues it again: no fsync, so that a preempted batch item hands its worker over sooner.
         skip_fsync(session)
-        session.execute(
+        result = session.execute(
             update(Query)
-            .where(Query.id == qid, Query.status == QueryStatus.RUNNING)
+            .where(Query.id == qid, Query.status == QueryStatus.RUNNING, *fence)
             .values(
                 status=QueryStatus.QUEUED, enqueued_at=None, heartbeat_at=None, worker_host=None
             )
         )
         session.commit()
+    return bool(getattr(result, "rowcount", 0))

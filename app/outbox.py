@@ -307,11 +307,44 @@ def forget_lost_sends(session_factory: sessionmaker[Session], before: datetime) 
     return forgotten
 
 
+def rescue_unclaimed(
+    session_factory: sessionmaker[Session], deliveries: dict[uuid.UUID, datetime]
+) -> int:
+    """Mark as unsent the queries among ``deliveries`` still queued since a worker took them.
+
+    ``deliveries``: per query id, when a worker took its message and never acknowledged it (nor
+    claimed the query). Only a query whose last send is not newer than that delivery moves, so a
+    query is sent again once per lost delivery; ``admit`` sends it (a late duplicate is a no-op).
+    """
+    moved = 0
+    with session_factory() as session:
+        for query_id, delivered_at in deliveries.items():
+            result = session.execute(
+                update(Query)
+                .where(
+                    Query.id == query_id,
+                    Query.status == QueryStatus.QUEUED,
+                    Query.queue == "answer",
+                    Query.enqueued_at.is_not(None),
+                    Query.enqueued_at <= delivered_at,
+                )
+                .values(enqueued_at=None)
+            )
+            moved += _rowcount(result)
+        session.commit()
+    if moved:
+        log.warning("%d queries taken by a worker and never claimed: sending them again", moved)
+    return moved
+
+
 class Sweeper(Periodic):
     """A daemon thread that reaps and sweeps every ``sweep_interval_seconds`` (API and workers).
 
     With ``broker_lost`` (once per loss of the broker's data, the time before which sends may be
     lost; workers/broker_epoch.py) a round first forgets the sends the broker no longer holds.
+    With ``unclaimed`` (age → deliveries a worker took that long ago and never acknowledged;
+    workers/unclaimed.py) it sends again the queries nobody claimed after
+    ``unclaimed_resend_seconds``.
     """
 
     def __init__(
@@ -320,18 +353,24 @@ class Sweeper(Periodic):
         settings: Settings,
         send: Send,
         broker_lost: Callable[[], datetime | None] | None = None,
+        unclaimed: Callable[[float], dict[uuid.UUID, datetime]] | None = None,
     ) -> None:
         super().__init__(settings.sweep_interval_seconds, "specrag-sweeper")
         self.session_factory = session_factory
         self.settings = settings
         self.send = send
         self.broker_lost = broker_lost
+        self.unclaimed = unclaimed
 
     def run_once(self) -> tuple[int, int]:
         """One round: (queries reaped, queries sent)."""
         lost_before = self.broker_lost() if self.broker_lost is not None else None
         if lost_before is not None:
             forget_lost_sends(self.session_factory, lost_before)
+        if self.unclaimed is not None:
+            deliveries = self.unclaimed(self.settings.unclaimed_resend_seconds)
+            if deliveries:
+                rescue_unclaimed(self.session_factory, deliveries)
         reaped = reap_stale(self.session_factory, self.settings)
         sent = sweep(self.session_factory, self.settings, self.send)
         return len(reaped), sent

@@ -30,8 +30,10 @@ from app.db import Answer, AnswerSource, GenerationStatsRecord, Query, utcnow
 from app.db.models import as_utc
 from app.failures import public_error
 from app.finish import finish_query
+from app.handback import engine_died, fail, hand_back, not_the_querys
 from app.hooks import Answered, run_after_answer
-from app.lease import Claimed, claim, heartbeat, release
+from app.lease import Claimed, await_hand_back, claim, heartbeat
+from app.outage import with_database
 from app.requests import QueryStatus
 from app.resources import Resources
 from app.settings import Settings
@@ -44,9 +46,13 @@ if TYPE_CHECKING:  # generation imports torch: loaded with the engine, not with 
 
 log = logging.getLogger(__name__)
 
-Outcome = Literal["succeeded", "failed", "skipped", "duplicate", "missing", "released"]
+Outcome = Literal[
+    "succeeded", "failed", "skipped", "duplicate", "missing", "released", "superseded"
+]
 """What happened to a query; "released": its request was cancelled in the engine loop (batch
-preemption, worker shutdown) and the query is queued again with nothing recorded."""
+preemption, worker shutdown), its engine died or the database stayed away, and the query is
+queued again with nothing recorded; "superseded": a newer attempt holds the query (this one
+stalled past its lease), so this attempt's result was dropped."""
 MIN_PROMPT_BUDGET = 16
 """Fewest context tokens that must remain for the prompt after the answer's ``max_tokens``."""
 
@@ -89,45 +95,57 @@ def answer_query(
     """
     qid = query_id if isinstance(query_id, uuid.UUID) else uuid.UUID(str(query_id))
     sf = resources.session_factory
-    claimed = claim(sf, qid, host or socket.gethostname())
+    s = resources.settings
+    window = s.database_retry_seconds
+    # A claim the database cannot take raises DatabaseUnavailable: the caller keeps the message.
+    claimed = with_database(
+        lambda: claim(sf, qid, host or socket.gethostname()), seconds=window, what=f"query {qid}"
+    )
     if claimed is None:
-        with sf() as session:
-            status = session.scalar(select(Query.status).where(Query.id == qid))
+        status = with_database(lambda: _status(sf, qid), seconds=window, what=f"query {qid}")
         log.info("query %s not claimed (status %s)", qid, status)
         return "missing" if status is None else "skipped"
-    s = resources.settings
     step = generate_step or (lambda built, deltas: generate(resources.engine, built, deltas))
-    # Token bursts for GET /v1/queries/{id}/stream (a no-op without a stream Redis).
-    stream = open_stream(resources, qid, claimed.attempt)
     with heartbeat(sf, qid, claimed.attempt, s.heartbeat_seconds, float(s.task_time_limit)):
+        # Token bursts for GET /v1/queries/{id}/stream (a no-op without a stream Redis), fenced
+        # by the attempt: once a newer attempt writes to the stream, this one's are refused.
+        stream = open_stream(resources, qid, claimed.attempt)
         try:
             outcome = _answer(resources, qid, claimed, step, stream.chain(on_delta), stream)
-            stream.end(outcome)  # after the commit: readers then find the final state
+            if outcome == QueryStatus.SUCCEEDED:
+                stream.end(outcome)  # after the commit: readers then find the final state
             return outcome
         except BaseException as exc:
-            if _cancelled(exc):
-                # Cancelled at a step boundary (preempted, shut down): nothing was recorded.
-                release(sf, qid)
-                log.info("query %s cancelled in the engine loop; queued again", qid)
+            if isinstance(exc, Exception) and engine_died(resources, exc):
+                log.warning("query %s: the engine died (%s); handed back", qid, type(exc).__name__)
+                await_hand_back()  # a worker's guard releases it and ends the process
+                hand_back(resources, qid, claimed.attempt)  # no guard here: release it now
+                return "released"
+            if _cancelled(exc) or (isinstance(exc, Exception) and not_the_querys(resources, exc)):
+                # Cancelled at a step boundary (preempted, shut down), the database away, or the
+                # engine dead: nothing was recorded and the query did nothing wrong.
+                log.warning("query %s handed back (%s); queued again", qid, type(exc).__name__)
+                hand_back(resources, qid, claimed.attempt)
                 return "released"
             if not isinstance(exc, Exception):
                 # Shutdown or interrupt: not the query's fault, so it goes back on the outbox.
-                release(sf, qid)
+                hand_back(resources, qid, claimed.attempt)
                 raise
             # Anything else (bad collection, out of context, time limit) fails the query with a
             # message the client can read; a killed process never gets here (the reaper does).
             message = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
             # The client gets a stable message (app/failures.py); the exception's text is logged.
             log.warning("query %s failed: %s", qid, message, exc_info=exc)
-            with sf() as session:
-                finish_query(
-                    session, s, qid, QueryStatus.FAILED, question=claimed.question,
-                    error=public_error(exc),
-                )  # fmt: skip
-                session.commit()
+            if not fail(resources, qid, claimed, public_error(exc)):
+                return "superseded"
             stream.end(QueryStatus.FAILED)
             run_after_answer(resources, _answered(resources, qid, claimed, QueryStatus.FAILED))
             return "failed"
+
+
+def _status(sf: sessionmaker[Session], qid: uuid.UUID) -> str | None:
+    with sf() as session:
+        return session.scalar(select(Query.status).where(Query.id == qid))
 
 
 def _answer(
@@ -278,23 +296,28 @@ def record(
         if stats.ttft_ms is not None
         else None
     )
-    return _record(
-        resources.session_factory,
-        resources.settings,
-        qid,
-        question=claimed.question,
-        text=text,
-        cited=built.cited,
-        stats=stats.to_dict(),
-        model_pair=resources.engine.model_pair,
-        engine_kind=resources.settings.engine,
-        index_version=retrieved.index_version,
-        prompt_tokens=len(built.prompt_ids),
-        times={
-            "retrieved_at": retrieved.retrieved_at,
-            "first_token_at": first_token_at,
-            "done_at": done_at,
-        },
+    return with_database(
+        lambda: _record(
+            resources.session_factory,
+            resources.settings,
+            qid,
+            attempt=claimed.attempt,
+            question=claimed.question,
+            text=text,
+            cited=built.cited,
+            stats=stats.to_dict(),
+            model_pair=resources.engine.model_pair,
+            engine_kind=resources.settings.engine,
+            index_version=retrieved.index_version,
+            prompt_tokens=len(built.prompt_ids),
+            times={
+                "retrieved_at": retrieved.retrieved_at,
+                "first_token_at": first_token_at,
+                "done_at": done_at,
+            },
+        ),
+        seconds=resources.settings.database_retry_seconds,
+        what=f"answer of query {qid}",
     )
 
 
@@ -303,6 +326,7 @@ def _record(
     settings: Settings,
     qid: uuid.UUID,
     *,
+    attempt: int,
     question: str | None,
     text: str,
     cited: list[Any],
@@ -341,18 +365,25 @@ def _record(
         fields["num_speculative_tokens"] = None if k is None else str(k)
         fields["accepted_per_position"] = list(stats.get("accepted_per_position") or [])
         try:
-            session.add(answer)
-            session.add(GenerationStatsRecord(query_id=qid, **fields))
-            # The flush (here, before the UPDATE) is where a second answer hits the unique key.
-            finish_query(
+            # The lease first: the UPDATE moves the query only for the attempt holding it.
+            moved = finish_query(
                 session,
                 settings,
                 qid,
                 QueryStatus.SUCCEEDED,
                 question=question,
-                from_statuses=(QueryStatus.QUEUED, QueryStatus.RUNNING),
+                where=(Query.attempts == attempt,),  # the lease: only the attempt holding it
                 times=times,
             )
+            if not moved:
+                # The reaper gave the query to a newer attempt (this one stalled past its lease),
+                # or it is final already: nothing of this run is kept.
+                session.rollback()
+                log.info("query %s: attempt %d no longer holds it; answer dropped", qid, attempt)
+                return "superseded"
+            session.add(answer)
+            session.add(GenerationStatsRecord(query_id=qid, **fields))
+            # The flush (at the commit) is where a second answer would hit the unique key.
             session.commit()
         except IntegrityError:
             # Another run of this query recorded its answer first: the unique constraint decided.

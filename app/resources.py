@@ -110,6 +110,11 @@ class Resources:
                 log.info("engine loop started: %s queries in flight", concurrency)
             return self._loop
 
+    def engine_dead(self) -> bool:
+        """Whether this process's engine loop was started and has died (it can answer nothing)."""
+        loop = self._loop
+        return loop is not None and bool(getattr(loop, "dead", False))
+
     def close(self) -> None:
         """Stop the engine loop, if one was started (what it holds is cancelled)."""
         with self._loop_lock:

@@ -209,6 +209,11 @@ class Settings(BaseSettings):
     stale_after_seconds: float = Field(
         default=30.0, description="A running query with no heartbeat for this long is re-queued."
     )
+    database_retry_seconds: float = Field(
+        default=120.0,
+        description="How long a worker retries a database write (claim, answer, failure) while "
+        "the database is unreachable before handing the query back.",
+    )
     max_attempts: int = Field(
         default=3, description="Worker losses a query survives before it is marked failed."
     )
@@ -223,6 +228,11 @@ class Settings(BaseSettings):
     resend_after_seconds: float = Field(
         default=900.0,
         description="A query still queued this long after its send is sent again (lost message).",
+    )
+    unclaimed_resend_seconds: float = Field(
+        default=45.0,
+        description="A queued query whose message a worker took this long ago without claiming "
+        "it (the worker died first) is sent again (Redis broker).",
     )
     max_resends: int = Field(
         default=1,

@@ -45,6 +45,11 @@ class EngineLoop:
     def closed(self) -> bool:
         return self._closed
 
+    @property
+    def dead(self) -> bool:
+        """Whether the loop's thread ended without ``close``: nothing submitted will ever run."""
+        return not self._closed and not self._thread.is_alive()
+
     def submit(
         self,
         prompt_token_ids: list[int],

@@ -251,6 +251,12 @@ class FakeResources:
         self.engine = FakeEngine()
         self.tokenizer = FakeTokenizer()
         self.retrieval = FakeRetrieval()
+        self.dead = False
+        """Set to make ``engine_dead`` report a dead engine loop."""
+
+    def engine_dead(self) -> bool:
+        """Whether the (fake) engine loop died."""
+        return self.dead
 
     def tenant_name(self, tenant_id: int) -> str:
         """The tenant's name, read from the database."""

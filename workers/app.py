@@ -44,6 +44,8 @@ class SpecragCelery(Celery):
 
     settings: Settings
     warm: dict[str, bool]
+    exit_on_engine_death: bool = False
+    """Set by ``specrag worker``: the process exits when its engine dies (engine_guard.py)."""
 
 
 def create_celery(settings: Settings) -> SpecragCelery:

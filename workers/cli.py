@@ -93,6 +93,7 @@ def worker(
     start_worker_metrics(settings)
     app = create_celery(settings)
     app.warm = {"answer": "answer" in names or "batch" in names, "ingest": "ingest" in names}
+    app.exit_on_engine_death = True  # its supervisor restarts it (workers/engine_guard.py)
     if settings.worker_pool != "prefork":
         # Models load (and the loop's concurrency is checked) before joining the queue: an
         # engine that cannot hold the concurrency is refused here, with the reason.

@@ -19,11 +19,14 @@ from app.requests import QueueName
 from app.resources import Resources
 from workers.broker_epoch import BrokerEpoch
 from workers.dispatcher import send_query
+from workers.engine_guard import EngineGuard
+from workers.unclaimed import UnclaimedDeliveries
 
 log = logging.getLogger(__name__)
 
 _resources: dict[tuple[int, int], Resources] = {}
 _sweepers: dict[int, Sweeper] = {}
+_guards: dict[int, EngineGuard] = {}
 _warmed: set[tuple[int, int]] = set()
 
 
@@ -82,13 +85,33 @@ def connect_signals(app: Celery) -> None:
             res.settings,
             lambda qid, queue: send_query(app, qid, queue),
             BrokerEpoch(str(app.conf.broker_url or "")).lost,
+            UnclaimedDeliveries(str(app.conf.broker_url or "")),
         ).start()
+        kinds = getattr(app, "warm", {})
+        if (
+            getattr(app, "exit_on_engine_death", False)
+            and kinds.get(QueueName.ANSWER, True)
+            and app.conf.worker_pool != "prefork"
+        ):
+            # A `specrag worker` process lives and dies with its engine (workers/engine_guard.py);
+            # never one in a test's process or any other host of a Celery app.
+            node = getattr(sender, "hostname", None)
+            queues = list(app.amqp.queues.consume_from or app.amqp.queues)
+
+            def stop_consuming() -> None:
+                for queue in queues:
+                    app.control.cancel_consumer(queue, destination=[node], reply=False)
+
+            _guards[id(app)] = EngineGuard(res, stop_consuming).start()
 
     @worker_shutdown.connect(weak=False)
     def on_shutdown(sender: Any = None, **_: Any) -> None:
         sweeper = _sweepers.pop(id(app), None)
         if sweeper is not None:
             sweeper.stop()
+        guard = _guards.pop(id(app), None)
+        if guard is not None:
+            guard.stop()  # a warm shutdown closes the engine: no death to act on
         found = _resources.get((os.getpid(), id(app)))
         if found is not None:
             found.close()  # the loop cancels what it holds; their tasks release their queries

@@ -7,9 +7,12 @@ import socket
 from typing import Any
 
 from celery import Celery, Task
+from celery.exceptions import Reject
 
 import workers.runtime as runtime
 from app.dispatch import TaskName
+from app.lease import await_hand_back
+from app.outage import DatabaseUnavailable, backoff
 from app.outbox import admit
 from app.pipeline import answer_query as run
 from app.pipeline import loop_step
@@ -37,9 +40,21 @@ def register(app: Celery) -> None:
     def answer_query(self: Task, query_id: str) -> dict[str, str]:
         """Answer the stored query ``query_id``; returns its id and what happened to it."""
         resources = runtime.resources(self.app)
+        if resources.engine_dead():
+            # This worker is on its way out (workers/engine_guard.py): nothing is claimed, and the
+            # message, never acknowledged, is sent again by the sweepers (workers/unclaimed.py).
+            await_hand_back()
+            raise Reject("the engine died; this worker takes no more queries", requeue=True)
         hostname = self.request.hostname or socket.gethostname()
-        # Generation joins the process's one engine loop with the other queries in flight.
-        outcome = run(resources, query_id, host=hostname, generate_step=loop_step(resources))
+        try:
+            # Generation joins the process's one engine loop with the other queries in flight.
+            outcome = run(resources, query_id, host=hostname, generate_step=loop_step(resources))
+        except DatabaseUnavailable as exc:
+            # Never acked as done: the message comes back, later, until the database does.
+            retries = int(self.request.retries or 0)
+            log.warning("query %s: %s; retry %d", query_id, exc, retries + 1)
+            delay = backoff(retries, first=2.0, cap=30.0)
+            raise self.retry(countdown=delay, max_retries=None) from exc
         if outcome in (QueryStatus.SUCCEEDED, QueryStatus.FAILED):
             _admit_next(self.app, resources)
         if outcome == QueryStatus.SUCCEEDED:

@@ -1,4 +1,5 @@
-"""One JSON shape for every 4xx: ``{"error": {"field", "message"}, "detail": [...]}``."""
+"""One JSON shape for every 4xx (and the 503 of a database outage):
+``{"error": {"field", "message"}, "detail": [...]}``."""
 
 from __future__ import annotations
 
@@ -7,8 +8,10 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from sqlalchemy import exc as sa_exc
 
 from app.api.body import BodyError
+from app.outage import RETRY_AFTER_SECONDS, DatabaseUnavailable, unreachable
 from app.requests import RequestError
 from app.tenancy.limits import LimitExceeded
 
@@ -62,6 +65,25 @@ def install(app: FastAPI) -> None:
             status_code=exc.status,
             headers={"Retry-After": str(exc.retry_after)},
         )
+
+    async def database_away(_: Request, exc: Exception) -> JSONResponse:
+        if not unreachable(exc):
+            raise exc  # a real fault: the server error it is
+        body = error_body("database", "the database is unreachable; retry later")
+        return JSONResponse(
+            body, status_code=503, headers={"Retry-After": str(RETRY_AFTER_SECONDS)}
+        )
+
+    # While the database is away a request is not wrong, only early: 503 with Retry-After,
+    # which app/client.py retries (a plain 500 it would not).
+    for kind in (
+        sa_exc.OperationalError,
+        sa_exc.InterfaceError,
+        sa_exc.TimeoutError,
+        sa_exc.DisconnectionError,
+        DatabaseUnavailable,
+    ):
+        app.add_exception_handler(kind, database_away)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:

@@ -26,6 +26,7 @@ import anyio
 
 from app.api.body import BodyError, guard_state, parse_json_off_loop
 from app.api.errors import ApiError, error_body
+from app.outage import RETRY_AFTER_SECONDS, unreachable
 from app.tenancy.limits import LimitExceeded
 from app.validation import text_problem
 
@@ -81,6 +82,13 @@ class RequestGuard:
             return
         except LimitExceeded as exc:
             await _refuse(send, exc.status, exc.field, exc.message, exc.retry_after, unread=True)
+            return
+        except Exception as exc:
+            if not unreachable(exc):
+                raise
+            # The key cannot be checked while the database is away: early, not wrong (503).
+            message = "the database is unreachable; retry later"
+            await _refuse(send, 503, "database", message, RETRY_AFTER_SECONDS, unread=True)
             return
         try:
             body = await _read(receive, cap)

@@ -9,6 +9,11 @@ Each query has one stream, ``specrag:stream:{query_id}``, with entries of three 
 - ``end``: ``status``; the answer or the failure is committed to the database, which readers
   consult for the final ``done`` / ``error`` event.
 
+Entries are fenced by the attempt (the query's lease epoch, app/lease.py): a small script writes
+each one only if no newer attempt of the query has written to the stream (``specrag:stream-owner:
+{query_id}`` holds the newest), so a stalled worker that resumes after the reaper gave its query
+to another can no longer stream; readers drop what came before the newer attempt's ``reset``.
+
 Nothing here may slow the engine: ``on_delta`` only appends to an in-process queue, and one
 publisher thread per process detokenises and writes, many entries per round trip. Every XADD
 trims the stream (MAXLEN ~) and renews its expiry, so a stream holds at most ``stream_maxlen``
@@ -34,6 +39,19 @@ from app.streams.detok import IncrementalDetokenizer
 log = logging.getLogger(__name__)
 
 KEY_PREFIX = "specrag:stream:"
+OWNER_PREFIX = "specrag:stream-owner:"
+
+# KEYS: stream, owner. ARGV: attempt, maxlen, ttl, field, value, ... Returns 1 if written.
+_FENCED_XADD = """
+local owner = tonumber(redis.call('GET', KEYS[2]) or '0')
+local attempt = tonumber(ARGV[1])
+if attempt < owner then return 0 end
+if attempt > owner then redis.call('SET', KEYS[2], ARGV[1], 'EX', ARGV[3]) end
+redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[2], '*', unpack(ARGV, 4))
+redis.call('EXPIRE', KEYS[1], ARGV[3])
+redis.call('EXPIRE', KEYS[2], ARGV[3])
+return 1
+"""
 MAX_PENDING = 100_000
 """Entries waiting for Redis beyond this are dropped (Redis hung): the worker's memory stays flat."""
 
@@ -51,8 +69,11 @@ class QueryStream:
         publisher: Publisher | None,
         query_id: uuid.UUID,
         decode: Callable[[list[int]], str],
+        attempt: int = 1,
     ) -> None:
         self.key = stream_key(query_id)
+        self.owner_key = f"{OWNER_PREFIX}{query_id}"
+        self.attempt = attempt
         self._publisher = publisher
         self._detok = IncrementalDetokenizer(decode)
         self._seen = 0  # token ids handed to on_delta (read on the caller's thread only)
@@ -138,6 +159,7 @@ class Publisher:
         self._ttl = max(1, int(ttl_seconds))
         self._queue: queue.SimpleQueue[tuple[Any, str, Any]] = queue.SimpleQueue()
         self._warned_at = 0.0
+        self._fenced_xadd = self._client.register_script(_FENCED_XADD)
         self._thread = threading.Thread(target=self._run, name="specrag-stream-pub", daemon=True)
         self._thread.start()
 
@@ -167,7 +189,7 @@ class Publisher:
     def _write(self, items: list[tuple[Any, str, Any]]) -> None:
         pipe = self._client.pipeline(transaction=False)
         flushes: list[threading.Event] = []
-        keys: set[str] = set()
+        written = 0
         for stream, kind, payload in items:
             if stream is None:
                 flushes.append(payload)
@@ -178,12 +200,12 @@ class Publisher:
                 log.exception("stream %s: cannot build entry %s", stream.key, kind)
                 continue
             for fields in entries:
-                pipe.xadd(stream.key, fields, maxlen=self._maxlen, approximate=True)
-                keys.add(stream.key)
-        for key in keys:
-            pipe.expire(key, self._ttl)
+                pairs = [part for item in fields.items() for part in item]
+                args = [stream.attempt, self._maxlen, self._ttl, *pairs]
+                self._fenced_xadd(keys=[stream.key, stream.owner_key], args=args, client=pipe)
+                written += 1
         try:
-            if keys:
+            if written:
                 pipe.execute()
         except Exception as exc:  # Redis down: readers fall back to the database
             self._warn(f"stream entries dropped: {exc}")
@@ -223,7 +245,7 @@ def open_stream(resources: Any, query_id: uuid.UUID, attempt: int) -> QueryStrea
     def decode(ids: list[int]) -> str:
         return str(tokenizer.decode(ids, skip_special_tokens=True))
 
-    stream = QueryStream(pub, query_id, decode)
+    stream = QueryStream(pub, query_id, decode, attempt)
     if attempt > 1:
         stream.reset(attempt)
     return stream

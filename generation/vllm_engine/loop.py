@@ -179,6 +179,14 @@ class VLLMLoop:
         """Whether ``close`` was called (new requests are refused)."""
         return self._closed
 
+    @property
+    def dead(self) -> bool:
+        """Whether vLLM's engine core died (EngineCore process killed or crashed) under us."""
+        if self._closed:
+            return False
+        llm = getattr(self.engine, "llm", None)
+        return llm is not None and bool(getattr(llm, "errored", False))
+
     def submit(
         self,
         prompt_token_ids: list[int],

@@ -79,22 +79,26 @@ def test_answer_is_recorded_once_with_sources_stats_and_timings(resources: Resou
     assert _count(resources.session_factory, Answer, qid) == 1
 
 
+LATE_STATS = {
+    "method": "none",
+    "num_speculative_tokens": None,
+    "num_output_tokens": 1,
+    "num_target_forwards": 1,
+    "num_drafts": 0,
+    "num_draft_tokens": 0,
+    "num_accepted_tokens": 0,
+}
+
+
 def test_a_late_second_run_cannot_record_a_second_answer(resources: Resources) -> None:
     qid = _submit(resources, max_tokens=2)
     assert answer_query(resources, qid) == "succeeded"
-    stats = {
-        "method": "none",
-        "num_speculative_tokens": None,
-        "num_output_tokens": 1,
-        "num_target_forwards": 1,
-        "num_drafts": 0,
-        "num_draft_tokens": 0,
-        "num_accepted_tokens": 0,
-    }
+    stats = LATE_STATS
     outcome = _record(
         resources.session_factory,
         resources.settings,
         qid,
+        attempt=1,
         question=None,
         text="late",
         cited=[],
@@ -105,9 +109,39 @@ def test_a_late_second_run_cannot_record_a_second_answer(resources: Resources) -
         prompt_tokens=1,
         times={},
     )
-    assert outcome == "duplicate"
+    assert outcome == "superseded"  # the attempt no longer holds the (answered) query
     assert _count(resources.session_factory, Answer, qid) == 1
     assert _count(resources.session_factory, GenerationStatsRecord, qid) == 1
+
+
+def test_a_stale_attempt_records_nothing_once_a_newer_one_holds_the_query(
+    resources: Resources,
+) -> None:
+    from app.lease import claim, release
+
+    qid = _submit(resources, max_tokens=2)
+    sf = resources.session_factory
+    first = claim(sf, qid, "stalled")
+    assert first is not None and first.attempt == 1
+    assert release(sf, qid)  # what the reaper does to a stalled worker's query
+    second = claim(sf, qid, "second")
+    assert second is not None and second.attempt == 2
+
+    def record_as(attempt: int) -> str:
+        return _record(
+            sf, resources.settings, qid, attempt=attempt, question=None, text=f"by {attempt}",
+            cited=[], stats=LATE_STATS, model_pair="x",
+            engine_kind="torch", index_version=None, prompt_tokens=1, times={},
+        )  # fmt: skip
+
+    assert record_as(1) == "superseded"  # the resumed stale attempt: nothing kept
+    assert _count(sf, Answer, qid) == 0 and _count(sf, GenerationStatsRecord, qid) == 0
+    assert not release(sf, qid, attempt=1)  # nor can it hand back what it no longer holds
+    assert record_as(2) == "succeeded"
+    with sf() as session:
+        query = session.get(Query, qid)
+        assert query is not None and query.answer is not None
+        assert (query.status, query.answer.text) == ("succeeded", "by 2")
 
 
 def test_unknown_collection_fails_the_query_with_a_stable_error(

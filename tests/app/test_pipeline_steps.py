@@ -101,6 +101,18 @@ def test_an_interrupt_puts_the_query_back_on_the_outbox(resources: FakeResources
         assert query is not None and (query.status, query.enqueued_at) == ("queued", None)
 
 
+def test_a_failure_of_a_dead_engine_hands_the_query_back(resources: FakeResources) -> None:
+    qid = _submit(resources)
+    resources.engine.fail_with = RuntimeError("EngineDeadError: EngineCore encountered an issue")
+    resources.dead = True  # the query did nothing wrong: queued again, not failed
+    assert answer_query(resources, qid) == "released"  # type: ignore[arg-type]
+    with resources.session_factory() as session:
+        query = session.get(Query, qid)
+        assert query is not None and (query.status, query.enqueued_at, query.error) == (
+            "queued", None, None
+        )  # fmt: skip
+
+
 def test_the_generate_step_can_be_swapped_and_streams_deltas(resources: FakeResources) -> None:
     qid = _submit(resources, max_tokens=4)
     deltas: list[list[int]] = []

@@ -77,3 +77,30 @@ def test_a_hung_redis_never_blocks_the_engine_thread() -> None:
     assert pub.flush(60)  # the writes failed (logged), and the thread lives on
     stream.on_delta([ord("z")])
     assert pub.flush(60)
+
+
+def test_a_stale_attempt_cannot_write_once_a_newer_one_has(redis_url: str) -> None:
+    # Two worker processes (two publishers): attempt 1 stalled past its lease, attempt 2 took over.
+    old, new = (Publisher(redis_url, maxlen=100, ttl_seconds=60) for _ in range(2))
+    qid = uuid.uuid4()
+    first = QueryStream(old, qid, chars, attempt=1)
+    first.on_delta([ord("a")])
+    assert old.flush()
+    second = QueryStream(new, qid, chars, attempt=2)
+    second.reset(2)
+    second.on_delta([ord("b")])
+    assert new.flush()
+    first.on_delta([ord("x")])  # the resumed stale attempt
+    first.finish("ax", [ord("a"), ord("x")])
+    first.end("succeeded")
+    assert old.flush()
+    second.finish("b", [ord("b")])
+    second.end("succeeded")
+    assert new.flush()
+    rows = redis.Redis.from_url(redis_url, decode_responses=True).xrange(stream_key(qid))
+    assert [(f["type"], f.get("text") or f.get("attempt") or f.get("status")) for _, f in rows] == [
+        ("token", "a"),
+        ("reset", "2"),
+        ("token", "b"),
+        ("end", "succeeded"),
+    ]

@@ -7,6 +7,7 @@ API process keeps hundreds open. The events and their ids are described in app/s
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
@@ -20,14 +21,31 @@ from sqlalchemy.orm import Session, sessionmaker
 from app.api.deps import Caller, bearer, bearer_key, lookup_caller
 from app.api.errors import ApiError
 from app.api.schemas import ErrorOut
+from app.keys import find_key
 from app.queries import get_query
-from app.streams import END_ID, OPENED, StreamSource, check_last_event_id
+from app.streams import END_ID, OPENED, Event, StreamSource, check_last_event_id
 
 router = APIRouter(prefix="/v1/queries", tags=["queries"])
 KEEPALIVE = b": keep-alive\n\n"
 RETRY = b"retry: 1000\n\n"
 """Sent first, once the stream is subscribed (nothing after it can be missed): a browser's
 EventSource reconnects after 1 s (with Last-Event-ID) if cut off."""
+KEY_RECHECK_SECONDS = 2.0
+"""How often an open stream checks that its key is still live: a revoked key's streams end."""
+
+
+def _key_live(session_factory: sessionmaker[Session], key: str) -> bool:
+    try:
+        with session_factory() as session:
+            return find_key(session, key) is not None
+    except Exception:  # the database away is no revocation: the next check decides
+        return True
+
+
+def revoked_event(query_id: uuid.UUID) -> Event:
+    """``error`` that ends a stream whose API key was revoked (or expired) while it was open."""
+    message = "the API key of this stream was revoked or expired"
+    return Event("error", END_ID, {"id": str(query_id), "status": "revoked", "error": message})
 
 
 def stream_source(request: Request) -> StreamSource:
@@ -99,9 +117,17 @@ async def stream_query(
         # The stream was complete; 204 tells an EventSource to stop reconnecting.
         return Response(status_code=204)
     source = stream_source(request)
+    session_factory = request.app.state.session_factory
+    key = bearer_key(credentials) or ""
 
     async def body() -> AsyncIterator[bytes]:
+        checked = time.monotonic()
         async for event in source.events(qid, caller.tenant_id, resume):
+            if time.monotonic() - checked >= KEY_RECHECK_SECONDS:
+                checked = time.monotonic()
+                if not await run_in_threadpool(_key_live, session_factory, key):
+                    yield revoked_event(qid).sse()
+                    return
             if event is None:
                 yield KEEPALIVE
             else:
