@@ -330,7 +330,7 @@ def rescue_unclaimed(
                 )
                 .values(enqueued_at=None)
             )
-            moved += _rowcount(result)
+            moved += rowcount(result)
         session.commit()
     if moved:
         log.warning("%d queries taken by a worker and never claimed: sending them again", moved)
