@@ -262,3 +262,31 @@ def test_from_own_package_import_module_is_an_edge_to_the_package(tmp_path: Path
     assert find_cycles(graph) == [["pkg", "pkg.a"]]
     known["pkg.a"].write_text("import pkg.b as b\n", encoding="utf-8")
     assert imports_of("pkg.a", known["pkg.a"], known) == {("pkg.b", 1)}
+
+
+# Rooms that read only what lies below them (shared/STYLE.md): audit reads the database, and
+# the pipeline knows nothing of audit or of the evaluations that run it.
+ROOM_LIMITS = {
+    "app.audit": ("app.audit", "app.db", "app.settings", "app.validation"),
+    "app.pipeline": None,
+    "app.finish": None,
+}
+NEVER_FROM_PIPELINE = ("app.audit", "app.evals")
+
+
+@pytest.mark.parametrize("room", sorted(ROOM_LIMITS))
+def test_rooms_import_only_what_they_may(room: str) -> None:
+    graph = build_graph()
+    allowed = ROOM_LIMITS[room]
+    wrong = []
+    for module, targets in graph.items():
+        if module != room and not module.startswith(room + "."):
+            continue
+        for target, line in targets.items():
+            if allowed is not None:
+                bad = not any(target == a or target.startswith(a + ".") for a in allowed)
+            else:
+                bad = any(target == n or target.startswith(n + ".") for n in NEVER_FROM_PIPELINE)
+            if bad:
+                wrong.append(f"{module} -> {target} (line {line})")
+    assert not wrong, f"{room} imports outside its room:\n" + "\n".join(wrong)
