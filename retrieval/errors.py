@@ -6,6 +6,12 @@ names the problem; adapters turn them into a 4xx or a one-line CLI error.
 
 from __future__ import annotations
 
+import unicodedata
+
+INVISIBLE_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp", "Co", "Cn", "Cs"})
+"""Unicode categories refused in a name: control, format (bidi overrides such as U+202E, zero
+widths, the BOM), line and paragraph separators, private use, unassigned, surrogates."""
+
 
 class UnknownCollectionError(LookupError):
     """The tenant has no collection of that name (nothing was ever ingested into it)."""
@@ -21,15 +27,35 @@ class DocumentError(ValueError):
 
 
 class InvalidNameError(ValueError):
-    """A tenant or collection name that is empty, too long, or holds control characters."""
+    """A tenant or collection name that is empty, too long, starts or ends with a space, or holds
+    an invisible or look-alike character (the message names it)."""
+
+
+def character_problem(name: str) -> str | None:
+    """Why ``name`` does not read as what it is, naming the character, or None when it does.
+
+    The one rule of names (documents, collections, tenants): no control, format, separator,
+    private-use or unassigned character, and no space other than U+0020 (NBSP and its kin look
+    like a plain space), so that two names that look alike are the same name."""
+    for ch in name:
+        category = unicodedata.category(ch)
+        if category in INVISIBLE_CATEGORIES or (category == "Zs" and ch != " "):
+            kind = "space" if category == "Zs" else "control or format character"
+            label = unicodedata.name(ch, "")
+            return f"contains the {kind} U+{ord(ch):04X}" + (f" ({label})" if label else "")
+    return None
 
 
 def check_name(kind: str, name: str) -> str:
-    """``name`` itself when it is a usable tenant or collection name; else ``InvalidNameError``."""
+    """``name`` itself when it is a usable tenant or collection name; else ``InvalidNameError``
+    naming the problem (and the character, for an invisible or look-alike one)."""
     if not isinstance(name, str) or not name.strip():
         raise InvalidNameError(f"{kind} name is empty")
     if len(name) > 128:
         raise InvalidNameError(f"{kind} name is {len(name)} characters, over the limit of 128")
-    if any(ord(ch) < 32 for ch in name):
-        raise InvalidNameError(f"{kind} name {name!r} contains control characters")
+    problem = character_problem(name)
+    if problem is not None:
+        raise InvalidNameError(f"{kind} name {name!r} {problem}")
+    if name != name.strip():
+        raise InvalidNameError(f"{kind} name {name!r} starts or ends with a space")
     return name
