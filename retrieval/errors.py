@@ -6,11 +6,29 @@ names the problem; adapters turn them into a 4xx or a one-line CLI error.
 
 from __future__ import annotations
 
+import errno
+import re
 import unicodedata
 
 INVISIBLE_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp", "Co", "Cn", "Cs"})
 """Unicode categories refused in a name: control, format (bidi overrides such as U+202E, zero
 widths, the BOM), line and paragraph separators, private use, unassigned, surrogates."""
+
+
+# An absolute path (POSIX or Windows) inside an error message: the server's, not the client's.
+_PATH = re.compile(r"(?:[A-Za-z]:\\|/)[^\s'\"]*")
+
+
+def public_reason(exc: BaseException) -> str:
+    """What went wrong, for a client: the error's kind and message without server paths.
+
+    An OSError says its errno's text and name (``No space left on device (ENOSPC)``), never
+    the file it was writing; any other error its first line with absolute paths cut out."""
+    if isinstance(exc, OSError) and exc.strerror:
+        code = errno.errorcode.get(exc.errno or 0)
+        return f"{exc.strerror}" + (f" ({code})" if code else "")
+    first = (str(exc).splitlines() or [""])[0]
+    return f"{type(exc).__name__}: {_PATH.sub('<path>', first)}".rstrip(": ")
 
 
 class UnknownCollectionError(LookupError):
@@ -24,6 +42,11 @@ class QueryError(ValueError):
 class DocumentError(ValueError):
     """A file that cannot be ingested: unreadable, empty, binary, not UTF-8, unsupported,
     a PDF without a text layer, or over the size limit. The message names the file."""
+
+
+class CollectionLimitError(ValueError):
+    """An ingest that would create one collection more than its tenant may have; the message
+    names the limit (``max_collections``)."""
 
 
 class InvalidNameError(ValueError):

@@ -25,7 +25,14 @@ from tqdm import tqdm
 from retrieval.backfill import backfill_collection
 from retrieval.chunking import Chunker, embedding_text
 from retrieval.embedder import Embedder
-from retrieval.errors import DocumentError, QueryError, UnknownCollectionError, check_name
+from retrieval.errors import (
+    CollectionLimitError,
+    DocumentError,
+    QueryError,
+    UnknownCollectionError,
+    check_name,
+    public_reason,
+)
 from retrieval.fusion import SEARCH_MODES, Fused, SearchMode, fuse, single
 from retrieval.host_indexes import HostIndexes
 from retrieval.index_store import IndexStore
@@ -65,23 +72,28 @@ class RetrievalService:
         max_query_chars: int = 2000,
         indexes: HostIndexes | None = None,
         search_mode: SearchMode = "hybrid",
+        max_held: int = 0,
+        max_collections: int | Callable[[str], int] = 0,
     ) -> None:
         """``indexes``: this host's indexes when already opened (``open_retrieval`` warms them
-        while the embedding model loads); by default opened here on ``index_dir``.
-        ``search_mode``: what ``search`` runs when not told (retrieval.fusion)."""
+        while the embedding model loads); by default opened here on ``index_dir``, holding at
+        most ``max_held`` collections in memory (0: no limit).
+        ``search_mode``: what ``search`` runs when not told (retrieval.fusion).
+        ``max_collections``: collections one tenant may have (0: no limit; a callable gives a
+        tenant's own); an ingest that would create one more is refused (CollectionLimitError)."""
         self.search_mode = _check_mode(search_mode)
         self.session_factory = session_factory
         self.embedder = embedder
         self.max_file_bytes = max_file_bytes
         self.max_query_chars = max_query_chars
         if indexes is None:
-            indexes = HostIndexes(session_factory, IndexStore(index_dir))
+            indexes = HostIndexes(session_factory, IndexStore(index_dir), max_held=max_held)
         self.store = indexes.store
         self.chunker = Chunker(embedder.tokenizer, chunk_tokens, chunk_overlap)
         indexes.fill = self._backfill
         self.indexes = indexes
         self.writer = CollectionWriter(
-            session_factory, self.indexes, embedder.dim, approx_index_threshold
+            session_factory, self.indexes, embedder.dim, approx_index_threshold, max_collections
         )
 
     # -- ingest ---------------------------------------------------------------------------------
@@ -210,8 +222,13 @@ class RetrievalService:
             self._embed(pending, bar)
             self.indexes.current(tenant, collection)  # legacy vectors are stored before locking
             result = self.writer.write(tenant, collection, pending, gone)
-        except Exception as exc:  # database or disk failure: this batch is rolled back whole
-            error = f"not stored, batch rolled back ({type(exc).__name__}: {exc})"
+        except CollectionLimitError as exc:  # nothing stored: the limit names itself
+            error = f"not stored: {exc}"
+            report.files += [FileResult(p.source, "failed", error=error) for p in pending]
+            report.files += [FileResult(s, "failed", error=error) for s in gone]
+            return
+        except Exception as exc:  # database failure before the commit: rolled back whole
+            error = f"not stored, batch rolled back ({public_reason(exc)})"
             report.files += [FileResult(p.source, "failed", error=error) for p in pending]
             report.files += [FileResult(s, "failed", error=error) for s in gone]
             return
@@ -353,6 +370,7 @@ def open_retrieval(
     load_embedder: Callable[[], Embedder],
     *,
     warm_collections: int | None = 16,
+    max_held: int = 0,
     **options: Any,
 ) -> RetrievalService:
     """A host's retrieval, started in the time of the slower of its two independent parts.
@@ -362,8 +380,9 @@ def open_retrieval(
     the database (stored vectors or the change log, never the model). The index work is mostly
     database reads and FAISS adds, which release the GIL, so it overlaps the load.
     ``warm_collections=0`` skips warming (indexes then catch up at their first search).
+    ``max_held``: collections held in memory at most (0: no limit).
     ``options``: RetrievalService's keyword arguments."""
-    indexes = HostIndexes(session_factory, IndexStore(index_dir))
+    indexes = HostIndexes(session_factory, IndexStore(index_dir), max_held=max_held)
     warmer = None
     if warm_collections != 0:
         warmer = threading.Thread(

@@ -10,6 +10,7 @@ import click
 
 from app.commands.common import CommandError, emit, get_settings, json_option, one_line_errors
 from app.db import prepare
+from app.tenancy.collections import collection_limit
 from retrieval import Embedder, RetrievalService
 from retrieval.errors import check_name
 
@@ -46,6 +47,7 @@ def _service(tenant: str, collection: str) -> RetrievalService:
         max_file_bytes=settings.max_file_bytes,
         approx_index_threshold=settings.approx_index_threshold,
         max_query_chars=settings.max_question_chars,
+        max_collections=collection_limit(session_factory, settings),
     )
 
 

@@ -24,6 +24,7 @@ from app.api.deps import (
 from app.api.errors import ApiError
 from app.api.schemas import ErrorOut
 from app.documents import list_documents, validate_uploads
+from app.tenancy.collections import check_new_collection
 from app.tenancy.uploads import mark_pending, restore
 
 router = APIRouter(prefix="/v1/documents", tags=["documents"], route_class=ParsedRoute)
@@ -81,6 +82,8 @@ def upload(
         body.collection, [d.model_dump() for d in body.documents], settings.max_file_bytes
     )
     size = sum(len(u.content) for u in uploads)
+    check_new_collection(session, enforcer.limits(session, caller.tenant_id), caller.tenant,
+                         body.collection)  # fmt: skip
     limits = enforcer.upload(session, caller.tenant_id, size, rate=not rate_counted(request))
     files = [u.to_message() for u in uploads]
     try:
