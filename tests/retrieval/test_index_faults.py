@@ -1,0 +1,253 @@
+"""Faults of this host's index files, injected on real FAISS, Tantivy and the databases.
+
+- A FAISS file whose vector bytes are damaged in place (size unchanged) is refused at load with
+  a log line naming the collection and version, removed, and rebuilt from the database's vectors:
+  search answers as before, never from the damaged file. ``specrag index verify`` finds it too.
+- A full disk (a real tmpfs) while an ingest writes its index files: the batch is committed and
+  reported stored, it is searchable here and on another host, and nothing says "failed".
+- Held indexes are an LRU: 60 collections served one after another with ``max_held=4`` leave the
+  process's OS thread count where it was after 10 (each held Tantivy index has a watcher thread).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from sqlalchemy import select
+
+from app.cli import main
+from retrieval import Embedder
+from retrieval.errors import public_reason
+from retrieval.host_indexes import HostIndexes
+from retrieval.records import Chunk, CollectionIndex, Document
+from retrieval.vectors import to_bytes
+from tests.retrieval.conftest import ServiceFactory
+from tests.retrieval.docs import ENGINES, FRUIT, write
+
+QUESTIONS = ["How do governors control engine speed?", "Why do apple trees need a second variety?"]
+
+
+def _answers(service, tenant: str, collection: str) -> list[list[tuple[str, int]]]:  # type: ignore[no-untyped-def]
+    return [
+        [
+            (h.document, h.chunk_id)
+            for h in service.search(q, collection=collection, tenant=tenant, top_k=4, mode="dense")
+        ]  # fmt: skip
+        for q in QUESTIONS
+    ]
+
+
+def _scramble_vectors(path: Path, first_vector: bytes, count: int, dim: int) -> None:
+    """Roll the stored vectors by one row in place: same size, same ntotal, other passages."""
+    data = bytearray(path.read_bytes())
+    start = data.find(first_vector)
+    assert start >= 0, "the first vector is not where a flat index keeps it"
+    end = start + count * dim * 4
+    rows = np.frombuffer(bytes(data[start:end]), dtype="<f4").reshape(count, dim)
+    data[start:end] = np.roll(rows, 1, axis=0).tobytes()
+    size = path.stat().st_size
+    path.write_bytes(bytes(data))
+    assert path.stat().st_size == size
+
+
+def _first_vector(service, tenant: str, collection: str) -> tuple[bytes, int]:  # type: ignore[no-untyped-def]
+    with service.session_factory() as session:
+        blobs = session.scalars(
+            select(Chunk.embedding)
+            .join(Document, Chunk.document_id == Document.id)
+            .where(Document.tenant == tenant, Document.collection == collection)
+            .order_by(Chunk.id)
+        ).all()
+    return bytes(blobs[0]), len(blobs)
+
+
+def test_damaged_faiss_file_is_refused_logged_and_rebuilt(
+    make_service: ServiceFactory, tmp_path: Path, names: dict[str, str], caplog
+) -> None:  # type: ignore[no-untyped-def]
+    tenant, collection = names["a"], names["collection"]
+    first = make_service()
+    paths = [
+        write(tmp_path / "kb" / "fruit.md", FRUIT),
+        write(tmp_path / "kb" / "engines.md", ENGINES),
+    ]
+    first.ingest(paths, collection=collection, tenant=tenant)
+    first.indexes.wait_for_files()
+    expected = _answers(first, tenant, collection)
+    version = first.index_version(collection=collection, tenant=tenant)
+    path = first.store.path(tenant, collection, version)
+    vector, count = _first_vector(first, tenant, collection)
+    _scramble_vectors(path, vector, count, first.embedder.dim)
+
+    restarted = make_service()  # a restarted worker: nothing in memory, the file on disk
+    with caplog.at_level(logging.INFO, logger="retrieval.host_indexes"):
+        got = _answers(restarted, tenant, collection)
+    assert got == expected  # never answered from the damaged file
+    refused = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(refused) == 1
+    assert f"{tenant}/{collection} version {version} refused" in refused[0]
+    assert "damaged" in refused[0] and "rebuilding" in refused[0]
+    assert any("rebuilt from the database" in r.getMessage() for r in caplog.records)
+    assert restarted.indexes.sources["damaged"] == 1
+    restarted.indexes.wait_for_files()
+    assert restarted.store.check(tenant, collection, version).problem is None  # written again
+    assert _answers(make_service(), tenant, collection) == expected
+
+
+def test_index_verify_finds_repairs_and_reports(tmp_path: Path, embedder: Embedder) -> None:
+    env = {"SPECRAG_DATA_DIR": str(tmp_path / "var"), "SPECRAG_DATABASE_URL": None}
+
+    def run(*args: str):  # type: ignore[no-untyped-def]
+        return CliRunner().invoke(main, list(args), env=env, catch_exceptions=False)
+
+    write(tmp_path / "kb" / "fruit.md", FRUIT)
+    write(tmp_path / "kb" / "engines.md", ENGINES)
+    assert run("ingest", str(tmp_path / "kb"), "--collection", "kb").exit_code == 0
+    clean = run("index", "verify", "--json")
+    assert clean.exit_code == 0, clean.stderr
+    assert json.loads(clean.stdout)["damaged"] == 0 and json.loads(clean.stdout)["checked"] >= 2
+
+    from retrieval.index_store import IndexStore
+
+    store = IndexStore(tmp_path / "var" / "indexes")
+    version = store.versions("default", "kb")[0]
+    path = store.path("default", "kb", version)
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x40  # one bit, size unchanged
+    path.write_bytes(bytes(data))
+
+    report = run("index", "verify", "--no-repair")
+    assert report.exit_code == 1
+    assert f"default/kb faiss v{version}: is damaged" in report.stdout
+    assert path.exists()  # --no-repair removes nothing
+
+    repaired = run("index", "verify", "--json")
+    assert repaired.exit_code == 0, repaired.stderr
+    body = json.loads(repaired.stdout)
+    assert body["damaged"] == 1 and body["collections"][0]["rebuilt"] is True
+    assert store.check("default", "kb", version).problem is None
+    assert json.loads(run("index", "verify", "--json").stdout)["damaged"] == 0
+    search = run("search", "How do governors control engine speed?", "-c", "kb", "--json")
+    assert "engines.md" in json.loads(search.stdout)["results"][0]["document"]
+
+
+@contextmanager
+def small_disk(path: Path, size: str) -> Iterator[Path]:
+    """A real tmpfs of ``size`` mounted at ``path`` (skips where mounting is not allowed)."""
+    path.mkdir(parents=True, exist_ok=True)
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                             capture_output=True, text=True)  # fmt: skip
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs to fill (needs root): {mounted.stderr.strip()}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+def _fill(disk: Path) -> None:
+    """Write until the file system says ENOSPC, and check that it did."""
+    with pytest.raises(OSError) as full, (disk / "filler").open("wb") as fh:
+        while True:
+            fh.write(b"\0" * 65536)
+            fh.flush()
+            os.fsync(fh.fileno())
+    reason = public_reason(full.value)
+    assert reason == "No space left on device (ENOSPC)" and str(disk) not in reason
+
+
+def test_full_disk_during_ingest_is_stored_not_failed(
+    make_service: ServiceFactory, tmp_path: Path, names: dict[str, str], embedder: Embedder
+) -> None:
+    tenant, collection = names["a"], names["collection"]
+    with small_disk(tmp_path / "disk", "4m") as disk:
+        from retrieval import RetrievalService
+
+        service = RetrievalService(make_service().session_factory, disk / "indexes", embedder)
+        fruit = write(tmp_path / "kb" / "fruit.md", FRUIT)
+        assert (
+            service.ingest([fruit], collection=collection, tenant=tenant).files[0].status == "added"
+        )
+        service.indexes.wait_for_files()
+        _fill(disk)
+        engines = write(tmp_path / "kb" / "engines.md", ENGINES)
+        report = service.ingest([engines], collection=collection, tenant=tenant)
+        service.indexes.wait_for_files()
+        (result,) = report.files
+        assert result.status == "added", result.error  # committed: never "failed"
+        hits = service.search(QUESTIONS[0], collection=collection, tenant=tenant, top_k=1)
+        assert hits[0].document == str(engines)
+        assert service.search(QUESTIONS[1], collection=collection, tenant=tenant,
+                              top_k=1)[0].document == str(fruit)  # fmt: skip
+        other = make_service()  # another host: the database alone serves the same version
+        assert other.search(QUESTIONS[0], collection=collection, tenant=tenant,
+                            top_k=1)[0].document == str(engines)  # fmt: skip
+        (disk / "filler").unlink()
+        restarted = RetrievalService(service.session_factory, disk / "indexes", embedder)
+        assert restarted.search(QUESTIONS[0], collection=collection, tenant=tenant,
+                                top_k=1)[0].document == str(engines)  # fmt: skip
+
+
+def _os_threads() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
+def _settled_threads() -> int:
+    """OS threads once Tantivy's watchers of dropped indexes have seen their stop flag (they
+    poll every 500 ms)."""
+    time.sleep(1.2)
+    return _os_threads()
+
+
+def test_held_indexes_are_an_lru_and_threads_stay_bounded(
+    make_service: ServiceFactory, tmp_path: Path, names: dict[str, str]
+) -> None:
+    service = make_service(max_held=4)
+    tenant = names["a"]
+    doc = write(tmp_path / "one.md", FRUIT)
+    after: dict[int, int] = {}
+    for i in range(60):
+        collection = f"{names['collection']}-{i}"
+        service.ingest([doc], collection=collection, tenant=tenant)
+        assert service.search(QUESTIONS[1], collection=collection, tenant=tenant, top_k=1)
+        if i + 1 in (10, 60):
+            service.indexes.wait_for_files()
+            after[i + 1] = _settled_threads()
+    assert service.indexes.held_count() == 4
+    assert after[60] <= after[10] + 2, after  # without the LRU: one thread more per collection
+    # An evicted collection is caught up again from its files when asked.
+    first = f"{names['collection']}-0"
+    assert service.indexes.held_version(tenant, first) is None
+    assert service.search(QUESTIONS[1], collection=first, tenant=tenant, top_k=1)
+    assert service.indexes.held_version(tenant, first) == 1
+    with service.session_factory() as session:
+        count = session.query(CollectionIndex).filter(CollectionIndex.tenant == tenant).count()
+    assert count == 60
+
+
+def test_unbounded_hold_is_what_the_lru_prevents(
+    make_service: ServiceFactory, tmp_path: Path, names: dict[str, str]
+) -> None:
+    """The measurement's control: without a bound, each collection keeps a thread."""
+    service = make_service()
+    assert isinstance(service.indexes, HostIndexes) and service.indexes.max_held == 0
+    doc = write(tmp_path / "one.md", FRUIT)
+    before = _settled_threads()
+    for i in range(8):
+        service.ingest([doc], collection=f"{names['collection']}-u{i}", tenant=names["b"])
+    service.indexes.wait_for_files()
+    assert _settled_threads() >= before + 8
+
+
+def test_vectors_bytes_helper_matches_storage(embedder: Embedder) -> None:
+    vector = embedder.encode(["x"])[0]
+    assert len(to_bytes(vector)) == embedder.dim * 4
