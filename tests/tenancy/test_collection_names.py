@@ -83,3 +83,26 @@ def test_cli_ingest_into_bad_collection_is_a_one_line_error(
     assert result.stderr.startswith("error: collection name") and words in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "var" / "indexes").exists()
+
+
+def test_upload_into_one_collection_over_the_limit_is_403_and_stores_nothing(
+    tenancy_pg: str, tmp_path: Path
+) -> None:
+    from tests.tenancy.conftest import make_api
+
+    with make_api(tenancy_pg, tmp_path, tenant_max_collections=2) as api:
+        tenant = f"t-{uuid.uuid4().hex[:8]}"
+        headers = api.key(tenant)  # the tenant's first collection, 'docs', exists
+        doc = {"name": "a.txt", "content": "hello"}
+        ok = api.post("/v1/documents", {"collection": "second", "documents": [doc]}, headers)
+        assert ok.status_code == 202, ok.text  # pending uploads count as a collection
+        uploads, collections, tasks = (api.count(DocumentUpload), api.count(CollectionIndex),
+                                       len(api.tasks))  # fmt: skip
+        over = api.post("/v1/documents", {"collection": "third", "documents": [doc]}, headers)
+        assert over.status_code == 403, over.text
+        error = over.json()["error"]
+        assert error["field"] == "collection" and "max_collections is 2" in error["message"]
+        assert (api.count(DocumentUpload), api.count(CollectionIndex), len(api.tasks)) == (
+            uploads, collections, tasks)  # fmt: skip
+        again = api.post("/v1/documents", {"collection": "docs", "documents": [doc]}, headers)
+        assert again.status_code == 202  # an existing collection takes more documents
