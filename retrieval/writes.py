@@ -161,7 +161,7 @@ class CollectionWriter:
                                np.asarray(add_ids, dtype="int64"), add_terms)  # fmt: skip
         try:
             self.indexes.remember(tenant, collection, version, index, change)
-        except Exception as exc:
+        except (OSError, ValueError, RuntimeError) as exc:  # tantivy: ValueError on I/O errors
             log.warning("%s/%s v%d committed; its index files could not be written (%s): the "
                         "next search rebuilds them from the database", tenant, collection,
                         version, public_reason(exc))  # fmt: skip
