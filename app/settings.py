@@ -170,7 +170,7 @@ class Settings(BaseSettings):
         description="Above this many chunks a collection uses an approximate index.",
     )
     held_indexes: int = Field(
-        default=64,
+        default=20,
         ge=0,
         description=(
             "Collections whose indexes a worker holds in memory at most, least recently used "

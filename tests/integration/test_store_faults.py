@@ -15,13 +15,12 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-import pytest
 from sqlalchemy import create_engine
 
 from app.documents import list_documents
 from app.settings import Settings
+from tests.disks import fill, small_disk
 from tests.integration.conftest import Deployment
-from tests.retrieval.test_index_faults import _fill, small_disk
 
 FRUIT = "# Orchards\n\nApple trees need cross-pollination from a second variety of apple.\n"
 
@@ -80,7 +79,7 @@ def test_ingest_worker_threads_bounded_and_full_disk_reported_stored(
                     counts[i + 1] = _threads(worker.proc.pid)
             assert counts[30] <= counts[10] + 2, (counts, worker.tail())
 
-            _fill(disk)
+            fill(disk)
             text = FRUIT + "\nPear trees are grafted onto quince rootstock for dwarfing.\n"
             doc = upload("many-29", "pears.md", text)
             assert doc["status"] == "indexed", doc  # committed: never "failed" yet searchable
@@ -102,6 +101,3 @@ def test_ingest_worker_threads_bounded_and_full_disk_reported_stored(
         assert hits and hits[0].document == "pears.md"
     finally:
         engine.dispose()
-
-
-pytestmark = pytest.mark.integration
