@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import Counter, OrderedDict
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -36,6 +36,7 @@ from retrieval.changelog import (
     read_terms,
     snapshot,
 )
+from retrieval.held import Held, HeldIndexes, Key
 from retrieval.index_store import IndexFileError, IndexStore
 from retrieval.indexes import build
 from retrieval.lexical import LexicalChange, LexicalIndex
@@ -54,17 +55,8 @@ PERSIST_CHANGES = 2000
 # A build this large logs its progress (a million vectors take seconds to add).
 BUILD_PROGRESS_EVERY = 100_000
 
-Key = tuple[str, str]
 Fill = Callable[[str, str], object]
 Legs = tuple[int, faiss.Index, LexicalIndex]
-
-
-@dataclass
-class _Held:
-    version: int
-    index: faiss.Index
-    unsaved: int  # changes replayed since the newest file this host wrote
-    lexical: LexicalIndex  # the same version's BM25 index (its directory, or memory only)
 
 
 @dataclass
@@ -92,15 +84,12 @@ class HostIndexes:
         used is let go when another is caught up (docs/operations.md, "Faults")."""
         self.session_factory = session_factory
         self.store = store
-        self.max_held = max_held
         # Called to store the vectors of chunks ingested before migration 0004 (retrieval.backfill).
         self.fill = fill
         # memory / delta / build (FAISS), lexical open / delta / build: how each catch-up went
         self.sources: Counter[str] = Counter()
         self.lexical_copies = LexicalCopies(store, self.sources)
-        # Least recently used first. A held index costs its memory and, for a lexical index
-        # opened on a directory, a Tantivy thread (its meta-file watcher) until it is let go.
-        self._held: OrderedDict[Key, _Held] = OrderedDict()
+        self._held = HeldIndexes(max_held)  # an LRU: each held index costs a Tantivy thread
         # Weak: a collection's lock lives while some thread uses it, not for the process's life.
         self._locks: WeakValueDictionary[Key, threading.RLock] = WeakValueDictionary()
         self._guard = threading.Lock()
@@ -197,13 +186,11 @@ class HostIndexes:
 
     def forget(self, tenant: str, collection: str) -> None:
         """Let go of what memory holds of the collection (its next search catches up again)."""
-        with self._guard:
-            self._held.pop((tenant, collection), None)
+        self._held.forget((tenant, collection))
 
     def held_count(self) -> int:
         """Collections held in memory now."""
-        with self._guard:
-            return len(self._held)
+        return len(self._held)
 
     def held_version(self, tenant: str, collection: str) -> int | None:
         """The version this process holds in memory (None: none yet)."""
@@ -213,7 +200,7 @@ class HostIndexes:
     # -- steps ----------------------------------------------------------------------------------
 
     def _snapshot(
-        self, tenant: str, collection: str, held: _Held | None
+        self, tenant: str, collection: str, held: Held | None
     ) -> tuple[IndexState, _Plan | None] | None:
         def read(session: Session, state: IndexState) -> _Plan | None:
             return self._plan(session, tenant, collection, state, held)
@@ -226,7 +213,7 @@ class HostIndexes:
         tenant: str,
         collection: str,
         state: IndexState,
-        held: _Held | None,
+        held: Held | None,
     ) -> _Plan | None:
         """What to read to reach ``state``: nothing (held is current), a delta, or everything."""
         if held is not None and held.version == state.version:
@@ -262,7 +249,7 @@ class HostIndexes:
         tenant: str,
         collection: str,
         state: IndexState,
-        held: _Held | None,
+        held: Held | None,
         plan: _Plan | None,
     ) -> Legs:
         """``(version, index, lexical)``: normally ``state``'s, or a later one if it moved."""
@@ -353,7 +340,7 @@ class HostIndexes:
         return index
 
     def _replay(
-        self, tenant: str, collection: str, held: _Held | None, base: int | None, delta: Delta
+        self, tenant: str, collection: str, held: Held | None, base: int | None, delta: Delta
     ) -> tuple[faiss.Index | None, int]:
         """``(index at base + delta, changes not yet in a file)``; None when the base is gone."""
         if held is not None and held.version == base:
@@ -407,21 +394,10 @@ class HostIndexes:
     def _hold(
         self, key: Key, version: int, index: faiss.Index, unsaved: int, lexical: LexicalIndex
     ) -> None:
-        with self._guard:
-            held = self._held.get(key)
-            if held is None or held.version < version:
-                self._held[key] = _Held(version, index, unsaved, lexical)
-            self._held.move_to_end(key)
-            # Searches still running on an evicted index keep it alive until they return.
-            while self.max_held and len(self._held) > self.max_held:
-                self._held.popitem(last=False)
+        self._held.hold(key, Held(version, index, unsaved, lexical))
 
-    def _get(self, key: Key) -> _Held | None:
-        with self._guard:
-            held = self._held.get(key)
-            if held is not None:
-                self._held.move_to_end(key)
-            return held
+    def _get(self, key: Key) -> Held | None:
+        return self._held.get(key)
 
     def _key_lock(self, key: Key) -> threading.RLock:
         # Re-entrant: a replay that finds its base gone serves ``current`` again on this thread.
