@@ -177,7 +177,7 @@ class RetrievalService:
         except DocumentError as exc:
             report.files.append(FileResult(source, "failed", error=str(exc)))
         except Exception as exc:  # a parser crashing on one odd file must not stop the others
-            error = f"{source}: cannot parse ({type(exc).__name__}: {exc})"
+            error = f"{source}: cannot parse ({public_reason(exc)})"
             report.files.append(FileResult(source, "failed", error=error))
         return None
 

@@ -19,11 +19,13 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 from click.testing import CliRunner
 from sqlalchemy import select
 
 from app.cli import main
 from retrieval import Embedder
+from retrieval.errors import public_reason
 from retrieval.records import Chunk, CollectionIndex, Document
 from tests.disks import fill, small_disk
 from tests.retrieval.conftest import ServiceFactory
@@ -203,3 +205,25 @@ def test_held_indexes_are_an_lru_and_threads_stay_bounded(
     with service.session_factory() as session:
         count = session.query(CollectionIndex).filter(CollectionIndex.tenant == tenant).count()
     assert count == 60
+
+
+def test_failure_reasons_name_the_problem_without_server_paths(tmp_path: Path) -> None:
+    import faiss
+    import tantivy
+
+    missing = tmp_path / "deep" / "v000000001.faiss"
+    failures: list[BaseException] = []
+    for attempt in (
+        lambda: faiss.read_index(str(missing)),
+        lambda: tantivy.Index.open(str(tmp_path / "nowhere.tantivy")),
+        lambda: missing.open("rb"),
+    ):
+        with pytest.raises(Exception) as caught:
+            attempt()
+        failures.append(caught.value)
+    for exc in failures:
+        assert str(tmp_path) in str(exc)  # the raw error names the server's path
+        reason = public_reason(exc)
+        assert str(tmp_path) not in reason and "/tmp" not in reason, reason
+        assert reason.strip()
+    assert public_reason(failures[2]) == "No such file or directory (ENOENT)"
