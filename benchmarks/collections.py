@@ -9,7 +9,7 @@ host's first search (refusal and rebuild from the database) is timed beside an i
 
     python -m benchmarks.collections --collections 1000 --held 20 --chunks 0
     python -m benchmarks.collections --collections 200 --held 0 --chunks 0  # unbounded control
-    flock /tmp/bench.lock python -m benchmarks.collections --collections 10 --chunks 100000
+    flock /tmp/bench.lock python -m benchmarks.collections --collections 10 --chunks 50000
 """
 
 from __future__ import annotations
