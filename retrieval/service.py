@@ -38,7 +38,7 @@ from retrieval.host_indexes import HostIndexes
 from retrieval.index_store import IndexStore
 from retrieval.loaders import load_document
 from retrieval.records import Chunk, CollectionIndex, Document
-from retrieval.results import FileResult, IngestReport, SearchHit
+from retrieval.results import FileResult, FileStatus, IngestReport, SearchHit
 from retrieval.sources import expand_paths, inside, normalise_source
 from retrieval.terms import query_terms
 from retrieval.writes import CollectionWriter, PreparedDocument
@@ -170,10 +170,12 @@ class RetrievalService:
         try:
             # The limit holds during extraction: a small PDF can expand to millions of characters.
             doc = load_document(path, self.max_file_bytes, max_chars)
-            if self._stored_hash(tenant, collection, source) == doc.content_hash:
+            stored = self._stored_hash(tenant, collection, source)
+            if stored == doc.content_hash:
                 report.files.append(FileResult(source, "unchanged"))
                 return None
-            return PreparedDocument(source, doc, self.chunker.chunk(doc), _NO_VECTORS)
+            return PreparedDocument(source, doc, self.chunker.chunk(doc), _NO_VECTORS,
+                                    existed=stored is not None)  # fmt: skip
         except DocumentError as exc:
             report.files.append(FileResult(source, "failed", error=str(exc)))
         except Exception as exc:  # a parser crashing on one odd file must not stop the others
@@ -227,16 +229,45 @@ class RetrievalService:
             report.files += [FileResult(p.source, "failed", error=error) for p in pending]
             report.files += [FileResult(s, "failed", error=error) for s in gone]
             return
-        except Exception as exc:  # database failure before the commit: rolled back whole
+        except Exception as exc:  # rolled back whole, unless it struck after the commit
             error = f"not stored, batch rolled back ({public_reason(exc)})"
-            report.files += [FileResult(p.source, "failed", error=error) for p in pending]
-            report.files += [FileResult(s, "failed", error=error) for s in gone]
+            try:
+                stored = self._committed(tenant, collection, pending, gone)
+            except Exception:  # the database cannot tell us now: reported as not stored
+                stored = set()
+            for p in pending:
+                if p.source in stored:  # committed: stored and searchable, never "failed"
+                    status: FileStatus = "updated" if p.existed else "added"
+                    report.files.append(FileResult(p.source, status, len(p.chunks)))
+                else:
+                    report.files.append(FileResult(p.source, "failed", error=error))
+            report.files += [FileResult(s, "deleted") if s in stored
+                             else FileResult(s, "failed", error=error) for s in gone]  # fmt: skip
             return
         for p in pending:
             status = result.statuses[p.source] or "unchanged"
             chunks = len(p.chunks) if status in ("added", "updated") else 0
             report.files.append(FileResult(p.source, status, chunks))
         report.files += [FileResult(s, "deleted") for s in gone if result.statuses.get(s)]
+
+    def _committed(
+        self, tenant: str, collection: str, pending: list[PreparedDocument], gone: list[str]
+    ) -> set[str]:
+        """The sources of a failed write whose change the database holds all the same: a
+        pending file stored with these very bytes, a gone file no longer stored."""
+        sources = [p.source for p in pending] + gone
+        with self.session_factory() as session:
+            held = dict(
+                session.execute(
+                    select(Document.source, Document.content_hash).where(
+                        Document.tenant == tenant,
+                        Document.collection == collection,
+                        Document.source.in_(sources),
+                    )
+                ).all()
+            )
+        done = {p.source for p in pending if held.get(p.source) == p.doc.content_hash}
+        return done | {s for s in gone if s not in held}
 
     # -- delete ---------------------------------------------------------------------------------
 

@@ -44,6 +44,7 @@ class PreparedDocument:
     doc: LoadedDocument
     chunks: list[ChunkDraft]
     vectors: np.ndarray  # [len(chunks), dim] float32, unit length
+    existed: bool = False  # an earlier version of the file was stored (its status: "updated")
 
 
 @dataclass
