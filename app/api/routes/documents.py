@@ -82,11 +82,11 @@ def upload(
         body.collection, [d.model_dump() for d in body.documents], settings.max_file_bytes
     )
     size = sum(len(u.content) for u in uploads)
-    check_new_collection(session, enforcer.limits(session, caller.tenant_id), caller.tenant,
-                         body.collection)  # fmt: skip
     limits = enforcer.upload(session, caller.tenant_id, size, rate=not rate_counted(request))
     files = [u.to_message() for u in uploads]
     try:
+        # After the quota (whose store may take a connection of its own), refunded if refused.
+        check_new_collection(session, limits, caller.tenant, body.collection)
         before = mark_pending(session, caller.tenant, body.collection, uploads)
         try:
             _send(
