@@ -13,7 +13,6 @@ import hashlib
 import io
 import os
 import re
-import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,7 @@ from sqlalchemy.orm import Session
 from app.requests import RequestError, check_text
 from app.tenancy.uploads import upload_states
 from app.validation import text_problem
-from retrieval.errors import InvalidNameError, check_name
+from retrieval.errors import InvalidNameError, character_problem, check_name
 from retrieval.loaders import SUPPORTED_SUFFIXES
 from retrieval.records import Document
 
@@ -34,9 +33,6 @@ MAX_NAME_CHARS = 255
 MAX_NAME_BYTES = 240
 """A file name's UTF-8 bytes: under the file system's 255 with room for the ingest worker's
 temporary ``.NAME.partial``."""
-_INVISIBLE = {"Cc", "Cf", "Zl", "Zp", "Co", "Cn", "Cs"}
-"""Unicode categories refused in a name: control, format (bidi overrides such as U+202E, zero
-widths), line and paragraph separators, private use, unassigned: a name must read as it is."""
 TEXT_SUFFIXES = (".txt", ".md", ".markdown", ".html", ".htm")
 
 
@@ -94,9 +90,9 @@ def validate_uploads(
 def name_problem(name: str) -> str | None:
     """Why ``name`` cannot be a document's file name, or None when it can.
 
-    The rules of collection names (not empty, no control characters) and those of a file the
-    ingest worker writes: a plain name, at most MAX_NAME_CHARS characters and MAX_NAME_BYTES
-    bytes, no invisible or direction-changing characters.
+    The rules of collection names (retrieval.errors.character_problem: no invisible,
+    direction-changing or look-alike characters, no edge spaces) and those of a file the ingest
+    worker writes: a plain name, at most MAX_NAME_CHARS characters and MAX_NAME_BYTES bytes.
     """
     if not name or name != Path(name).name or name.startswith(".") or name != name.strip():
         return f"{name!r} is not a plain file name"
@@ -105,10 +101,7 @@ def name_problem(name: str) -> str | None:
     size = len(name.encode("utf-8"))
     if size > MAX_NAME_BYTES:
         return f"is {size} bytes in UTF-8, over the limit of {MAX_NAME_BYTES}"
-    for ch in name:
-        if unicodedata.category(ch) in _INVISIBLE:
-            return f"contains the control or format character U+{ord(ch):04X}"
-    return None
+    return character_problem(name)
 
 
 def _content(doc: dict[str, Any], i: int, suffix: str, max_file_bytes: int) -> bytes:

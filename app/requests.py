@@ -117,7 +117,13 @@ class QueryRequest(BaseModel):
     @field_validator("collection")
     @classmethod
     def _collection(cls, value: str) -> str:
-        value = _storable(value).strip()
+        from retrieval.errors import character_problem  # heavy package: faiss
+
+        # Such a name cannot exist (retrieval.errors.check_name): say why, not "unknown".
+        problem = character_problem(_storable(value))
+        if problem is not None:
+            raise ValueError(problem)
+        value = value.strip()
         if not value or len(value) > MAX_COLLECTION_CHARS:
             raise ValueError(
                 f"must be a non-empty string of at most {MAX_COLLECTION_CHARS} characters"

@@ -141,6 +141,7 @@ class Resources:
     def _open_retrieval(self, warm_collections: int) -> RetrievalService:
         with self._lock:
             if self._retrieval is None:
+                from app.tenancy.collections import collection_limit  # heavy: retrieval
                 from retrieval import Embedder, open_retrieval  # heavy: faiss, torch
 
                 s = self.settings
@@ -149,6 +150,8 @@ class Resources:
                     s.index_dir,
                     lambda: Embedder(s.embedding_model, device="cpu"),
                     warm_collections=warm_collections,
+                    max_held=s.held_indexes,
+                    max_collections=collection_limit(self.session_factory, s),
                     chunk_tokens=s.chunk_tokens,
                     chunk_overlap=s.chunk_overlap,
                     max_file_bytes=s.max_file_bytes,

@@ -159,6 +159,11 @@ class Settings(BaseSettings):
     tenant_max_extracted_chars: int = Field(
         default=5_000_000, description="Characters of text one document may extract to."
     )
+    tenant_max_collections: int = Field(
+        default=200,
+        ge=0,
+        description="Collections a tenant may have (0: no limit); one more is refused (403).",
+    )
 
     # Ingest.
     max_file_bytes: int = Field(
@@ -171,6 +176,14 @@ class Settings(BaseSettings):
     approx_index_threshold: int = Field(
         default=200_000,
         description="Above this many chunks a collection uses an approximate index.",
+    )
+    held_indexes: int = Field(
+        default=20,
+        ge=0,
+        description=(
+            "Collections whose indexes a worker holds in memory at most, least recently used "
+            "let go first (0: no limit; each held one costs its memory and a Tantivy thread)."
+        ),
     )
     warm_collections: int = Field(
         default=16,

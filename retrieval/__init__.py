@@ -6,6 +6,7 @@ prompt builder that numbers the passages for citation.
 
 from retrieval.embedder import Embedder
 from retrieval.errors import (
+    CollectionLimitError,
     DocumentError,
     InvalidNameError,
     QueryError,
@@ -16,6 +17,7 @@ from retrieval.results import FileResult, IngestReport, SearchHit
 from retrieval.service import RetrievalService, open_retrieval
 
 __all__ = [
+    "CollectionLimitError",
     "DocumentError",
     "Embedder",
     "FileResult",

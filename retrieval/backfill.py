@@ -130,7 +130,7 @@ def _from_files(
         if len(found) == len(wanted):
             break
         try:
-            ids, vectors = all_vectors(store.read(tenant, collection, version))
+            ids, vectors = all_vectors(store.read(tenant, collection, version, legacy=True))
         except (FileNotFoundError, RuntimeError):
             continue
         for chunk_id, vector in zip(ids.tolist(), vectors, strict=True):
@@ -187,7 +187,7 @@ def _centroids(
         for version in store.versions(tenant, collection):
             if version >= row.layout_version:
                 try:
-                    centroids = centroids_of(store.read(tenant, collection, version))
+                    centroids = centroids_of(store.read(tenant, collection, version, legacy=True))
                 except (FileNotFoundError, RuntimeError):
                     continue
                 break

@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+from weakref import WeakValueDictionary
 
 import faiss
 from sqlalchemy import func, select
@@ -34,7 +36,8 @@ from retrieval.changelog import (
     read_terms,
     snapshot,
 )
-from retrieval.index_store import IndexStore
+from retrieval.held import Held, HeldIndexes, Key
+from retrieval.index_store import IndexFileError, IndexStore
 from retrieval.indexes import build
 from retrieval.lexical import LexicalChange, LexicalIndex
 from retrieval.lexical_copies import LexicalCopies, discard_quietly
@@ -49,18 +52,11 @@ REPLAY_ALWAYS = 1000
 # Changes replayed since this host last wrote a file before it writes one (restarts stay cheap
 # without writing a large file on every small catch-up).
 PERSIST_CHANGES = 2000
+# A build this large logs its progress (a million vectors take seconds to add).
+BUILD_PROGRESS_EVERY = 100_000
 
-Key = tuple[str, str]
 Fill = Callable[[str, str], object]
 Legs = tuple[int, faiss.Index, LexicalIndex]
-
-
-@dataclass
-class _Held:
-    version: int
-    index: faiss.Index
-    unsaved: int  # changes replayed since the newest file this host wrote
-    lexical: LexicalIndex  # the same version's BM25 index (its directory, or memory only)
 
 
 @dataclass
@@ -81,7 +77,11 @@ class HostIndexes:
         session_factory: sessionmaker[Session],
         store: IndexStore,
         fill: Fill | None = None,
+        *,
+        max_held: int = 0,
     ) -> None:
+        """``max_held``: collections held in memory at most (0: no limit); the least recently
+        used is let go when another is caught up (docs/operations.md, "Faults")."""
         self.session_factory = session_factory
         self.store = store
         # Called to store the vectors of chunks ingested before migration 0004 (retrieval.backfill).
@@ -89,10 +89,12 @@ class HostIndexes:
         # memory / delta / build (FAISS), lexical open / delta / build: how each catch-up went
         self.sources: Counter[str] = Counter()
         self.lexical_copies = LexicalCopies(store, self.sources)
-        self._held: dict[Key, _Held] = {}
-        self._locks: dict[Key, threading.RLock] = {}
+        self._held = HeldIndexes(max_held)  # an LRU: each held index costs a Tantivy thread
+        # Weak: a collection's lock lives while some thread uses it, not for the process's life.
+        self._locks: WeakValueDictionary[Key, threading.RLock] = WeakValueDictionary()
         self._guard = threading.Lock()
         self._writing: list[threading.Thread] = []  # index files being written after an answer
+        self._damaged: set[Key] = set()  # collections whose file was refused, being rebuilt
 
     def current(
         self, tenant: str, collection: str, *, fill: bool = True
@@ -182,6 +184,14 @@ class HostIndexes:
             # else: another thread holds this version already, or the next search catches up
         self._persist(tenant, collection, version, index)
 
+    def forget(self, tenant: str, collection: str) -> None:
+        """Let go of what memory holds of the collection (its next search catches up again)."""
+        self._held.forget((tenant, collection))
+
+    def held_count(self) -> int:
+        """Collections held in memory now."""
+        return len(self._held)
+
     def held_version(self, tenant: str, collection: str) -> int | None:
         """The version this process holds in memory (None: none yet)."""
         held = self._get((tenant, collection))
@@ -190,7 +200,7 @@ class HostIndexes:
     # -- steps ----------------------------------------------------------------------------------
 
     def _snapshot(
-        self, tenant: str, collection: str, held: _Held | None
+        self, tenant: str, collection: str, held: Held | None
     ) -> tuple[IndexState, _Plan | None] | None:
         def read(session: Session, state: IndexState) -> _Plan | None:
             return self._plan(session, tenant, collection, state, held)
@@ -203,7 +213,7 @@ class HostIndexes:
         tenant: str,
         collection: str,
         state: IndexState,
-        held: _Held | None,
+        held: Held | None,
     ) -> _Plan | None:
         """What to read to reach ``state``: nothing (held is current), a delta, or everything."""
         if held is not None and held.version == state.version:
@@ -239,7 +249,7 @@ class HostIndexes:
         tenant: str,
         collection: str,
         state: IndexState,
-        held: _Held | None,
+        held: Held | None,
         plan: _Plan | None,
     ) -> Legs:
         """``(version, index, lexical)``: normally ``state``'s, or a later one if it moved."""
@@ -292,8 +302,7 @@ class HostIndexes:
                                                     contents.ids, contents.terms)  # fmt: skip
             if index is None:
                 assert isinstance(contents, Contents)
-                index = build(state.kind, contents.centroids, contents.ids, contents.vectors,
-                              state.dim)  # fmt: skip
+                index = self._build(tenant, collection, state, contents)
                 self.sources["build"] += 1
                 unsaved = PERSIST_CHANGES
             else:
@@ -308,8 +317,30 @@ class HostIndexes:
             self._hold((tenant, collection), state.version, index, unsaved, lexical)
         return state.version, index, lexical
 
+    def _build(
+        self, tenant: str, collection: str, state: IndexState, contents: Contents
+    ) -> faiss.Index:
+        """The index of ``state`` built from the database's vectors, its progress logged."""
+        started = time.perf_counter()
+        total = len(contents.ids)
+
+        def progress(done: int) -> None:
+            log.info("index of %s/%s v%d: %d of %d vectors added", tenant, collection,
+                     state.version, done, total)  # fmt: skip
+
+        index = build(state.kind, contents.centroids, contents.ids, contents.vectors, state.dim,
+                      progress if total >= BUILD_PROGRESS_EVERY else None)  # fmt: skip
+        with self._guard:
+            repaired = (tenant, collection) in self._damaged
+            self._damaged.discard((tenant, collection))
+        if total >= BUILD_PROGRESS_EVERY or repaired:
+            log.info("index of %s/%s v%d rebuilt from the database's %d vectors in %.1f s",
+                     tenant, collection, state.version, total,
+                     time.perf_counter() - started)  # fmt: skip
+        return index
+
     def _replay(
-        self, tenant: str, collection: str, held: _Held | None, base: int | None, delta: Delta
+        self, tenant: str, collection: str, held: Held | None, base: int | None, delta: Delta
     ) -> tuple[faiss.Index | None, int]:
         """``(index at base + delta, changes not yet in a file)``; None when the base is gone."""
         if held is not None and held.version == base:
@@ -318,6 +349,14 @@ class HostIndexes:
         else:
             try:
                 index = self.store.read(tenant, collection, base or 0)
+            except IndexFileError as exc:  # damaged: never served, never tried again
+                log.error("index file of %s/%s version %s refused: %s; removed, rebuilding from"
+                          " the database's vectors", tenant, collection, base, exc)  # fmt: skip
+                self.sources["damaged"] += 1
+                self.store.discard(tenant, collection, base or 0)
+                with self._guard:
+                    self._damaged.add((tenant, collection))
+                return None, 0
             except (FileNotFoundError, RuntimeError) as exc:  # pruned meanwhile, or unreadable
                 log.warning("index file of %s/%s v%s unusable (%s)", tenant, collection, base, exc)
                 return None, 0
@@ -348,26 +387,25 @@ class HostIndexes:
         try:
             self.store.write(tenant, collection, version, index)
             self.store.prune(tenant, collection, version)
-        except OSError as exc:  # a cache file: the database still has everything
+        except (OSError, RuntimeError) as exc:  # a cache file: the database has everything
             log.warning("could not write index file of %s/%s v%d: %s", tenant, collection,
                         version, exc)  # fmt: skip
 
     def _hold(
         self, key: Key, version: int, index: faiss.Index, unsaved: int, lexical: LexicalIndex
     ) -> None:
-        with self._guard:
-            held = self._held.get(key)
-            if held is None or held.version < version:
-                self._held[key] = _Held(version, index, unsaved, lexical)
+        self._held.hold(key, Held(version, index, unsaved, lexical))
 
-    def _get(self, key: Key) -> _Held | None:
-        with self._guard:
-            return self._held.get(key)
+    def _get(self, key: Key) -> Held | None:
+        return self._held.get(key)
 
     def _key_lock(self, key: Key) -> threading.RLock:
         # Re-entrant: a replay that finds its base gone serves ``current`` again on this thread.
         with self._guard:
-            return self._locks.setdefault(key, threading.RLock())
+            lock = self._locks.get(key)
+            if lock is None:
+                lock = self._locks[key] = threading.RLock()
+            return lock
 
 
 def _small_gap(session: Session, state: IndexState, since: int) -> bool:

@@ -6,6 +6,13 @@ plus the database's change log rather than from nothing. The database is the tru
 file named ``v…N`` holds exactly version N on every host. A file is written beside its final
 name (``*.tmp``), fsynced and ``os.replace``d into place. Hosts keep their own files (separate
 data directories); a lost file costs a rebuild from the stored vectors, never an embedding.
+
+Every file carries its checksum, written with it: FAISS's bytes, then a trailer (``TRAILER``:
+a magic, the version, the FAISS bytes' length and their SHA-256). One file, so the one
+``os.replace`` publishes data and checksum together and no reader can pair one writer's bytes
+with another's checksum; FAISS reads only its own bytes, so a trailer changes nothing for it.
+``read`` checks the checksum first and refuses a damaged file (``IndexFileError``): vector bytes
+flipped in place change no size and load without complaint, then search returns other passages.
 """
 
 from __future__ import annotations
@@ -13,8 +20,12 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import struct
 import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import faiss
 
@@ -23,6 +34,26 @@ from retrieval.lexical_files import discard, fsync_dir, remove_stale
 
 # Keep the previous file too: another process on this host may be loading it right now.
 KEEP_VERSIONS = 2
+MAGIC = b"specrag-faiss-1\n"
+# magic, version (u64), FAISS bytes (u64), SHA-256 of those bytes; little-endian, at the end.
+TRAILER = struct.Struct("<16sQQ32s")
+_BLOCK = 1 << 20
+
+
+class IndexFileError(RuntimeError):
+    """An index file that must not be served: damaged (its checksum), truncated, of another
+    version, or without a checksum (written before checksums); the message says which."""
+
+
+@dataclass(frozen=True)
+class FileCheck:
+    """What ``check`` found in one index file: None when intact, else the problem."""
+
+    version: int
+    size: int
+    problem: str | None
+
+
 _FILE = re.compile(r"v(\d+)\.faiss")
 _LEXICAL = re.compile(r"v(\d+)\.tantivy")
 
@@ -51,14 +82,41 @@ class IndexStore:
         """The lexical (Tantivy) directory of one index version (retrieval.lexical_files)."""
         return self.folder(tenant, collection) / f"v{version:09d}.tantivy"
 
-    def read(self, tenant: str, collection: str, version: int) -> faiss.Index:
-        """The index of that version; ``FileNotFoundError`` when its file is gone."""
+    def read(
+        self, tenant: str, collection: str, version: int, *, legacy: bool = False
+    ) -> faiss.Index:
+        """The index of that version, its checksum checked first; ``FileNotFoundError`` when
+        its file is gone, ``IndexFileError`` when it is damaged. ``legacy``: a file written
+        before checksums is read unchecked (backfill's last source of old vectors)."""
         path = self.path(tenant, collection, version)
-        if not path.is_file():
-            raise FileNotFoundError(f"index file {path} is missing")
-        index = faiss.read_index(str(path))
+        try:
+            fh = path.open("rb")
+        except FileNotFoundError:
+            raise FileNotFoundError(f"index file of version {version} is missing") from None
+        with fh:
+            # One open file for the check and the read: a file replaced meanwhile is not mixed in.
+            length = _checked_length(fh, version, legacy)
+            fh.seek(0)
+            index = faiss.read_index(faiss.PyCallbackIOReader(_bounded(fh, length)))  # type: ignore[attr-defined]
         set_search_params(index)
         return index
+
+    def check(self, tenant: str, collection: str, version: int) -> FileCheck:
+        """Whether that version's file is intact (reads it whole; loads nothing)."""
+        path = self.path(tenant, collection, version)
+        try:
+            with path.open("rb") as fh:
+                _checked_length(fh, version, legacy=False)
+                size = os.fstat(fh.fileno()).st_size
+        except IndexFileError as exc:
+            return FileCheck(version, path.stat().st_size if path.exists() else 0, str(exc))
+        except OSError as exc:
+            return FileCheck(version, 0, f"unreadable ({exc.strerror or exc})")
+        return FileCheck(version, size, None)
+
+    def discard(self, tenant: str, collection: str, version: int) -> None:
+        """Remove that version's file (one that must not be served again)."""
+        self.path(tenant, collection, version).unlink(missing_ok=True)
 
     def versions(self, tenant: str, collection: str) -> list[int]:
         """The versions this host holds files of, newest first."""
@@ -81,8 +139,21 @@ class IndexStore:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f"{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
         try:
-            faiss.write_index(index, str(tmp))
-            with tmp.open("rb") as fh:
+            with tmp.open("wb") as fh:
+                digest = hashlib.sha256()
+                length = 0
+
+                def put(data: bytes) -> int:
+                    nonlocal length
+                    fh.write(data)
+                    digest.update(data)
+                    length += len(data)
+                    return len(data)
+
+                # Hashed as written, not read back: the checksum is of what FAISS produced.
+                faiss.write_index(index, faiss.PyCallbackIOWriter(put))  # type: ignore[attr-defined]
+                fh.write(TRAILER.pack(MAGIC, version, length, digest.digest()))
+                fh.flush()
                 os.fsync(fh.fileno())
             os.replace(tmp, path)
         finally:
@@ -105,3 +176,48 @@ class IndexStore:
         for version in older[KEEP_VERSIONS:]:
             discard(self.lexical_dir(tenant, collection, version))
         remove_stale(self.folder(tenant, collection))
+
+
+def _checked_length(fh: BinaryIO, version: int, legacy: bool) -> int:
+    """The length of the FAISS bytes of an open index file whose trailer and checksum agree;
+    IndexFileError naming the problem otherwise (with ``legacy``, a file without a trailer is
+    taken whole, unchecked)."""
+    size = os.fstat(fh.fileno()).st_size
+    trailer = None
+    if size >= TRAILER.size:
+        fh.seek(size - TRAILER.size)
+        trailer = TRAILER.unpack(fh.read(TRAILER.size))
+    if trailer is None or trailer[0] != MAGIC:
+        if legacy:
+            return size
+        raise IndexFileError("has no checksum (written before checksums, or its end is damaged)")
+    _, written_version, length, expected = trailer
+    if written_version != version:
+        raise IndexFileError(f"holds version {written_version}, not {version}")
+    if length != size - TRAILER.size:
+        raise IndexFileError(f"is {size} bytes, its checksum covers {length + TRAILER.size}")
+    fh.seek(0)
+    digest = hashlib.sha256()
+    left = length
+    while left:
+        block = fh.read(min(_BLOCK, left))
+        if not block:
+            raise IndexFileError("ended early while being checked")
+        digest.update(block)
+        left -= len(block)
+    if digest.digest() != expected:
+        raise IndexFileError("is damaged (its SHA-256 does not match the one written with it)")
+    return length
+
+
+def _bounded(fh: BinaryIO, length: int) -> Callable[[int], bytes]:
+    """A read callback for FAISS that never reads past the FAISS bytes (into the trailer)."""
+    left = length
+
+    def read(n: int) -> bytes:
+        nonlocal left
+        data = fh.read(min(n, left))
+        left -= len(data)
+        return data
+
+    return read

@@ -10,6 +10,7 @@ is measured in tests/retrieval/test_indexes.py and benchmarks/retrieval.py.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any, Literal
 
 import faiss
@@ -22,6 +23,8 @@ IVF_PROBE_FRACTION = 1 / 16
 IVF_MIN_PROBES = 16
 # k-means on this many points per list is plenty; more only slows the switch.
 TRAIN_POINTS_PER_LIST = 64
+# Vectors added between two progress reports of a large build.
+BUILD_BLOCK = 100_000
 
 
 def kind_of(index: faiss.Index) -> IndexKind:
@@ -131,9 +134,11 @@ def build(
     ids: np.ndarray,  # [n] int64 chunk ids
     vectors: np.ndarray,  # [n, dim] float32, unit length
     dim: int,
+    progress: Callable[[int], object] | None = None,
 ) -> faiss.Index:
     """An index of the given layout holding these vectors; no training, so every host that
-    builds it from the same stored centroids gets the same inverted lists."""
+    builds it from the same stored centroids gets the same inverted lists. ``progress(n)``
+    after every ``BUILD_BLOCK`` vectors added (None: added at once)."""
     if kind == "flat":
         index = new_flat(dim)
     else:
@@ -144,6 +149,10 @@ def build(
         index = faiss.IndexIVFFlat(quantizer, dim, len(centroids), faiss.METRIC_INNER_PRODUCT)
         index.is_trained = True  # the quantizer holds the trained centroids already
         set_search_params(index)
-    if len(ids):
-        index.add_with_ids(np.ascontiguousarray(vectors, dtype=np.float32), ids)
+    block = BUILD_BLOCK if progress is not None else max(len(ids), 1)
+    for start in range(0, len(ids), block):
+        part = slice(start, start + block)
+        index.add_with_ids(np.ascontiguousarray(vectors[part], dtype=np.float32), ids[part])
+        if progress is not None:
+            progress(min(start + block, len(ids)))
     return index

@@ -81,7 +81,7 @@ class LexicalCopies:
         try:
             got = source.changed(change.remove_ids, change.add_ids, change.add_terms, directory,
                                  version)  # fmt: skip
-        except (OSError, LexicalDirectoryError) as exc:
+        except (OSError, ValueError, LexicalDirectoryError) as exc:  # tantivy: ValueError on I/O
             log.warning("could not write lexical index of %s/%s v%d: %s", tenant, collection,
                         version, exc)  # fmt: skip
             return None
@@ -100,7 +100,7 @@ class LexicalCopies:
         self.sources["lexical build"] += 1
         try:
             built = LexicalIndex.build(ids.tolist(), terms, directory=directory, version=version)
-        except (OSError, LexicalDirectoryError) as exc:
+        except (OSError, ValueError, LexicalDirectoryError) as exc:  # a full disk, I/O errors
             log.warning("could not write lexical index of %s/%s v%d, holding it in memory: %s",
                         tenant, collection, version, exc)  # fmt: skip
             return LexicalIndex.build(ids.tolist(), terms)

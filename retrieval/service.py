@@ -25,13 +25,20 @@ from tqdm import tqdm
 from retrieval.backfill import backfill_collection
 from retrieval.chunking import Chunker, embedding_text
 from retrieval.embedder import Embedder
-from retrieval.errors import DocumentError, QueryError, UnknownCollectionError, check_name
+from retrieval.errors import (
+    CollectionLimitError,
+    DocumentError,
+    QueryError,
+    UnknownCollectionError,
+    check_name,
+    public_reason,
+)
 from retrieval.fusion import SEARCH_MODES, Fused, SearchMode, fuse, single
 from retrieval.host_indexes import HostIndexes
 from retrieval.index_store import IndexStore
 from retrieval.loaders import load_document
 from retrieval.records import Chunk, CollectionIndex, Document
-from retrieval.results import FileResult, IngestReport, SearchHit
+from retrieval.results import FileResult, FileStatus, IngestReport, SearchHit
 from retrieval.sources import expand_paths, inside, normalise_source
 from retrieval.terms import query_terms
 from retrieval.writes import CollectionWriter, PreparedDocument
@@ -65,23 +72,28 @@ class RetrievalService:
         max_query_chars: int = 2000,
         indexes: HostIndexes | None = None,
         search_mode: SearchMode = "hybrid",
+        max_held: int = 0,
+        max_collections: int | Callable[[str], int] = 0,
     ) -> None:
         """``indexes``: this host's indexes when already opened (``open_retrieval`` warms them
-        while the embedding model loads); by default opened here on ``index_dir``.
-        ``search_mode``: what ``search`` runs when not told (retrieval.fusion)."""
+        while the embedding model loads); by default opened here on ``index_dir``, holding at
+        most ``max_held`` collections in memory (0: no limit).
+        ``search_mode``: what ``search`` runs when not told (retrieval.fusion).
+        ``max_collections``: collections one tenant may have (0: no limit; a callable gives a
+        tenant's own); an ingest that would create one more is refused (CollectionLimitError)."""
         self.search_mode = _check_mode(search_mode)
         self.session_factory = session_factory
         self.embedder = embedder
         self.max_file_bytes = max_file_bytes
         self.max_query_chars = max_query_chars
         if indexes is None:
-            indexes = HostIndexes(session_factory, IndexStore(index_dir))
+            indexes = HostIndexes(session_factory, IndexStore(index_dir), max_held=max_held)
         self.store = indexes.store
         self.chunker = Chunker(embedder.tokenizer, chunk_tokens, chunk_overlap)
         indexes.fill = self._backfill
         self.indexes = indexes
         self.writer = CollectionWriter(
-            session_factory, self.indexes, embedder.dim, approx_index_threshold
+            session_factory, self.indexes, embedder.dim, approx_index_threshold, max_collections
         )
 
     # -- ingest ---------------------------------------------------------------------------------
@@ -158,14 +170,16 @@ class RetrievalService:
         try:
             # The limit holds during extraction: a small PDF can expand to millions of characters.
             doc = load_document(path, self.max_file_bytes, max_chars)
-            if self._stored_hash(tenant, collection, source) == doc.content_hash:
+            stored = self._stored_hash(tenant, collection, source)
+            if stored == doc.content_hash:
                 report.files.append(FileResult(source, "unchanged"))
                 return None
-            return PreparedDocument(source, doc, self.chunker.chunk(doc), _NO_VECTORS)
+            return PreparedDocument(source, doc, self.chunker.chunk(doc), _NO_VECTORS,
+                                    existed=stored is not None)  # fmt: skip
         except DocumentError as exc:
             report.files.append(FileResult(source, "failed", error=str(exc)))
         except Exception as exc:  # a parser crashing on one odd file must not stop the others
-            error = f"{source}: cannot parse ({type(exc).__name__}: {exc})"
+            error = f"{source}: cannot parse ({public_reason(exc)})"
             report.files.append(FileResult(source, "failed", error=error))
         return None
 
@@ -210,16 +224,50 @@ class RetrievalService:
             self._embed(pending, bar)
             self.indexes.current(tenant, collection)  # legacy vectors are stored before locking
             result = self.writer.write(tenant, collection, pending, gone)
-        except Exception as exc:  # database or disk failure: this batch is rolled back whole
-            error = f"not stored, batch rolled back ({type(exc).__name__}: {exc})"
+        except CollectionLimitError as exc:  # nothing stored: the limit names itself
+            error = f"not stored: {exc}"
             report.files += [FileResult(p.source, "failed", error=error) for p in pending]
             report.files += [FileResult(s, "failed", error=error) for s in gone]
+            return
+        except Exception as exc:  # rolled back whole, unless it struck after the commit
+            error = f"not stored, batch rolled back ({public_reason(exc)})"
+            try:
+                stored = self._committed(tenant, collection, pending, gone)
+            except Exception:  # the database cannot tell us now: reported as not stored
+                stored = set()
+            for p in pending:
+                if p.source in stored:  # committed: stored and searchable, never "failed"
+                    status: FileStatus = "updated" if p.existed else "added"
+                    report.files.append(FileResult(p.source, status, len(p.chunks)))
+                else:
+                    report.files.append(FileResult(p.source, "failed", error=error))
+            report.files += [FileResult(s, "deleted") if s in stored
+                             else FileResult(s, "failed", error=error) for s in gone]  # fmt: skip
             return
         for p in pending:
             status = result.statuses[p.source] or "unchanged"
             chunks = len(p.chunks) if status in ("added", "updated") else 0
             report.files.append(FileResult(p.source, status, chunks))
         report.files += [FileResult(s, "deleted") for s in gone if result.statuses.get(s)]
+
+    def _committed(
+        self, tenant: str, collection: str, pending: list[PreparedDocument], gone: list[str]
+    ) -> set[str]:
+        """The sources of a failed write whose change the database holds all the same: a
+        pending file stored with these very bytes, a gone file no longer stored."""
+        sources = [p.source for p in pending] + gone
+        with self.session_factory() as session:
+            held = dict(
+                session.execute(
+                    select(Document.source, Document.content_hash).where(
+                        Document.tenant == tenant,
+                        Document.collection == collection,
+                        Document.source.in_(sources),
+                    )
+                ).all()
+            )
+        done = {p.source for p in pending if held.get(p.source) == p.doc.content_hash}
+        return done | {s for s in gone if s not in held}
 
     # -- delete ---------------------------------------------------------------------------------
 
@@ -353,6 +401,7 @@ def open_retrieval(
     load_embedder: Callable[[], Embedder],
     *,
     warm_collections: int | None = 16,
+    max_held: int = 0,
     **options: Any,
 ) -> RetrievalService:
     """A host's retrieval, started in the time of the slower of its two independent parts.
@@ -362,8 +411,9 @@ def open_retrieval(
     the database (stored vectors or the change log, never the model). The index work is mostly
     database reads and FAISS adds, which release the GIL, so it overlaps the load.
     ``warm_collections=0`` skips warming (indexes then catch up at their first search).
+    ``max_held``: collections held in memory at most (0: no limit).
     ``options``: RetrievalService's keyword arguments."""
-    indexes = HostIndexes(session_factory, IndexStore(index_dir))
+    indexes = HostIndexes(session_factory, IndexStore(index_dir), max_held=max_held)
     warmer = None
     if warm_collections != 0:
         warmer = threading.Thread(

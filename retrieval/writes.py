@@ -11,17 +11,19 @@ rolls the database back; other hosts replay the logged changes (retrieval.host_i
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import faiss
 import numpy as np
-from sqlalchemy import delete, select, update
+from sqlalchemy import delete, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from retrieval.changelog import log_changes, prune_log
 from retrieval.chunking import ChunkDraft
+from retrieval.errors import CollectionLimitError, public_reason
 from retrieval.host_indexes import HostIndexes
 from retrieval.indexes import apply_changes, centroids_of, kind_of, new_flat
 from retrieval.lexical import LexicalChange
@@ -30,6 +32,8 @@ from retrieval.records import Chunk, CollectionIndex, Document
 from retrieval.results import FileStatus
 from retrieval.terms import chunk_terms
 from retrieval.vectors import matrix_to_bytes, to_bytes
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -40,6 +44,7 @@ class PreparedDocument:
     doc: LoadedDocument
     chunks: list[ChunkDraft]
     vectors: np.ndarray  # [len(chunks), dim] float32, unit length
+    existed: bool = False  # an earlier version of the file was stored (its status: "updated")
 
 
 @dataclass
@@ -60,11 +65,15 @@ class CollectionWriter:
         indexes: HostIndexes,
         dim: int,
         approx_threshold: int,
+        max_collections: int | Callable[[str], int] = 0,
     ) -> None:
+        """``max_collections``: collections one tenant may have (0: no limit; a callable
+        gives each tenant's own); creating one more raises CollectionLimitError."""
         self.session_factory = session_factory
         self.indexes = indexes
         self.dim = dim
         self.approx_threshold = approx_threshold
+        self.max_collections = max_collections
 
     def write(
         self,
@@ -146,10 +155,18 @@ class CollectionWriter:
                 session.rollback()
                 raise
             version = row.version
-        # Committed: now this host's cache file (a failure here costs a rebuild, never data).
+        # Committed: the documents are stored and, for every host, searchable at this version.
+        # What follows is this host's cache (memory, files): a failure there (a full disk) costs
+        # a rebuild from the database at the next search, and never makes the write "failed".
         change = LexicalChange(base_version, np.asarray(remove, dtype="int64"),
                                np.asarray(add_ids, dtype="int64"), add_terms)  # fmt: skip
-        self.indexes.remember(tenant, collection, version, index, change)
+        try:
+            self.indexes.remember(tenant, collection, version, index, change)
+        except (OSError, ValueError, RuntimeError) as exc:  # tantivy: ValueError on I/O errors
+            log.warning("%s/%s v%d committed; its index files could not be written (%s): the "
+                        "next search rebuilds them from the database", tenant, collection,
+                        version, public_reason(exc))  # fmt: skip
+            self.indexes.forget(tenant, collection)
         return WriteResult(statuses, version, index)
 
     def _lock_row(self, session: Session, tenant: str, collection: str) -> CollectionIndex:
@@ -160,6 +177,7 @@ class CollectionWriter:
             execution_options={"synchronize_session": False},
         )
         if getattr(locked, "rowcount", 0) == 0:
+            self._check_limit(session, tenant)
             row = CollectionIndex(
                 tenant=tenant,
                 collection=collection,
@@ -172,6 +190,30 @@ class CollectionWriter:
             session.flush()  # IntegrityError when another process created it meanwhile
             return row
         return session.scalars(select(CollectionIndex).where(*where)).one()
+
+    def _check_limit(self, session: Session, tenant: str) -> None:
+        """CollectionLimitError when the tenant has its ``max_collections`` already.
+
+        On PostgreSQL the tenant's creations take turns (a transaction-scoped advisory lock), so
+        two racing first ingests cannot both take the last place; SQLite writes one at a time."""
+        limit = self.max_collections
+        cap = limit(tenant) if callable(limit) else limit
+        if not cap:
+            return
+        if session.get_bind().dialect.name == "postgresql":
+            session.execute(
+                select(func.pg_advisory_xact_lock(func.hashtext(f"collections:{tenant}")))
+            )
+        count = session.scalar(
+            select(func.count())
+            .select_from(CollectionIndex)
+            .where(CollectionIndex.tenant == tenant)
+        )
+        if (count or 0) >= cap:
+            raise CollectionLimitError(
+                f"collection_limit: the tenant has {count} collections and its max_collections "
+                f"is {cap}: delete one, or ask an admin to raise it"
+            )
 
     def _upsert(
         self, session: Session, tenant: str, collection: str, prepared: PreparedDocument

@@ -10,7 +10,9 @@ import click
 
 from app.commands.common import CommandError, emit, get_settings, json_option, one_line_errors
 from app.db import prepare
+from app.tenancy.collections import collection_limit
 from retrieval import Embedder, RetrievalService
+from retrieval.errors import check_name
 
 if TYPE_CHECKING:
     from retrieval import RetrievalService
@@ -27,8 +29,12 @@ mode_option = click.option(
 )
 
 
-def _service() -> RetrievalService:
-    """The retrieval service on the configured database (schema made current) and data dir."""
+def _service(tenant: str, collection: str) -> RetrievalService:
+    """The retrieval service on the configured database (schema made current) and data dir,
+    once ``tenant`` and ``collection`` are usable names (InvalidNameError naming the problem,
+    before the embedding model loads)."""
+    check_name("tenant", tenant)
+    check_name("collection", collection)
     settings = get_settings()
     _, session_factory = prepare(settings)
     device = "cuda" if settings.device == "cuda" else "cpu"
@@ -41,6 +47,7 @@ def _service() -> RetrievalService:
         max_file_bytes=settings.max_file_bytes,
         approx_index_threshold=settings.approx_index_threshold,
         max_query_chars=settings.max_question_chars,
+        max_collections=collection_limit(session_factory, settings),
     )
 
 
@@ -52,7 +59,9 @@ def _service() -> RetrievalService:
 @one_line_errors
 def ingest(paths: tuple[str, ...], collection: str, tenant: str, as_json: bool) -> None:
     """Ingest files or folders (.txt, .md, .html, .pdf); exit status 1 when any file failed."""
-    report = _service().ingest(paths, collection=collection, tenant=tenant, progress=True)
+    report = _service(tenant, collection).ingest(
+        paths, collection=collection, tenant=tenant, progress=True
+    )
     data = report.to_dict()
     lines = []
     for f in report.files:
@@ -82,7 +91,7 @@ def search(
     """Retrieval only: the best passages for QUESTION, best first, with each leg's rank."""
     k = top_k if top_k is not None else get_settings().default_top_k
     mode = mode or get_settings().search_mode
-    service = _service()
+    service = _service(tenant, collection)
     hits = service.search(question, collection=collection, tenant=tenant, top_k=k, mode=mode)  # type: ignore[arg-type]
     data = {"mode": mode, "results": [h.to_dict() for h in hits]}
     lines = [f"[{i}] {h.score:.3f}  {h.document}  ({h.passage_title})  dense #{_rank(h.dense_rank)}"
@@ -103,7 +112,7 @@ def _rank(rank: int | None) -> str:
 @one_line_errors
 def delete(source: str, collection: str, tenant: str, as_json: bool) -> None:
     """Remove the document ingested from SOURCE (its path as given) from index and database."""
-    service = _service()
+    service = _service(tenant, collection)
     if not service.delete(source, collection=collection, tenant=tenant):
         raise CommandError(
             f"no document {source!r} in collection {collection!r} of tenant {tenant!r}"
@@ -160,7 +169,7 @@ def eval_retrieval(
     """Recall@k and MRR of search on FILE.jsonl ({"question", "expected_source"} per line)."""
     mode = mode or get_settings().search_mode
     items = read_golden(file)
-    service = _service()
+    service = _service(tenant, collection)
     found, reciprocal = 0, 0.0
     misses: list[dict[str, Any]] = []
     for item in items:

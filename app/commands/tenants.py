@@ -26,6 +26,7 @@ def tenants() -> None:
 @click.option("--max-upload-bytes", type=int, default=None)
 @click.option("--max-upload-bytes-per-day", type=int, default=None)
 @click.option("--max-extracted-chars", type=int, default=None)
+@click.option("--max-collections", type=int, default=None)
 @json_option
 @one_line_errors
 def limits(tenant: str, as_json: bool, **values: Any) -> None:

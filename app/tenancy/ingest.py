@@ -14,10 +14,14 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy import select
+
 from app.documents import upload_dir, write_uploads
 from app.tenancy.deadline import IngestTimeLimit, time_limit
 from app.tenancy.pdf_bounds import PdfBounds, pdf_problem
 from app.tenancy.uploads import forget, record_results
+from retrieval.loaders import content_hash
+from retrieval.records import Document
 from retrieval.sources import normalise_source
 
 log = logging.getLogger(__name__)
@@ -60,8 +64,14 @@ def ingest_uploaded(
                 )  # fmt: skip
         except IngestTimeLimit as exc:
             log.warning("ingest of %d uploads for %s/%s: %s", len(paths), tenant, collection, exc)
-            return _failed(resources, tenant, collection, [p.name for p in paths],
-                           f"time_limit: ingest {exc}")  # fmt: skip
+            # A batch committed before the limit struck is stored and searchable: say so.
+            stored = _stored(resources, tenant, collection, paths)
+            record_results(resources.session_factory, tenant, collection,
+                           [(p.name, "indexed", None) for p in paths if p.name in stored])  # fmt: skip
+            cut = [p.name for p in paths if p.name not in stored]
+            if not cut:
+                return {"status": "indexed", "error": None}
+            return _failed(resources, tenant, collection, cut, f"time_limit: ingest {exc}")
     results = []
     for file in report.files:
         status = "failed" if file.status == "failed" else "indexed"
@@ -78,6 +88,20 @@ def _failed(
     record_results(resources.session_factory, tenant, collection,
                    [(name, "failed", reason) for name in names])  # fmt: skip
     return {"status": "failed", "error": reason}
+
+
+def _stored(resources: Any, tenant: str, collection: str, paths: list[Path]) -> set[str]:
+    """The names among ``paths`` whose very bytes the database holds as a document."""
+    hashes = {p.name: content_hash(p.read_bytes()) for p in paths}
+    with resources.session_factory() as session:
+        rows = session.execute(
+            select(Document.source, Document.content_hash).where(
+                Document.tenant == tenant,
+                Document.collection == collection,
+                Document.source.in_(list(hashes)),
+            )
+        ).all()
+    return {str(source) for source, digest in rows if hashes.get(str(source)) == digest}
 
 
 def delete_uploaded(resources: Any, source: str, collection: str, tenant: str) -> bool:

@@ -66,6 +66,8 @@ class Limits:
     """Bytes of file content uploaded per UTC day."""
     max_extracted_chars: int
     """Characters of text extracted from one document (larger ones fail at ingest)."""
+    max_collections: int
+    """Collections the tenant may have (an upload or ingest into one more is refused)."""
 
 
 def default_limits(settings: Settings) -> Limits:
@@ -77,6 +79,7 @@ def default_limits(settings: Settings) -> Limits:
         max_upload_bytes=settings.tenant_max_upload_bytes,
         max_upload_bytes_per_day=settings.tenant_max_upload_bytes_per_day,
         max_extracted_chars=settings.tenant_max_extracted_chars,
+        max_collections=settings.tenant_max_collections,
     )
 
 

@@ -28,6 +28,7 @@ LIMIT_FIELDS = (
     "max_upload_bytes",
     "max_upload_bytes_per_day",
     "max_extracted_chars",
+    "max_collections",
 )
 UPLOAD_STATUSES = ("pending", "indexed", "failed")
 
@@ -46,6 +47,7 @@ class TenantLimits(Base):
     max_upload_bytes: Mapped[int | None] = mapped_column(BigInteger)
     max_upload_bytes_per_day: Mapped[int | None] = mapped_column(BigInteger)
     max_extracted_chars: Mapped[int | None] = mapped_column(BigInteger)
+    max_collections: Mapped[int | None] = mapped_column(Integer)
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
 

@@ -75,3 +75,38 @@ def test_the_ingest_time_limit_interrupts_python_work() -> None:
         while time.monotonic() - started < 10:
             sum(range(1000))
     assert time.monotonic() - started < 5
+
+
+def test_a_time_limit_anywhere_never_reports_a_stored_document_failed(
+    tenancy_pg: str, tmp_path: Path
+) -> None:
+    """The ingest time limit strikes at many points of real uploads (file read, embedding,
+    database write, after the commit while index files are written): whatever it cut, a file
+    reported ``failed`` is not stored, and one reported ``indexed`` is stored and searchable."""
+    from retrieval.records import Document
+
+    engine = create_engine(tenancy_pg)
+    tenant = f"t-{uuid.uuid4().hex[:8]}"
+    base = Resources(Settings(data_dir=tmp_path, database_url=tenancy_pg),
+                     make_session_factory(engine))  # fmt: skip
+    ingest_uploaded(base, [_file("keys.md", GOOD.encode())], "docs", tenant)  # model loaded
+    outcomes = set()
+    for step in range(12):
+        hurried = Resources(
+            Settings(data_dir=tmp_path, database_url=tenancy_pg,
+                     ingest_time_limit=0.004 * (step + 1) ** 2),
+            make_session_factory(engine),
+        )  # fmt: skip
+        hurried._retrieval = base.retrieval
+        name = f"pears-{step}.md"
+        text = f"# Pears {step}\n\nPear variety {step} is grafted onto quince rootstock.\n"
+        ingest_uploaded(hurried, [_file(name, text.encode())], "docs", tenant)
+        with Session(engine) as session:
+            listed = {d["document"]: d for d in list_documents(session, tenant, "docs")}
+            stored = session.query(Document).filter_by(tenant=tenant, source=name).count()
+        status = listed[name]["status"]
+        outcomes.add(status)
+        assert status in ("indexed", "failed"), listed[name]
+        assert (status == "indexed") == bool(stored), (step, listed[name])
+    assert outcomes == {"indexed", "failed"}  # the sweep struck both before and after
+    engine.dispose()

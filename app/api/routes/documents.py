@@ -24,6 +24,7 @@ from app.api.deps import (
 from app.api.errors import ApiError
 from app.api.schemas import ErrorOut
 from app.documents import list_documents, validate_uploads
+from app.tenancy.collections import check_new_collection
 from app.tenancy.uploads import mark_pending, restore
 
 router = APIRouter(prefix="/v1/documents", tags=["documents"], route_class=ParsedRoute)
@@ -84,6 +85,8 @@ def upload(
     limits = enforcer.upload(session, caller.tenant_id, size, rate=not rate_counted(request))
     files = [u.to_message() for u in uploads]
     try:
+        # After the quota (whose store may take a connection of its own), refunded if refused.
+        check_new_collection(session, limits, caller.tenant, body.collection)
         before = mark_pending(session, caller.tenant, body.collection, uploads)
         try:
             _send(
