@@ -1,7 +1,7 @@
 """generation_stats: dtype (the numerics an answer was computed in: float32, bfloat16)
 
 Revision ID: 0015
-Revises: 0010
+Revises: 0014
 Create Date: 2026-12-05 01:30:00.000000
 """
 
@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0015"
-down_revision: str | None = "0010"
+down_revision: str | None = "0014"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
