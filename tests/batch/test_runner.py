@@ -83,13 +83,22 @@ def test_rate_limit_spaces_item_starts(session_factory: Any, settings: Any, inge
 
     batch_id = new_batch(session_factory, settings, 1)
     assert runner.reserve_start(session_factory, batch_id, 0) == 0.0
-    starts = []
+    delays, planned = [], []
     for _ in range(4):
-        asked = time.monotonic()
-        starts.append(asked + runner.reserve_start(session_factory, batch_id, 4.0))
-    # Each start is planned 1/rate after the previous one, whenever it was asked for.
-    gaps = [later - earlier for earlier, later in zip(starts, starts[1:], strict=False)]
-    assert all(0.22 <= gap <= 0.28 for gap in gaps), gaps
+        delays.append(runner.reserve_start(session_factory, batch_id, 0.1))
+        planned.append(batch_row(session_factory, batch_id).next_item_at)
+    # Each start is planned 1/rate (10 s) after the previous one, however soon it was asked for:
+    # the schedule is read back from the row, so a slow host cannot blur the arithmetic.
+    gaps = [
+        (later - earlier).total_seconds()
+        for earlier, later in zip(planned, planned[1:], strict=False)
+    ]
+    assert gaps == [10.0, 10.0, 10.0], gaps
+    assert delays[0] == 0.0
+    # Each wait is the previous one plus 10 s less the time that passed between the two asks.
+    assert all(
+        5.0 < later - earlier <= 10.0 for earlier, later in zip(delays, delays[1:], strict=False)
+    ), delays
 
 
 def test_cancel_deletes_never_run_queries_and_keeps_in_flight_ones(
