@@ -10,13 +10,13 @@ import os
 _TRIGGER = os.environ.get("SPECRAG_TEST_KILL_LOOP_FILE")
 
 if _TRIGGER:
-    from generation import batching
+    from generation import engine_core
 
-    _step = batching.BatchEngine.step
+    _step = engine_core.BatchEngine.step
 
-    def _dying_step(self: batching.BatchEngine) -> None:
+    def _dying_step(self: engine_core.BatchEngine) -> None:
         if os.path.exists(str(_TRIGGER)):
             raise SystemExit("the test killed the engine loop")
         _step(self)
 
-    batching.BatchEngine.step = _dying_step  # type: ignore[method-assign]
+    engine_core.BatchEngine.step = _dying_step  # type: ignore[method-assign]
