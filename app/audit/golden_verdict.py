@@ -74,7 +74,7 @@ def compare_items(items: list[GoldenItem]) -> dict[str, Any]:
 
 
 def verdict(metrics: dict[str, Any]) -> str:
-    """"no significant difference", or each differing metric with its difference and p."""
+    """ "no significant difference", or each differing metric with its difference and p."""
     differing = [
         f"{name} {m['difference']:+.3f} (p = {m['p_value']:.3f})"
         for name, m in metrics.items()
