@@ -58,13 +58,17 @@ def _report(tmp_path: Path, *, none_share: bool, shadow: float) -> dict:
 def test_headline_with_shadow_and_none_baselines(tmp_path: Path) -> None:
     out = _report(tmp_path, none_share=True, shadow=0.3)
     h, seeded = out["report"]["headline"], out["seeded"]
-    spec = [r["total_ms"] for r in seeded.rows if r["status"] == "succeeded" and r["method"] != "none"]
+    spec = [
+        r["total_ms"] for r in seeded.rows if r["status"] == "succeeded" and r["method"] != "none"
+    ]
     assert abs(h["speculative"]["total_ms"]["p95"] - np.percentile(spec, 95)) < 1e-6
     lo, hi = h["speculative"]["total_ms"]["ci"]["p95"]
     assert lo <= h["speculative"]["total_ms"]["p95"] <= hi
     pairs = [r for r in seeded.rows if r.get("baseline_generation_ms")]
     assert h["baseline"]["sources"]["shadow"] == len(pairs)
-    expected = sum(r["baseline_generation_ms"] for r in pairs) / sum(r["generation_ms"] for r in pairs)
+    expected = sum(r["baseline_generation_ms"] for r in pairs) / sum(
+        r["generation_ms"] for r in pairs
+    )
     assert abs(h["speedup"]["value"] - expected) < 1e-9 and h["speedup"]["method"] == "shadow"
     assert h["speedup"]["ci"][0] <= expected <= h["speedup"]["ci"][1]
     assert out["report"]["timeline"]["bucket_seconds"] == 300  # a 1-hour window: 5-min points
