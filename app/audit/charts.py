@@ -74,7 +74,7 @@ def acceptance_over_time(timeline: dict[str, Any]) -> Figure:
         return _empty(fig, "no speculative drafts in this window")
     ax = fig.subplots()
     for s in series:
-        xs = [datetime.fromisoformat(p["start"]) for p in s["points"]]
+        xs: list[Any] = [datetime.fromisoformat(p["start"]) for p in s["points"]]
         ys = [p["acceptance_rate"] for p in s["points"]]
         ax.step(xs, ys, where="post", marker="o", ms=3, label=s["model_pair"])
     ax.set_ylabel("acceptance rate")

@@ -54,7 +54,7 @@ def headline_html(report: dict[str, Any]) -> str:
     sp = h["speedup"]
     speed = units.times(sp["value"]) if sp["value"] is not None else sp["note"]
     speed_sub = (
-        f"{units.interval(*sp['ci'], fmt='times')}; {sp['note']}, n = {units.count(sp['n'])}"
+        f"{units.interval(sp['ci'][0], sp['ci'][1], fmt='times')}; {sp['note']}, n = {units.count(sp['n'])}"
         if sp["value"] is not None
         else "needs shadow samples or method-none traffic"
     )
@@ -93,25 +93,22 @@ def headline_html(report: dict[str, Any]) -> str:
 def group_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
     """The groups as compact rows, slowest P95 first (then the larger net-loss share)."""
     keys = report["group_by"]
-    rows = []
+    rows: list[tuple[float, float, dict[str, str]]] = []
     for g in report["groups"]:
         lat = g["latency_ms"]
-        rows.append(
-            {
-                "group": " / ".join(str(g[k]) for k in keys),
-                "requests": units.count(g["requests"]),
-                "P50 total": units.ms(lat["total"]["p50"]),
-                "P95 total": units.ms(lat["total"]["p95"]),
-                "P95 TTFT": units.ms(lat["ttft"]["p95"]),
-                "acceptance": units.share(g["acceptance_rate"]),
-                "net loss": units.share(g["net_loss_share"]),
-                "speedup": units.times(g["shadow"]["speedup"]),
-                "_p95": lat["total"]["p95"] or -1.0,
-                "_loss": g["net_loss_share"] or 0.0,
-            }
-        )
-    rows.sort(key=lambda r: (-r["_p95"], -r["_loss"]))
-    return [{k: v for k, v in r.items() if not k.startswith("_")} for r in rows]
+        row = {
+            "group": " / ".join(str(g[k]) for k in keys),
+            "requests": units.count(g["requests"]),
+            "P50 total": units.ms(lat["total"]["p50"]),
+            "P95 total": units.ms(lat["total"]["p95"]),
+            "P95 TTFT": units.ms(lat["ttft"]["p95"]),
+            "acceptance": units.share(g["acceptance_rate"]),
+            "net loss": units.share(g["net_loss_share"]),
+            "speedup": units.times(g["shadow"]["speedup"]),
+        }
+        rows.append((-(lat["total"]["p95"] or -1.0), -(g["net_loss_share"] or 0.0), row))
+    rows.sort(key=lambda r: (r[0], r[1]))
+    return [r for _, _, r in rows]
 
 
 MAX_ALERTS = 6
