@@ -93,14 +93,16 @@ def ask(
     _, session_factory = prepare(settings)
     with session_factory() as session:
         require_collection(session, tenant, request.collection)
-        owner = get_or_create_tenant(session, tenant)
-        query, _ = create_query(session, owner, request, source="local" if local else "cli")
     if local:
         install_hooks()
         resources = Resources(settings, session_factory)
-        # A fresh process measures the engine's step costs in its first batch; done here, before
-        # the query is claimed, so the recorded generation time is the answer's own.
+        # A fresh process loads its models and measures the engine's step costs in its first
+        # batch; done before the query is stored, so its recorded times are the answer's own.
         warm_one_shot(resources)
+    with session_factory() as session:
+        owner = get_or_create_tenant(session, tenant)
+        query, _ = create_query(session, owner, request, source="local" if local else "cli")
+    if local:
         if stream:
             # The answer is generated beside the stream reader, as a worker would.
             threading.Thread(target=answer_query, args=(resources, query.id), daemon=True).start()
