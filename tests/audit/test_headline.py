@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import numpy as np
-from sqlalchemy import create_engine
+from sqlalchemy import create_engine, text
 from sqlalchemy.orm import Session
 
 from app.audit import render_report, units
@@ -85,3 +85,34 @@ def test_units_are_plain() -> None:
     assert units.ms(16020.0) == "16.02 s" and units.ms(84.2) == "84 ms"
     assert units.count(104233) == "104,233" and units.share(0.6831) == "68.3 %"
     assert units.number(0.00001234, 2) == "0.000012"
+
+
+def test_alerts_acceptance_falling_and_speculation_slower(tmp_path: Path) -> None:
+    engine = create_engine(f"sqlite:///{tmp_path}/a.db")
+    upgrade(engine)
+    start, half = datetime(2026, 5, 2, tzinfo=UTC), timedelta(hours=12)
+    seed(engine, 600, start=start, span=half, seed=1, accept_p=0.9, shadow_share=0.3)
+    seed(engine, 600, start=start + half, span=half, seed=2, accept_p=0.4, shadow_share=0.3)
+    with Session(engine) as session:
+        window = {"since": start.isoformat(), "until": (start + 2 * half).isoformat()}
+        before = json.loads(render_report(session, **window)[1])
+        # Baselines twice as fast as the speculative answers: speculation does not pay.
+        session.execute(
+            text(
+                "UPDATE shadow_runs SET baseline_generation_ms = 0.5 * (SELECT generation_ms "
+                "FROM generation_stats g WHERE g.query_id = shadow_runs.query_id)"
+            )
+        )
+        session.commit()
+        after = json.loads(render_report(session, **window)[1])
+    engine.dispose()
+    falling = [a for a in before["alerts"] if a["kind"] == "acceptance_falling"]
+    assert {a["group"]["model_pair"] for a in falling} == {"target-a+draft-a", "target-b+draft-b"}
+    assert not [a for a in before["alerts"] if a["kind"] == "speculation_slower"]
+    slower = [a for a in after["alerts"] if a["kind"] == "speculation_slower"]
+    assert slower and slower[0]["group"] == {} and "0.50x" in slower[0]["message"]
+    pairs = after["timeline"]["acceptance_by_pair"]
+    # The step: each pair's acceptance is far lower in every bucket of the second half.
+    for series in pairs:
+        rates = [p["acceptance_rate"] for p in series["points"]]
+        assert min(rates[: len(rates) // 2 - 1]) > max(rates[len(rates) // 2 + 1 :])
