@@ -10,96 +10,121 @@ and retrieval do not depend on the method) and *none traffic* (answers asked wit
 **Speedup.** Paired where shadow samples exist: Σ baseline / Σ speculative generation time over
 the samples. Otherwise, from ``none`` traffic: speculative output tokens per generation second
 over ``none``'s (different prompts and lengths, so tokens per second, not latency). Each with a
-95 % bootstrap interval (``app.audit.stats``). A window with neither says "no baseline in this
+95 % interval (delta method, ``app.audit.stats``). Everything is computed by the database
+(percentiles, the order statistics bounding them, sums): 100k rows never travel to Python. A window with neither says "no baseline in this
 window".
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
-from sqlalchemy import FromClause, and_, select
+from sqlalchemy import Float, FromClause, and_, case, cast, func, literal, or_, select, union_all
 from sqlalchemy.orm import Session
 
 from app.audit.golden_verdict import latest_verdict
-from app.audit.stats import bootstrap_ratio_ci, quantile, quantile_ci
+from app.audit.sql import percentiles
+from app.audit.stats import quantile_ci_ranks, ratio_ci
 from app.audit.window import Window
 
 NO_BASELINE = "no baseline in this window"
 PERCENTILES = {"p50": 0.5, "p95": 0.95}
+METRICS = ("total", "ttft")
 
 
-def _latency(values: list[float]) -> dict[str, Any]:
-    """``{"n", "p50", "p95", "ci": {"p50": [lo, hi], "p95": [lo, hi]}}`` of ``values`` (ms)."""
-    values = sorted(values)
-    out: dict[str, Any] = {"n": len(values)}
-    ci: dict[str, list[float | None]] = {}
-    for name, p in PERCENTILES.items():
-        out[name] = quantile(values, p)
-        ci[name] = list(quantile_ci(values, p))
-    out["ci"] = ci
+def populations(b: FromClause) -> FromClause:
+    """(pop, total, ttft) per answer: ``spec`` answers, and the ``base``line pooled from
+    method-none answers and shadow re-decodes (the answer's time with the baseline's generation)."""
+    c = b.c
+    answered = and_(c.status == "succeeded", c.stats_id.is_not(None))
+    shadow = and_(answered, c.method != "none", c.shadow_status == "done",
+                  c.generation_ms > 0, c.baseline_generation_ms > 0)  # fmt: skip
+    spec = select(literal("spec").label("pop"), c.total_ms.label("total"), c.ttft_ms.label("ttft"))
+    none = select(literal("base").label("pop"), c.total_ms, c.ttft_ms)
+    swapped = c.total_ms - c.generation_ms + c.baseline_generation_ms
+    shadows = select(literal("base").label("pop"), swapped, c.baseline_ttft_ms)
+    return union_all(
+        spec.where(answered, c.method != "none"),
+        none.where(answered, c.method == "none"),
+        shadows.where(shadow),
+    ).subquery("pops")
+
+
+def _latency(session: Session, v: FromClause) -> dict[str, dict[str, dict[str, Any]]]:
+    """{pop: {metric: {"n", "p50", "p95", "ci"}}}: percentiles and their order-statistic CIs."""
+    counts = select(v.c.pop, *(func.count(v.c[m]).label(m) for m in METRICS)).group_by(v.c.pop)
+    n = {row.pop: {m: int(getattr(row, m)) for m in METRICS} for row in session.execute(counts)}
+    points = percentiles(session, v, ["pop"], {m: m for m in METRICS})
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for pop in ("spec", "base"):
+        out[pop] = {}
+        for m in METRICS:
+            pct = points.get((pop,), {}).get(m, {})
+            ranks = {
+                k: quantile_ci_ranks(n.get(pop, {}).get(m, 0), p) for k, p in PERCENTILES.items()
+            }
+            out[pop][m] = {"n": n.get(pop, {}).get(m, 0), **{k: pct.get(k) for k in PERCENTILES},
+                           "ci": ranks}  # fmt: skip
+    for m in METRICS:  # the bounds: the order statistics at those ranks, one query per metric
+        wanted = {(pop, r) for pop in out for lo_hi in out[pop][m]["ci"].values()
+                  for r in lo_hi if r is not None}  # fmt: skip
+        if not wanted:
+            continue
+        rn = func.row_number().over(partition_by=v.c.pop, order_by=v.c[m])
+        ranked = select(v.c.pop, v.c[m].label("x"), rn.label("rn")).where(v.c[m].is_not(None))
+        r = ranked.subquery("ranked")
+        cond = or_(*(and_(r.c.pop == pop, r.c.rn.in_(sorted(k for p, k in wanted if p == pop)))
+                     for pop in {p for p, _ in wanted}))  # fmt: skip
+        values = {
+            (row.pop, int(row.rn)): float(row.x) for row in session.execute(select(r).where(cond))
+        }
+        for pop in out:
+            cis = out[pop][m]["ci"]
+            out[pop][m]["ci"] = {k: [values.get((pop, lo)) if lo else None,
+                                     values.get((pop, hi)) if hi else None]
+                                 for k, (lo, hi) in cis.items()}  # fmt: skip
     return out
 
 
-def _rows(session: Session, b: FromClause) -> list[Any]:
-    """Answered queries' method, latencies, tokens and shadow baseline (one tuple each)."""
+def _sums(session: Session, b: FromClause) -> dict[str, float]:
+    """The sums behind the speedup and its interval: shadow pairs, and token rates per method."""
     c = b.c
-    stmt = select(
-        c.method,
-        c.total_ms,
-        c.ttft_ms,
-        c.generation_ms,
-        c.num_output_tokens,
-        c.shadow_status,
-        c.baseline_generation_ms,
-        c.baseline_ttft_ms,
-    ).where(and_(c.status == "succeeded", c.stats_id.is_not(None)))
-    return list(session.execute(stmt))
+    answered = and_(c.status == "succeeded", c.stats_id.is_not(None))
+    timed = and_(answered, c.generation_ms > 0, c.num_output_tokens.is_not(None))
+    pair = and_(timed, c.method != "none", c.shadow_status == "done", c.baseline_generation_ms > 0)
+    tok = cast(c.num_output_tokens, Float)
+    cols = {}
+    for name, cond, x, y in (("pair", pair, c.baseline_generation_ms, c.generation_ms),
+                             ("spec", and_(timed, c.method != "none"), tok, c.generation_ms),
+                             ("none", and_(timed, c.method == "none"), tok, c.generation_ms)):  # fmt: skip
+        cols[f"{name}_n"] = func.sum(case((cond, 1), else_=0))
+        for term, expr in (("x", x), ("y", y), ("xx", x * x), ("yy", y * y), ("xy", x * y)):
+            cols[f"{name}_{term}"] = func.sum(case((cond, expr), else_=0.0))
+    cols["none_rows"] = func.sum(case((and_(answered, c.method == "none"), 1), else_=0))
+    row = session.execute(select(*(v.label(k) for k, v in cols.items()))).mappings().one()
+    return {k: float(row[k] or 0) for k in cols}
 
 
 def build_headline(
     session: Session, b: FromClause, window: Window, report: dict[str, Any]
 ) -> dict[str, Any]:
     """The headline block of ``report`` over the window's rows ``b`` (JSON-ready)."""
-    spec_total, spec_ttft, none_total, none_ttft = [], [], [], []
-    shadow_total, shadow_ttft, pairs_base, pairs_spec = [], [], [], []
-    spec_tok, spec_ms, none_tok, none_ms = [], [], [], []
-    for method, total, ttft, gen, tokens, sh_status, base_gen, base_ttft in _rows(session, b):
-        timed = gen is not None and gen > 0 and tokens is not None
-        if method == "none":
-            none_total += [total] if total is not None else []
-            none_ttft += [ttft] if ttft is not None else []
-            if timed:
-                none_tok.append(float(tokens))
-                none_ms.append(float(gen))
-            continue
-        spec_total += [total] if total is not None else []
-        spec_ttft += [ttft] if ttft is not None else []
-        if timed:
-            spec_tok.append(float(tokens))
-            spec_ms.append(float(gen))
-        if sh_status == "done" and timed and base_gen is not None and base_gen > 0:
-            pairs_base.append(float(base_gen))
-            pairs_spec.append(float(gen))
-            if total is not None:
-                shadow_total.append(total - gen + base_gen)
-            if base_ttft is not None:
-                shadow_ttft.append(base_ttft)
-    baseline_n = {"shadow": len(pairs_base), "none_traffic": len(none_total)}
-    has_baseline = any(baseline_n.values())
+    v = populations(b)
+    lat = _latency(session, v)
+    sums = _sums(session, b)
+    baseline_n = {"shadow": int(sums["pair_n"]), "none_traffic": int(sums["none_rows"])}
+    has_baseline = lat["base"]["total"]["n"] > 0
     return {
-        "speculative": {
-            "total_ms": _latency(spec_total),
-            "ttft_ms": _latency(spec_ttft),
-        },
+        "speculative": {"total_ms": lat["spec"]["total"], "ttft_ms": lat["spec"]["ttft"]},
         "baseline": {
             "available": has_baseline,
             "note": None if has_baseline else NO_BASELINE,
             "sources": baseline_n,
-            "total_ms": _latency(none_total + shadow_total) if has_baseline else None,
-            "ttft_ms": _latency(none_ttft + shadow_ttft) if has_baseline else None,
+            "total_ms": lat["base"]["total"] if has_baseline else None,
+            "ttft_ms": lat["base"]["ttft"] if has_baseline else None,
         },
-        "speedup": _speedup(pairs_base, pairs_spec, (spec_tok, spec_ms), (none_tok, none_ms)),
+        "speedup": _speedup(sums),
         "acceptance_rate": report["acceptance_rate"],
         "mean_acceptance_length": report["mean_acceptance_length"],
         "speculative_requests": report["speculative_requests"],
@@ -107,30 +132,33 @@ def build_headline(
     }
 
 
-def _speedup(
-    base: list[float],
-    spec: list[float],
-    spec_rate: tuple[list[float], list[float]],
-    none_rate: tuple[list[float], list[float]],
-) -> dict[str, Any]:
+def _ratio(sums: dict[str, float], name: str) -> tuple[float | None, float | None, float]:
+    s = {k: sums[f"{name}_{k}"] for k in ("n", "x", "y", "xx", "yy", "xy")}
+    return ratio_ci(int(s["n"]), s["x"], s["y"], s["xx"], s["yy"], s["xy"])
+
+
+def _speedup(sums: dict[str, float]) -> dict[str, Any]:
     """The measured speedup, how it was measured, on how many answers, and its 95 % CI."""
-    if base:
-        lo, hi = bootstrap_ratio_ci(base, spec)
+    if sums["pair_n"] > 0 and sums["pair_y"] > 0:
+        lo, hi, _ = _ratio(sums, "pair")
         return {
-            "value": sum(base) / sum(spec),
+            "value": sums["pair_x"] / sums["pair_y"],
             "ci": [lo, hi],
             "method": "shadow",
-            "n": len(base),
+            "n": int(sums["pair_n"]),
             "note": "baseline over speculative generation time, paired shadow re-decodes",
         }
-    (st, sm), (nt, nm) = spec_rate, none_rate
-    if st and nt and sum(nt) > 0:
-        lo, hi = bootstrap_ratio_ci(st, sm, other=(nt, nm))
+    if sums["spec_n"] > 0 and sums["none_n"] > 0 and sums["none_x"] > 0:
+        value = (sums["spec_x"] / sums["spec_y"]) / (sums["none_x"] / sums["none_y"])
+        var = _ratio(sums, "spec")[2] + _ratio(sums, "none")[2]
+        half = 1.959963984540054 * math.sqrt(var) if math.isfinite(var) else None
         return {
-            "value": (sum(st) / sum(sm)) / (sum(nt) / sum(nm)),
-            "ci": [lo, hi],
+            "value": value,
+            "ci": [value * math.exp(-half), value * math.exp(half)]
+            if half is not None
+            else [None, None],
             "method": "none_traffic",
-            "n": len(nt),
+            "n": int(sums["none_n"]),
             "note": "speculative over method-none output tokens per generation second",
         }
     return {"value": None, "ci": [None, None], "method": None, "n": 0, "note": NO_BASELINE}

@@ -5,8 +5,9 @@
   so the sorted values at the binomial's 2.5 % and 97.5 % ranks bracket it with at least 95 %
   coverage. Exact, no resampling (a bootstrap of a P95 over 100k rows would resample 100M
   values), and honest for small n: too few values for a P95's upper bound give none.
-- **Speedup CI** (``bootstrap_ratio_ci``): a ratio of sums has no such closed form; a seeded
-  percentile bootstrap resamples pairs (shadow samples keep each answer with its own baseline).
+- **Speedup CI** (``ratio_ci``): a ratio of sums, by the delta method on the log scale, from
+  sums the database computes (Σx, Σy, Σx², Σy², Σxy); pairs stay pairs (shadow samples keep each
+  answer with its own baseline). ``bootstrap_ratio_ci`` checks it in the tests.
 - **Paired tests** of a golden run (each item answered with speculation and without): exact
   McNemar for exact match (a binary outcome per pair: only the discordant pairs carry
   information, and their split is Binomial(b + c, 1/2) under no difference), and a sign-flip
@@ -62,7 +63,12 @@ def quantile_ci(
     A bound is None when there are too few values to give it at ``level`` (e.g. a P95's upper
     bound needs about 60 values).
     """
-    n = len(values)
+    lo, hi = quantile_ci_ranks(len(values), p, level)
+    return (values[lo - 1] if lo else None), (values[hi - 1] if hi else None)
+
+
+def quantile_ci_ranks(n: int, p: float, level: float = 0.95) -> tuple[int | None, int | None]:
+    """1-based ranks of the order statistics bounding the p-quantile of n values (None: none)."""
     if n == 0:
         return None, None
     alpha = (1.0 - level) / 2.0
@@ -77,7 +83,24 @@ def quantile_ci(
         spread = Z95 * math.sqrt(n * p * (1.0 - p))
         lo = max(1, math.floor(n * p - spread))
         hi = min(n, math.ceil(n * p + spread) + 1)
-    return (values[lo - 1] if lo else None), (values[hi - 1] if hi else None)
+    return lo, hi
+
+
+def ratio_ci(
+    n: int, sx: float, sy: float, sxx: float, syy: float, sxy: float
+) -> tuple[float | None, float | None, float]:
+    """(lower, upper, variance of log r) of r = Σx / Σy from sums (delta method, 95 %).
+
+    Var(r) ≈ n / (n - 1) · Σ(x - r·y)² / (Σy)², taken on the log scale so the interval stays
+    positive. Needs only sums, so the database computes them over any number of rows.
+    """
+    if n < 2 or sx <= 0 or sy <= 0:
+        return None, None, math.inf
+    r = sx / sy
+    resid = max(sxx - 2 * r * sxy + r * r * syy, 0.0)
+    var_log = (n / (n - 1)) * resid / (sy * sy) / (r * r)
+    half = Z95 * math.sqrt(var_log)
+    return r * math.exp(-half), r * math.exp(half), var_log
 
 
 def bootstrap_ratio_ci(

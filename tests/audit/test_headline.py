@@ -116,3 +116,16 @@ def test_alerts_acceptance_falling_and_speculation_slower(tmp_path: Path) -> Non
     for series in pairs:
         rates = [p["acceptance_rate"] for p in series["points"]]
         assert min(rates[: len(rates) // 2 - 1]) > max(rates[len(rates) // 2 + 1 :])
+
+
+def test_delta_method_ratio_interval_matches_the_bootstrap() -> None:
+    from app.audit.stats import bootstrap_ratio_ci, ratio_ci
+
+    rng = np.random.default_rng(3)
+    spec = rng.gamma(4.0, 100.0, 500)
+    base = spec * rng.uniform(0.8, 2.5, 500)
+    lo, hi, _ = ratio_ci(500, base.sum(), spec.sum(), (base * base).sum(), (spec * spec).sum(),
+                         (base * spec).sum())  # fmt: skip
+    blo, bhi = bootstrap_ratio_ci(base.tolist(), spec.tolist(), resamples=2000)
+    assert lo is not None and hi is not None and blo is not None and bhi is not None
+    assert abs(lo - blo) < 0.02 and abs(hi - bhi) < 0.02
