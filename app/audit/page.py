@@ -85,7 +85,7 @@ def headline_html(report: dict[str, Any]) -> str:
     ]
     return (
         f'<p class="note">{html.escape(which)}. Percentile intervals: order statistics (95 %); '
-        f"speedup interval: bootstrap.</p>"
+        f"speedup interval: delta method.</p>"
         f'<div class="cards">{"".join(cards)}</div>'
     )
 
