@@ -49,21 +49,19 @@ def latency_over_time(timeline: dict[str, Any], metric: str = "total") -> Figure
 
 def _time_axis(fig: Figure, ax: Any, timeline: dict[str, Any]) -> None:
     """The x axis spans exactly the window (one point no longer stretches it over years)."""
-    from matplotlib.dates import AutoDateLocator, ConciseDateFormatter  # heavy: matplotlib
-    from matplotlib.ticker import FuncFormatter, ScalarFormatter
+    from matplotlib.dates import DateFormatter  # heavy: matplotlib
+    from matplotlib.ticker import FuncFormatter
 
     if "since" in timeline:
-        ax.set_xlim(
-            datetime.fromisoformat(timeline["since"]), datetime.fromisoformat(timeline["until"])
-        )
-    locator = AutoDateLocator()
-    ax.xaxis.set_major_locator(locator)
-    ax.xaxis.set_major_formatter(ConciseDateFormatter(locator))
-    y = ax.yaxis.get_major_formatter()
-    if isinstance(y, ScalarFormatter):
-        ax.yaxis.set_major_formatter(
-            FuncFormatter(lambda v, _: f"{v:,.0f}" if abs(v) >= 10 else f"{v:g}")
-        )
+        since = datetime.fromisoformat(timeline["since"])
+        until = datetime.fromisoformat(timeline["until"])
+        ax.set_xlim(since, until)
+        days = (until - since).total_seconds() / 86400
+        ax.xaxis.set_major_formatter(DateFormatter("%H:%M" if days <= 1 else "%m-%d %H:%M"))
+    ax.yaxis.set_major_formatter(
+        FuncFormatter(lambda v, _: f"{v:,.0f}" if abs(v) >= 10 else f"{v:g}")
+    )
+    fig.autofmt_xdate()
 
 
 def acceptance_over_time(timeline: dict[str, Any]) -> Figure:
