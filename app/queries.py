@@ -17,6 +17,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, selectinload, sessionmaker
 
 from app.db import Answer, Query, Tenant
+from app.db.models import QUERY_SOURCES
 from app.requests import (
     ANSWER_QUEUES,
     FINAL_STATUSES,
@@ -68,14 +69,19 @@ def create_query(
     *,
     idempotency_key: str | None = None,
     queue: str = QueueName.ANSWER,
+    source: str = "api",
 ) -> tuple[Query, bool]:
     """The stored query (committed, not yet enqueued) and whether this call created it.
+
+    ``source`` says who asked (``QUERY_SOURCES``): traffic, or a check the audit keeps apart.
 
     With an ``idempotency_key`` the tenant's earlier query under that key is returned instead;
     the unique constraint (tenant, key) settles concurrent submissions.
     """
     if queue not in ANSWER_QUEUES:
         raise RequestError("queue", f"must be one of {', '.join(ANSWER_QUEUES)}")
+    if source not in QUERY_SOURCES:
+        raise RequestError("source", f"must be one of {', '.join(QUERY_SOURCES)}")
     if idempotency_key is not None:
         if not idempotency_key or len(idempotency_key) > 200:
             raise RequestError("Idempotency-Key", "must be 1 to 200 characters")
@@ -92,6 +98,7 @@ def create_query(
         status=QueryStatus.QUEUED,
         idempotency_key=idempotency_key,
         queue=str(queue),
+        source=source,
         attempts=0,
     )
     session.add(query)

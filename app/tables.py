@@ -2,8 +2,8 @@
 whole schema (Alembic's autogenerate and compare, ``create_all`` in tests).
 
 The tables live beside the code that owns them (``app.db.models``, ``app.audit.records``,
-``app.batch.records``, ``app.tenancy.records``, ``retrieval.records``). This module sits above
-all of them, so ``app.db`` need not import the rooms above it to register their tables.
+``app.batch.records``, ``app.grading.records``, ``app.tenancy.records``,
+``retrieval.records``). This module sits above all of them, so ``app.db`` need not import the rooms above it to register their tables.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 import app.audit.records
 import app.batch.records
 import app.db.models
+import app.grading.records
 import app.tenancy.records
 import retrieval.records
 from retrieval.records import metadata
@@ -18,6 +19,7 @@ from retrieval.records import metadata
 MODULES = (
     app.db.models,
     app.audit.records,
+    app.grading.records,
     app.batch.records,
     app.tenancy.records,
     retrieval.records,

@@ -129,7 +129,9 @@ def ask(sf: Any, settings: Any, celery: Any, question: str, max_tokens: int) -> 
         settings, {"question": question, "collection": "demo", "max_tokens": max_tokens}
     )
     with sf() as session:
-        query, _ = create_query(session, get_or_create_tenant(session, "default"), req)
+        query, _ = create_query(
+            session, get_or_create_tenant(session, "default"), req, source="benchmark"
+        )
     send_and_mark(sf, query.id, "answer", lambda q, queue: send_query(celery, q, queue))
     return query.id
 
@@ -208,7 +210,7 @@ def back_to_back(
                     "max_tokens": max_tokens,
                 },
             )
-            query, _ = create_query(session, tenant, req, queue="batch")
+            query, _ = create_query(session, tenant, req, queue="batch", source="benchmark")
             ids.append(query.id)
     # Mark them sent so that no worker's outbox sweep takes them meanwhile.
     from sqlalchemy import update

@@ -97,7 +97,7 @@ def run(args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
             for _ in range(n):
                 with sf() as session:
                     tenant = get_or_create_tenant(session, name)
-                    query, _ = create_query(session, tenant, request)
+                    query, _ = create_query(session, tenant, request, source="benchmark")
                 ids.append(query.id)
                 if admission:
                     admit(sf, settings, send, tenant_id=tenant.id)

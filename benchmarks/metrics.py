@@ -74,7 +74,9 @@ def answer_arms(args: argparse.Namespace, data: Path) -> tuple[list[float], list
              "max_tokens": args.max_tokens, "method": "draft_model", "num_speculative_tokens": 4},
         )  # fmt: skip
         with session_factory() as session:
-            query, _ = create_query(session, get_or_create_tenant(session, "bench"), request)
+            query, _ = create_query(
+                session, get_or_create_tenant(session, "bench"), request, source="benchmark"
+            )
         register_after_answer(keep)
         if on:
             register_after_answer(metrics)

@@ -120,7 +120,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
 
         def submit() -> uuid.UUID:
             with factory() as session:
-                query, _ = create_query(session, tenant, request)
+                query, _ = create_query(session, tenant, request, source="benchmark")
             send_and_mark(
                 factory, query.id, "answer", lambda q, queue: send_query(celery, q, queue)
             )

@@ -51,7 +51,9 @@ def send(sf: Any, settings: Any, celery: Any, question: str, max_tokens: int) ->
         {"question": question, "collection": "demo", "max_tokens": max_tokens, "temperature": 0},
     )
     with sf() as session:
-        query, _ = create_query(session, get_or_create_tenant(session, "default"), req)
+        query, _ = create_query(
+            session, get_or_create_tenant(session, "default"), req, source="benchmark"
+        )
     send_and_mark(sf, query.id, "answer", lambda q, queue: send_query(celery, q, queue))
     return query.id
 

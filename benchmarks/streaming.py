@@ -145,7 +145,7 @@ def bench_transport(
         ids = [uuid.uuid4() for _ in range(streams)]
         session.add_all(
             Query(id=i, tenant_id=tenant.id, collection="demo", question="?", params={},
-                  status="running", queue="answer", attempts=1,
+                  status="running", queue="answer", source="benchmark", attempts=1,
                   heartbeat_at=utcnow() + timedelta(hours=1))  # the API's reaper: not dead
             for i in ids
         )  # fmt: skip

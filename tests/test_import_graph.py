@@ -267,7 +267,7 @@ def test_from_own_package_import_module_is_an_edge_to_the_package(tmp_path: Path
 # Rooms that read only what lies below them (shared/STYLE.md): audit reads the database, and
 # the pipeline knows nothing of audit or of the evaluations that run it.
 ROOM_LIMITS = {
-    "app.audit": ("app.audit", "app.db", "app.settings", "app.validation"),
+    "app.audit": ("app.audit", "app.db", "app.scoring", "app.settings", "app.validation"),
     "app.pipeline": None,
     "app.finish": None,
 }

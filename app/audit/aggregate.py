@@ -2,7 +2,12 @@
 
 One row of ``base`` is one query (``answers`` and ``generation_stats`` are unique per query and
 are joined one-to-one; sources are never joined), so one stored answer counts once. Queries
-that golden evaluations made (queue ``eval``) are not traffic and are left out.
+that are not traffic (``queries.source`` other than api, cli and batch: one-shot ``ask --local``
+answers, golden evaluations, benchmark runs) are left out; ``base(window, sources)`` selects
+them instead, for the report's ``non_traffic`` block.
+
+A grouping is a column of ``base_select`` named in ``window.GROUPINGS``: to add one (a dtype, a
+prompt format), select the column here under that name and list it there.
 
 **Net loss.** A speculative request (method other than ``none``, answered, at least one draft)
 counts as a *net loss* when it accepted fewer draft tokens than it ran verification rounds:
@@ -41,7 +46,7 @@ from sqlalchemy.orm import Session
 from app.audit.records import ShadowRun
 from app.audit.sql import percentiles, position_sums
 from app.audit.window import Window
-from app.db.models import Answer, GenerationStatsRecord, Query, Tenant
+from app.db.models import TRAFFIC_SOURCES, Answer, GenerationStatsRecord, Query, Tenant
 
 LATENCY_METRICS = ("queue", "retrieval", "ttft", "generation", "total")
 BATCH_SIZE_BUCKETS = ((1, "1"), (2, "2"), (4, "3-4"), (8, "5-8"), (16, "9-16"), (32, "17-32"))
@@ -49,9 +54,9 @@ BATCH_SIZE_BUCKETS = ((1, "1"), (2, "2"), (4, "3-4"), (8, "5-8"), (16, "9-16"), 
 EVAL_QUEUE = "eval"
 
 
-def base(window: Window) -> Subquery:
-    """One row per query queued in ``window``, with its tenant, stats, answer and shadow baseline."""
-    return base_select(window).subquery("base")
+def base(window: Window, sources: Sequence[str] = TRAFFIC_SOURCES) -> Subquery:
+    """One row per query of ``sources`` queued in ``window``: tenant, stats, answer, shadow."""
+    return base_select(window, sources).subquery("base")
 
 
 @contextmanager
@@ -82,8 +87,8 @@ def materialized(session: Session, window: Window) -> Iterator[Table]:
         table.drop(session.connection())
 
 
-def base_select(window: Window) -> Select[Any]:
-    """The statement behind ``base``: one row per query of the window (golden runs left out)."""
+def base_select(window: Window, sources: Sequence[str] = TRAFFIC_SOURCES) -> Select[Any]:
+    """The statement behind ``base``: one row per query of ``sources`` queued in the window."""
     q, s, a = Query.__table__, GenerationStatsRecord.__table__, Answer.__table__
     t, sh = Tenant.__table__, ShadowRun.__table__
     method = func.coalesce(s.c.method, Query.params["method"].as_string())
@@ -104,6 +109,7 @@ def base_select(window: Window) -> Select[Any]:
         q.c.id.label("query_id"),
         q.c.queued_at,
         q.c.status,
+        q.c.source,
         t.c.name.label("tenant"),
         q.c.collection,
         method.label("method"),
@@ -126,6 +132,7 @@ def base_select(window: Window) -> Select[Any]:
         chosen_k.label("chosen_k"),
         sh.c.status.label("shadow_status"),
         sh.c.baseline_generation_ms,
+        sh.c.baseline_ttft_ms,
         sh.c.mismatched_tokens,
     ]
     stmt = (
@@ -135,7 +142,8 @@ def base_select(window: Window) -> Select[Any]:
         .outerjoin(s, s.c.query_id == q.c.id)
         .outerjoin(a, a.c.query_id == q.c.id)
         .outerjoin(sh, sh.c.query_id == q.c.id)
-        .where(q.c.queued_at >= window.since, q.c.queued_at < window.until, q.c.queue != EVAL_QUEUE)
+        .where(q.c.queued_at >= window.since, q.c.queued_at < window.until)
+        .where(q.c.source.in_(list(sources)))
     )
     return stmt
 

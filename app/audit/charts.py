@@ -40,10 +40,46 @@ def latency_over_time(timeline: dict[str, Any], metric: str = "total") -> Figure
     for name, style in (("p50", "-o"), ("p95", "-s"), ("p99", "-^")):
         ax.plot(xs, [p["latency_ms"][metric][name] for p in points], style, ms=3, label=name)
     ax.set_ylabel(f"{metric} latency (ms)")
-    ax.set_title(f"{metric} latency per {timeline['bucket_seconds'] // 60} min bucket")
+    ax.set_title(f"{metric} latency per {timeline['bucket_seconds'] // 60:,} min bucket")
     ax.grid(alpha=0.3)
     ax.legend(loc="upper left")
+    _time_axis(fig, ax, timeline)
+    return fig
+
+
+def _time_axis(fig: Figure, ax: Any, timeline: dict[str, Any]) -> None:
+    """The x axis spans exactly the window (one point no longer stretches it over years)."""
+    from matplotlib.dates import DateFormatter  # heavy: matplotlib
+    from matplotlib.ticker import FuncFormatter
+
+    if "since" in timeline:
+        since = datetime.fromisoformat(timeline["since"])
+        until = datetime.fromisoformat(timeline["until"])
+        ax.set_xlim(since, until)
+        days = (until - since).total_seconds() / 86400
+        ax.xaxis.set_major_formatter(DateFormatter("%H:%M" if days <= 1 else "%m-%d %H:%M"))
+    ax.yaxis.set_major_formatter(
+        FuncFormatter(lambda v, _: f"{v:,.0f}" if abs(v) >= 10 else f"{v:g}")
+    )
     fig.autofmt_xdate()
+
+
+def acceptance_over_time(timeline: dict[str, Any]) -> Figure:
+    """Acceptance rate per bucket, one step line per model pair (a draft swap shows as a step)."""
+    fig = _figure(SIZE)
+    series = [s for s in timeline.get("acceptance_by_pair", []) if s["points"]][:8]
+    if not series:
+        return _empty(fig, "no speculative drafts in this window")
+    ax = fig.subplots()
+    for s in series:
+        xs: list[Any] = [datetime.fromisoformat(p["start"]) for p in s["points"]]
+        ys = [p["acceptance_rate"] for p in s["points"]]
+        ax.step(xs, ys, where="post", marker="o", ms=3, label=s["model_pair"])
+    ax.set_ylabel("acceptance rate")
+    ax.set_ylim(0, 1)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="lower left")
+    _time_axis(fig, ax, timeline)
     return fig
 
 

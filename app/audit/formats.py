@@ -8,9 +8,9 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-import app.audit.charts as charts
 from app.audit.aggregate import LATENCY_METRICS
-from app.audit.render import Section, html_report, to_csv
+from app.audit.page import html_sections
+from app.audit.render import html_report, to_csv
 from app.audit.report import Thresholds, build_report
 from app.audit.window import check_format, parse_group_by, parse_window
 from app.settings import Settings
@@ -56,53 +56,6 @@ def csv_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
     """The totals row (group columns "(all)") followed by one row per group."""
     keys = report["group_by"]
     return [flat_row(report, keys)] + [flat_row(g, keys) for g in report["groups"]]
-
-
-def html_sections(report: dict[str, Any]) -> list[Section]:
-    """The report as HTML sections: summary and alerts, charts, then the per-group table."""
-    keys = report["group_by"]
-    window = f"{report['since']} to {report['until']}"
-    if report["empty"]:
-        return [Section("Summary", text=f"Empty report: {report['note']}.")]
-    summary = (
-        f"Window {window}: {report['requests']} requests, {report['succeeded']} succeeded, "
-        f"{report['failed']} failed. Shadow baselines (greedy requests only): "
-        f"{report['shadow']['samples']}, exactness violations: "
-        f"{report['shadow']['exactness_violations']}."
-    )
-    totals = {k: v for k, v in flat_row(report, keys).items() if k not in keys}
-    curves = [("all requests", report["acceptance_curve"])] + [
-        (" / ".join(str(g[k]) for k in keys), g["acceptance_curve"]) for g in report["groups"]
-    ]
-    table = [flat_row(g, keys) for g in report["groups"]]
-    return [
-        Section(
-            "Summary",
-            text=summary,
-            alerts=report["alerts"] or [{"severity": "ok", "message": "no alerts"}],
-            columns=["metric", "value"],
-            rows=[{"metric": k, "value": v} for k, v in totals.items()],
-        ),
-        Section(
-            "Latency over time",
-            figures=[
-                (charts.latency_over_time(report["timeline"], "total"), "Total latency"),
-                (charts.latency_over_time(report["timeline"], "ttft"), "Time to first token"),
-            ],
-        ),
-        Section(
-            "Acceptance by draft position",
-            text="Share of verification rounds whose draft token at each position was accepted.",
-            figures=[(charts.acceptance_by_position(curves), "Acceptance by draft position")],
-        ),
-        Section(
-            "Speedup by segment",
-            text="Measured speedup: baseline over speculative generation time on shadow-sampled "
-            "greedy requests. Tokens per target pass: the speedup bound if drafting were free.",
-            figures=[(charts.speedup_by_segment(report["groups"], keys), "Speedup by segment")],
-        ),
-        Section("Groups", columns=list(table[0]) if table else [], rows=table),
-    ]
 
 
 def render(report: dict[str, Any], fmt: str) -> tuple[str, str]:

@@ -107,6 +107,10 @@ class GoldenItem(Base):
     token_f1: Mapped[float | None] = mapped_column(Float)
     retrieval_recall: Mapped[float | None] = mapped_column(Float)
     faithfulness: Mapped[float | None] = mapped_column(Float)
+    # The baseline answer's scores (null: stored before migration 0012), for the paired tests.
+    baseline_exact_match: Mapped[bool | None] = mapped_column(Boolean)
+    baseline_token_f1: Mapped[float | None] = mapped_column(Float)
+    baseline_faithfulness: Mapped[float | None] = mapped_column(Float)
     identical: Mapped[bool | None] = mapped_column(Boolean)
     spec_total_ms: Mapped[float | None] = mapped_column(Float)
     baseline_total_ms: Mapped[float | None] = mapped_column(Float)

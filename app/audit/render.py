@@ -24,17 +24,28 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 _STYLE = """
-body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1100px;color:#222}
+body{font-family:system-ui,sans-serif;margin:1em auto;max-width:1100px;padding:0 1em;color:#222}
+*{box-sizing:border-box} .wrap{overflow-x:auto;max-width:100%}
 h1{font-size:1.6em} h2{font-size:1.25em;margin-top:1.6em;border-bottom:1px solid #ccc}
 table{border-collapse:collapse;font-size:.85em;margin:.5em 0}
 td,th{border:1px solid #ccc;padding:.25em .5em;text-align:right}
 th{background:#f3f3f3} td.text,th.text{text-align:left}
 .alert{padding:.5em .8em;margin:.3em 0;border-left:4px solid #c90;background:#fff8e6}
 .alert.critical{border-color:#c00;background:#fdecec} .note{color:#555}
+.cards{display:grid;grid-template-columns:repeat(3,minmax(0,1fr));gap:.6em}
+.card{border:1px solid #ccc;border-radius:6px;padding:.5em .8em;background:#fafafa}
+.card h3{margin:0;font-size:.8em;color:#555;font-weight:600;text-transform:uppercase}
+.card .big{font-size:1.45em;font-weight:700} .card .sub{font-size:.8em;color:#555}
+.card .vs{color:#777;font-weight:400} .card.bad{border-color:#c00}
 figure{margin:1em 0} figure img{max-width:100%} figcaption{font-size:.85em;color:#555}
 """
 
 _SCRIPT = """
+var de = document.documentElement;
+document.body.dataset.overflow = de.scrollWidth > de.clientWidth ? 'yes' : 'no';
+document.querySelectorAll('[data-figure]').forEach(function (e) {
+  e.dataset.bottom = Math.ceil(e.getBoundingClientRect().bottom + window.scrollY);
+});
 document.querySelectorAll('figure.chart').forEach(function (f) {
   var img = f.querySelector('img');
   function mark() { f.dataset.rendered = img.naturalWidth > 0
@@ -59,16 +70,23 @@ class Section:
     rows: list[dict[str, Any]] = field(default_factory=list)
     figures: list[tuple[Figure, str]] = field(default_factory=list)
     """Charts with their captions."""
+    raw_html: str | None = None
+    """Markup placed right under the heading (built by the caller, every value escaped)."""
 
 
 def fmt_value(value: Any) -> str:
-    """A cell's text: floats to 4 significant digits, None as an empty cell, lists as JSON."""
+    """A cell's text: floats in plain notation (thousands separated, never an exponent), None
+    as an empty cell, lists as JSON."""
     if value is None:
         return ""
     if isinstance(value, bool):
         return str(value).lower()
     if isinstance(value, float):
-        return f"{value:.4g}"
+        if abs(value) >= 100:
+            return f"{value:,.0f}"
+        return f"{value:,.4f}".rstrip("0").rstrip(".") if value else "0"
+    if isinstance(value, int):
+        return f"{value:,}"
     if isinstance(value, (list, dict)):
         return json.dumps(value, default=str)
     return str(value)
@@ -117,7 +135,7 @@ def _table(columns: Sequence[str], rows: list[dict[str, Any]]) -> str:
         + "</tr>"
         for r in rows
     )
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+    return f'<div class="wrap"><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>'
 
 
 def html_report(title: str, sections: Sequence[Section]) -> str:
@@ -130,6 +148,8 @@ def html_report(title: str, sections: Sequence[Section]) -> str:
     ]
     for section in sections:
         parts.append(f"<section><h2>{html.escape(section.title)}</h2>")
+        if section.raw_html:
+            parts.append(section.raw_html)
         if section.text:
             parts.append(f'<p class="note">{html.escape(section.text)}</p>')
         for alert in section.alerts:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from app.validation import check_time_range
 
@@ -39,6 +40,11 @@ class Window:
     def span(self) -> timedelta:
         """How long the window is."""
         return self.until - self.since
+
+    @classmethod
+    def from_report(cls, report: dict[str, Any]) -> Window:
+        """The window a report covers (its ``since`` and ``until``)."""
+        return cls(datetime.fromisoformat(report["since"]), datetime.fromisoformat(report["until"]))
 
     def previous(self) -> Window:
         """The window of the same length that ends where this one starts."""

@@ -302,6 +302,7 @@ def create_batch(
             params=spec.request.params(),
             status="queued",
             queue="batch",
+            source="batch",
             attempts=0,
             queued_at=now,
             # The batch's chunk tasks carry these queries; the outbox must not send each one.

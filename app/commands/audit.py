@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import uuid
 from pathlib import Path
 
 import click
@@ -10,9 +11,11 @@ import click
 from app.audit import render_report
 from app.audit.window import check_format, parse_group_by, parse_window
 from app.commands.common import emit, get_settings, json_option, one_line_errors
+from app.commands.grading import graded_text
 from app.commands.retrieval import eval_group
 from app.db import prepare
 from app.evals.golden import compare_runs, read_golden, run_golden
+from app.grading import graded_summary
 from app.requests import DEFAULT_NUM_SPECULATIVE_TOKENS, Method
 from app.resources import Resources
 
@@ -148,11 +151,20 @@ def eval_compare(run_a: str, run_b: str, as_json: bool) -> None:
     try:
         with session_factory() as session:
             data = compare_runs(session, run_a, run_b)
+            data["graded"] = {
+                side: graded_summary(session, uuid.UUID(data[f"run_{side}"])) for side in "ab"
+            }
     finally:
         engine.dispose()
     lines = [f"{data['run_b']} vs {data['run_a']} ({data['common_items']} common items)"]
     for name, m in data["metrics"].items():
         lines.append(f"  {name:<22} {_fmt(m['a']):>10} -> {_fmt(m['b']):>10}  ({_fmt(m['delta'])})")
+    for name in ("human_faithfulness", "relevance"):
+        va, vb = data["graded"]["a"][name], data["graded"]["b"][name]
+        delta = vb - va if va is not None and vb is not None else None
+        lines.append(f"  {name:<22} {_fmt(va):>10} -> {_fmt(vb):>10}  ({_fmt(delta)})  human")
+    for side in "ab":
+        lines.append(f"  run {side.upper()}: {graded_text(data['graded'][side])}")
     lines.append(f"  {len(data['changed_items'])} item(s) changed")
     emit(data, as_json, "\n".join(lines))
 

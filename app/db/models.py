@@ -31,6 +31,9 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 from retrieval.records import metadata
 
 QUERY_STATUSES = ("queued", "running", "succeeded", "failed")
+QUERY_SOURCES = ("api", "cli", "batch", "local", "golden", "benchmark")
+"""Who stored a query; the first three are traffic (``TRAFFIC_SOURCES``), the rest are checks."""
+TRAFFIC_SOURCES = ("api", "cli", "batch")
 
 
 def utcnow() -> datetime:
@@ -114,6 +117,9 @@ class Query(Base):
     idempotency_key: Mapped[str | None] = mapped_column(String(200))
     # Which queue the query belongs on: "answer" (interactive) or "batch" (lower priority).
     queue: Mapped[str] = mapped_column(String(32), default="answer")
+    # Who asked (``QUERY_SOURCES``): traffic ("api", "cli", "batch") or a check ("local" one-shot
+    # CLI answers, "golden" evaluations, "benchmark" runs), which traffic statistics leave out.
+    source: Mapped[str] = mapped_column(String(16), default="api", server_default="api")
 
     queued_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     enqueued_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))

@@ -21,10 +21,10 @@ from sqlalchemy.orm import Session, selectinload
 from app.audit.aggregate import EVAL_QUEUE
 from app.audit.records import GoldenItem, GoldenRun
 from app.db.models import Answer, Query, utcnow
-from app.evals.metrics import exact_match, faithfulness, retrieval_recall, token_f1
 from app.pipeline import answer_query
 from app.queries import get_or_create_tenant
 from app.requests import DEFAULT_NUM_SPECULATIVE_TOKENS, Method, validate_request
+from app.scoring import exact_match, faithfulness, retrieval_recall, token_f1
 
 REFERENCE_KEYS = ("reference", "reference_answer", "answer")
 
@@ -107,7 +107,7 @@ def _ask(resources: Any, tenant: Any, spec: GoldenSpec, params: dict[str, Any]) 
         session.add(
             Query(id=qid, tenant_id=tenant.id, collection=request.collection,
                   question=request.question, params=request.params(), status="queued",
-                  queue=EVAL_QUEUE, attempts=0, enqueued_at=utcnow())
+                  queue=EVAL_QUEUE, source="golden", attempts=0, enqueued_at=utcnow())
         )  # fmt: skip
         session.commit()
     answer_query(resources, qid)
@@ -159,7 +159,7 @@ def run_golden(
         for spec in items:
             a = _ask(resources, owner, spec, spec_params)
             b = _ask(resources, owner, spec, base_params)
-            text = a.text or ""
+            text, base_text = a.text or "", b.text or ""
             session.add(
                 GoldenItem(
                     run_id=run.id, line_no=spec.line_no, question=spec.question,
@@ -171,6 +171,10 @@ def run_golden(
                     token_f1=token_f1(text, spec.reference),
                     retrieval_recall=retrieval_recall(spec.expected_sources, a.documents),
                     faithfulness=faithfulness(text, a.passages, embedder, s.faithfulness_threshold),
+                    baseline_exact_match=exact_match(base_text, spec.reference),
+                    baseline_token_f1=token_f1(base_text, spec.reference),
+                    baseline_faithfulness=faithfulness(
+                        base_text, b.passages, embedder, s.faithfulness_threshold),
                     identical=a.text is not None and a.text == b.text,
                     spec_total_ms=a.total_ms, baseline_total_ms=b.total_ms,
                     spec_generation_ms=a.generation_ms, baseline_generation_ms=b.generation_ms,

@@ -1,7 +1,7 @@
 """tenant_limits: max_collections (an admin's per-tenant collection limit)
 
 Revision ID: 0014
-Revises: 0010
+Revises: 0012
 Create Date: 2026-12-05 01:50:00.000000
 """
 
@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0014"
-down_revision: str | None = "0010"
+down_revision: str | None = "0012"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

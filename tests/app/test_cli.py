@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import uuid
 from pathlib import Path
 
 from click.testing import CliRunner
@@ -82,3 +83,13 @@ def test_ask_local_prints_the_contract_json(tmp_path: Path, tiny_models: dict[st
     view = json.loads(result.output.strip().splitlines()[-1])
     assert {"id", "status", "answer", "sources", "stats"} <= set(view)
     assert view["status"] == "succeeded" and view["sources"][0]["document"].endswith("pass.md")
+    # A one-shot local answer is a check, not traffic: labelled, left out, shown apart.
+    _, factory = prepare(Settings(data_dir=tmp_path))
+    with factory() as session:
+        assert (
+            session.scalar(select(Query.source).where(Query.id == uuid.UUID(view["id"]))) == "local"
+        )
+    report = runner.invoke(main, ["audit", "report"], env=env)
+    data = json.loads(report.output)
+    assert data["requests"] == 0 and data["headline"]["speculative"]["total_ms"]["n"] == 0
+    assert [(n["source"], n["requests"]) for n in data["non_traffic"]] == [("local", 1)]

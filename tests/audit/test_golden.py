@@ -13,7 +13,7 @@ from app.audit.records import GoldenItem, ShadowRun
 from app.cli import main
 from app.db.models import Query
 from app.evals.golden import compare_runs, read_golden, run_golden
-from app.evals.metrics import exact_match, faithfulness, retrieval_recall, sentences, token_f1
+from app.scoring import exact_match, faithfulness, retrieval_recall, sentences, token_f1
 from tests.audit.conftest import Live
 
 ITEMS = [

@@ -1,4 +1,7 @@
-"""Answer-quality metrics of golden evaluations: exact match, token F1, recall, faithfulness.
+"""Answer-quality metrics: exact match, token F1, recall, faithfulness (pure text scoring).
+
+The golden evaluations score with them, and the audit re-scores stored baseline answers of runs
+recorded before their scores were stored; neither owns them, so they live here.
 
 Exact match and token F1 follow SQuAD's evaluation: lower-case, drop punctuation and the articles
 a/an/the, split on whitespace; F1 is the harmonic mean of token precision and recall over the
