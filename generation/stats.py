@@ -45,6 +45,9 @@ class GenerationStats:
     num_cached_prompt_tokens: int = 0
     """Prompt tokens whose KV was reused from earlier requests (0 when none; vLLM:
     ``num_cached_tokens``): the prefill ran only past them."""
+    prompt_format: str | None = None
+    """How the prompt was made: ``"chat"`` (the target tokenizer's chat template) or ``"raw"``
+    (set by the service; None when token ids came in directly)."""
 
     def record_round(self, num_draft_tokens: int, num_accepted: int, num_emitted: int) -> None:
         """Count one target pass that verified ``num_draft_tokens`` and kept ``num_emitted``.
