@@ -176,7 +176,21 @@ class Resources:
         return name
 
     def warm(self, *, answer: bool = True, ingest: bool = True) -> None:
-        """Load now what the given kinds of work need (so the first task does not pay for it)."""
+        """Load now what the given kinds of work need (so the first task does not pay for it).
+
+        An answer worker first checks how it will make prompts (``prompt_format``: a chat
+        template that fails on our messages refuses the worker here, naming the error) and logs
+        which format it uses.
+        """
+        if answer:
+            fmt = self.prompt_format
+            log.info(
+                "prompt format: %s (%s)",
+                fmt.name,
+                "the target tokenizer's chat template with the system prompt"
+                if fmt.name == "chat"
+                else "raw text: the target tokenizer has no chat template",
+            )
         if answer or ingest:
             # An answer worker's recent indexes catch up while the embedding model loads; one
             # encode then warms the model's kernels.
@@ -186,14 +200,6 @@ class Resources:
             from generation import SamplingParams  # heavy: torch
 
             # Refused before any warm-up measures batches of that size.
-            fmt = self.prompt_format  # a failing chat template refuses the worker here
-            log.info(
-                "prompt format: %s (%s)",
-                fmt.name,
-                "the target tokenizer's chat template with the system prompt"
-                if fmt.name == "chat"
-                else "raw text: the target tokenizer has no chat template",
-            )
             check_concurrency(self.engine, worker_concurrency(self.settings))
             ids = fmt.encode("warm up", [])
             self.engine.generate(ids, SamplingParams(max_new_tokens=2))
