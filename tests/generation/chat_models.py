@@ -3,7 +3,8 @@ tokens, a Qwen2 with Qwen2's ChatML template.  Templates are written in here (no
 
 Each checkpoint's target is nudged so that greedy decoding of ``PROBE`` ends its turn within a
 few tokens (its end-of-turn row in the output head is a scaled copy of the row greedy picks
-third), so tests can see generation stop at the end-of-turn id on both engines.
+third), so tests can see generation stop at the end-of-turn id on both engines. head_dim 64:
+vLLM's CPU attention takes no smaller head.
 """
 
 from __future__ import annotations
@@ -103,7 +104,7 @@ def save_chat_pair(kind: str, root: Path) -> dict[str, Path]:
     end_of_turn = tok.convert_tokens_to_ids(spec["end_of_turn"])
     end_of_text = tok.convert_tokens_to_ids(spec["end_of_text"])
     target = build_model(
-        spec["family"], vocab_size=len(tok), hidden_size=64, max_positions=1024, logit_scale=4.0
+        spec["family"], vocab_size=len(tok), hidden_size=256, max_positions=1024, logit_scale=4.0
     )
     prompt = PromptFormat.for_tokenizer(tok).encode(*PROBE)
     with torch.no_grad():
