@@ -98,7 +98,9 @@ def test_collections_system_prompt_is_shown_set_checked_and_cleared(tmp_path: Pa
     engine.dispose()
 
     def prompt(*extra: str) -> tuple[int, str]:
-        result = runner.invoke(main, ["collections", "system-prompt", "c", *extra, "--json"], env=env)
+        result = runner.invoke(
+            main, ["collections", "system-prompt", "c", *extra, "--json"], env=env
+        )
         return result.exit_code, result.output.strip()
 
     code, out = prompt()
