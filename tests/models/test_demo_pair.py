@@ -135,3 +135,12 @@ def test_the_answer_opens_with_words_of_its_passage(
     assert any(run in passages for run in runs if "[" not in run), (
         f"no 4-word run of the answer is quoted: {answer}"
     )
+
+
+def test_the_instruct_fine_tune_kept_the_induction_circuit(engine: SpeculativeEngine) -> None:
+    """Both shipped models still copy a repeated random span (98 % measured; the circuit
+    written in at initialisation, training/induction_init.py, survived every stage)."""
+    from tests.models.test_induction import copy_accuracy
+
+    for model in (engine.target, engine.draft):
+        assert copy_accuracy(model, seed=0) >= 0.9
