@@ -179,7 +179,7 @@ def test_cancel_aborts_in_vllm_and_no_later_request_sees_its_tokens(
     ("prompt", "params", "message"),
     [
         ([], {}, "empty"),
-        ([8192], {}, "outside the vocabulary"),
+        ([8194], {}, "outside the vocabulary"),  # 8192 + the two ChatML tokens
         ([1] * 2048, {}, "context"),
         ([1, 2], {"method": "ngram"}, "started with method='draft_model'"),
         ([1, 2], {"num_speculative_tokens": 2}, "num_speculative_tokens=2"),
