@@ -26,6 +26,7 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
+from app.collection_prompts import stored_system_prompt
 from app.db import Answer, AnswerSource, GenerationStatsRecord, Query, utcnow
 from app.db.models import as_utc
 from app.failures import public_error
@@ -38,7 +39,7 @@ from app.requests import QueryStatus
 from app.resources import Resources
 from app.settings import Settings
 from app.streams import QueryStream, open_stream
-from retrieval import build_prompt
+from retrieval.prompt import fit_passages
 
 if TYPE_CHECKING:  # generation imports torch: loaded with the engine, not with this module
     from generation import GenerationResult, SamplingParams
@@ -74,6 +75,8 @@ class BuiltRequest:
     prompt_ids: list[int]
     sampling: SamplingParams
     cited: list[Any]
+    prompt_format: str = "raw"
+    """``chat`` (the target tokenizer's chat template) or ``raw``: recorded in the stats."""
 
 
 GenerateStep = Callable[[BuiltRequest, "DeltaCallback | None"], "GenerationResult"]
@@ -192,21 +195,32 @@ def retrieve(resources: Resources, claimed: Claimed) -> Retrieved:
 
 
 def build_request(resources: Resources, claimed: Claimed, hits: list[Any]) -> BuiltRequest:
-    """The numbered prompt within the target's context budget, as token ids, and its sampling."""
+    """The numbered prompt within the target's context budget, as token ids, and its sampling.
+
+    The prompt is the target tokenizer's chat template (system message: the collection's own
+    system prompt, else ``SPECRAG_SYSTEM_PROMPT``) or, without a template, the raw text; the
+    budget counts every token of it, template and special tokens included.
+    """
     from generation import SamplingParams  # heavy: torch
 
-    engine, tokenizer, params = resources.engine, resources.tokenizer, claimed.params
+    engine, fmt, params = resources.engine, resources.prompt_format, claimed.params
     max_tokens = int(params["max_tokens"])
     budget = engine.max_context - max_tokens
     if budget <= MIN_PROMPT_BUDGET:
         raise ValueError(
             f"max_tokens: {max_tokens} leaves no room for a prompt in a {engine.max_context}-token context"
         )
+    system = None
+    if fmt.name == "chat":
+        with resources.session_factory() as session:
+            system = stored_system_prompt(session, claimed.tenant_id, claimed.collection)
+        if system is not None:
+            system = fmt.check_system_prompt(system)  # over the token limit: the query fails
 
-    def count_tokens(text: str) -> int:
-        return len(tokenizer.encode(text, add_special_tokens=False))
+    def encode(passages: list[Any]) -> list[int]:
+        return fmt.encode(claimed.question, passages, system)
 
-    prompt, cited = build_prompt(claimed.question, hits, count_tokens, budget)
+    passages, cited = fit_passages(claimed.question, hits, lambda ps: len(encode(ps)), budget)
     sampling = SamplingParams(
         max_new_tokens=max_tokens,
         temperature=float(params["temperature"]),
@@ -216,7 +230,7 @@ def build_request(resources: Resources, claimed: Claimed, hits: list[Any]) -> Bu
         # Cached prompt KV is shared within a tenant only: a hit's speed is a timing side channel.
         cache_salt=f"tenant-{claimed.tenant_id}",
     )
-    return BuiltRequest(tokenizer.encode(prompt, add_special_tokens=False), sampling, cited)
+    return BuiltRequest(encode(passages), sampling, cited, fmt.name)
 
 
 def generate(
@@ -289,6 +303,7 @@ def record(
     stats = result.stats
     done_at = utcnow()
     stats.retrieval_ms = retrieved.retrieval_ms
+    stats.prompt_format = built.prompt_format
     stats.queue_ms = _ms(claimed.started_at, claimed.queued_at)
     stats.total_ms = _ms(done_at, claimed.queued_at)
     first_token_at = (

@@ -22,6 +22,7 @@ if TYPE_CHECKING:  # both import torch; they load with the models, not with this
     from generation.config import EngineConfig
     from generation.interface import GenerationLoop
     from retrieval import RetrievalService
+    from retrieval.chat import PromptFormat
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +46,7 @@ class Resources:
         self._lock = threading.Lock()
         self._engine: Engine | None = None
         self._tokenizer: Tokenizer | None = None
+        self._prompt_format: PromptFormat | None = None
         self._retrieval: RetrievalService | None = None
         self._tenants: dict[int, str] = {}
         self._loop: GenerationLoop | None = None
@@ -134,6 +136,23 @@ class Resources:
             return self._tokenizer
 
     @property
+    def prompt_format(self) -> PromptFormat:
+        """How prompts are made for the target: its chat template (``chat``) or raw text.
+
+        Decided and checked once: a template that fails on our messages, or a
+        ``SPECRAG_SYSTEM_PROMPT`` over its token limit, raises ``PromptFormatError`` here.
+        """
+        tokenizer = self.tokenizer
+        with self._lock:
+            if self._prompt_format is None:
+                from retrieval.chat import PromptFormat
+
+                self._prompt_format = PromptFormat.for_tokenizer(
+                    tokenizer, self.settings.system_prompt
+                )
+            return self._prompt_format
+
+    @property
     def retrieval(self) -> RetrievalService:
         """The retrieval service with its embedder loaded."""
         return self._open_retrieval(warm_collections=0)
@@ -173,7 +192,21 @@ class Resources:
         return name
 
     def warm(self, *, answer: bool = True, ingest: bool = True) -> None:
-        """Load now what the given kinds of work need (so the first task does not pay for it)."""
+        """Load now what the given kinds of work need (so the first task does not pay for it).
+
+        An answer worker first checks how it will make prompts (``prompt_format``: a chat
+        template that fails on our messages refuses the worker here, naming the error) and logs
+        which format it uses.
+        """
+        if answer:
+            fmt = self.prompt_format
+            log.info(
+                "prompt format: %s (%s)",
+                fmt.name,
+                "the target tokenizer's chat template with the system prompt"
+                if fmt.name == "chat"
+                else "raw text: the target tokenizer has no chat template",
+            )
         if answer or ingest:
             # An answer worker's recent indexes catch up while the embedding model loads; one
             # encode then warms the model's kernels.
@@ -184,7 +217,7 @@ class Resources:
 
             # Refused before any warm-up measures batches of that size.
             check_concurrency(self.engine, worker_concurrency(self.settings))
-            ids = self.tokenizer.encode("Passages:\nwarm up", add_special_tokens=False)
+            ids = fmt.encode("warm up", [])
             self.engine.generate(ids, SamplingParams(max_new_tokens=2))
             # The torch engine measures its adaptive-k costs once, here rather than in the
             # first "auto" request; other engines have nothing to measure.

@@ -9,10 +9,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from app.enums import Method
+from retrieval.prompt import DEFAULT_SYSTEM_PROMPT, check_system_prompt
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEMO_MODELS = REPO_ROOT / "models" / "demo"
@@ -109,6 +110,21 @@ class Settings(BaseSettings):
         description="Largest fixed k a request may ask for; also the engine's k_max of 'auto'.",
     )
     default_top_k: int = Field(default=3, description="Passages retrieved per question.")
+    system_prompt: str = Field(
+        default=DEFAULT_SYSTEM_PROMPT,
+        description=(
+            "The system message of the target's chat template (answer only from the numbered "
+            "passages, cite them as [n], say so when they do not hold the answer); a "
+            "collection may override it (`specrag collections prompt`). Unused by targets "
+            "without a chat template."
+        ),
+    )
+
+    @field_validator("system_prompt")
+    @classmethod
+    def _system_prompt(cls, value: str) -> str:
+        return check_system_prompt(value)
+
     search_mode: Literal["hybrid", "dense", "lexical"] = Field(
         default="hybrid",
         description=(

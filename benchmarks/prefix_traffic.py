@@ -6,7 +6,7 @@ same popular document share the prompt's head (its top passage, often more), and
 question repeats the whole prompt. The prompts here come from the product's own code: the demo
 corpus chunked by ``retrieval.chunking`` in the embedder's tokens, embedded by MiniLM, searched
 exactly (inner product over unit vectors, as the product's exact index), and put together by
-``retrieval.prompt.build_prompt`` within the target's context budget, tokenized by the target's
+``retrieval.prompt.fit_passages`` within the target's context budget, encoded by the target's
 tokenizer as ``app/pipeline.py`` does.
 
 Questions: a document is drawn with Zipf probability (rank r ~ 1 / r^s over a seeded shuffle of
@@ -97,9 +97,10 @@ def build_traffic(
     import numpy as np
 
     from retrieval import Embedder
+    from retrieval.chat import PromptFormat
     from retrieval.chunking import Chunker, embedding_text
     from retrieval.loaders import load_document
-    from retrieval.prompt import build_prompt
+    from retrieval.prompt import fit_passages
     from retrieval.results import SearchHit
 
     embedder = Embedder(settings.embedding_model, device="cpu")
@@ -118,8 +119,7 @@ def build_traffic(
     qvec = embedder.encode([q for q, _, _ in asked])
     scores, ids = index.search(np.ascontiguousarray(qvec), top_k)
 
-    def count_tokens(text: str) -> int:
-        return len(tokenizer.encode(text, add_special_tokens=False))
+    fmt = PromptFormat.for_tokenizer(tokenizer)  # as the pipeline makes prompts
 
     out = []
     for (question, doc, repeated), row, score in zip(asked, ids, scores, strict=True):
@@ -128,8 +128,10 @@ def build_traffic(
                       chunks[i][1].heading, chunks[i][1].position)
             for i, s in zip(row, score, strict=True)
         ]  # fmt: skip
-        prompt, _ = build_prompt(question, hits, count_tokens, max_context - max_tokens)
-        ids_ = tokenizer.encode(prompt, add_special_tokens=False)
+        passages, _ = fit_passages(
+            question, hits, lambda ps, q=question: len(fmt.encode(q, ps)), max_context - max_tokens
+        )
+        ids_ = fmt.encode(question, passages)
         out.append(Request(question, doc, ids_, repeated))
     if cache is not None:
         cache.parent.mkdir(parents=True, exist_ok=True)

@@ -151,6 +151,8 @@ def seed(
                     "num_cached_prompt_tokens": cached,
                     # Null: rows from before migration 0015 (no extra draw: other figures stay).
                     "dtype": ("float32", "bfloat16", None)[out_tokens % 3],
+                    # Null: rows from before migration 0011.
+                    "prompt_format": ("chat", "raw", None)[prompt_tokens % 3],
                     **lat,
                 }
                 srows.append(stats)

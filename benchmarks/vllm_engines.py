@@ -36,18 +36,19 @@ DEMO = REPO / "models" / "demo"
 
 
 def rag_prompts(count: int) -> list[list[int]]:
-    """RAG prompts in the product's format from the bundled demo corpus."""
+    """RAG prompts as the service makes them for the demo pair (its chat template), from the
+    bundled demo corpus."""
     from generation import load_tokenizer
-    from retrieval.prompt import Passage, format_prompt
+    from retrieval.chat import PromptFormat
+    from retrieval.prompt import Passage
 
-    tokenizer = load_tokenizer(str(DEMO / "target"))
+    fmt = PromptFormat.for_tokenizer(load_tokenizer(str(DEMO / "target")))
     files = sorted((REPO / "demo" / "corpus").glob("*.md"))
     prompts = []
     for i in range(count):
         docs = [files[(2 * i) % len(files)], files[(2 * i + 1) % len(files)]]
         passages = [Passage(d.stem, " ".join(d.read_text().split()[:60])) for d in docs]
-        text = format_prompt(f"What is {docs[0].stem}?", passages)
-        prompts.append(tokenizer.encode(text, add_special_tokens=False))
+        prompts.append(fmt.encode(f"What is {docs[0].stem}?", passages))
     return prompts
 
 

@@ -90,7 +90,12 @@ class Engine(Protocol):
 
     @property
     def eos_token_id(self) -> int | None:
-        """The target's end-of-sequence token, if it has one."""
+        """The target's first end-of-sequence token, if it has one."""
+        ...
+
+    @property
+    def eos_token_ids(self) -> list[int]:
+        """Every id that ends an answer (generation/loading.py ``CheckpointLimits``)."""
         ...
 
     @property

@@ -7,6 +7,7 @@ Nothing is fetched from a model hub: every path must be a local directory holdin
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -106,49 +107,135 @@ def check_vocab_compatible(
     """Raise ``IncompatibleDraftError`` unless the draft scores the same token ids as the target.
 
     Compared: the vocabulary sizes the caller read (a loaded model's logits, or config.json),
-    and the token-to-id maps where both ship a tokenizer (a draft tokenizing differently would
-    propose ids meaning other strings).
+    and, where both ship a tokenizer, their content: every id must stand for the same token,
+    and the same tokens must be special (a draft tokenizing differently would propose ids
+    meaning other strings).  The error names the first differing token.  The chat templates
+    may differ: the prompt is always the target's.
     """
     if target_size != draft_size:
         raise IncompatibleDraftError(
             f"draft {str(draft_dir)!r} has vocabulary size {draft_size}, "
-            f"target {str(target_dir)!r} has {target_size}"
+            f"target {str(target_dir)!r} has {target_size}{_SAME_VOCAB}"
         )
     if not (has_tokenizer(target_dir) and has_tokenizer(draft_dir)):
         return
-    target_vocab = load_tokenizer(target_dir).get_vocab()
-    draft_vocab = load_tokenizer(draft_dir).get_vocab()
-    if target_vocab == draft_vocab:
-        return
-    differing = sorted(
-        tok
-        for tok in set(target_vocab) | set(draft_vocab)
-        if target_vocab.get(tok) != draft_vocab.get(tok)
+    difference = first_token_difference(load_tokenizer(target_dir), load_tokenizer(draft_dir))
+    if difference is not None:
+        raise IncompatibleDraftError(
+            f"draft {str(draft_dir)!r} and target {str(target_dir)!r} have different tokens: "
+            f"{difference}{_SAME_VOCAB}"
+        )
+
+
+_SAME_VOCAB = (
+    "; the draft must use the target's tokenizer (drafts with their own vocabulary are not "
+    "supported)"
+)
+
+
+def first_token_difference(target: Any, draft: Any) -> str | None:
+    """The first way two tokenizers' tokens differ, in words, or None when they are the same.
+
+    Checked in order: each id's token (lowest differing id first), then which tokens are
+    special (the added tokens and the named BOS/EOS/padding tokens).
+    """
+    t_by_id = {i: tok for tok, i in target.get_vocab().items()}
+    d_by_id = {i: tok for tok, i in draft.get_vocab().items()}
+    for i in sorted(set(t_by_id) | set(d_by_id)):
+        if t_by_id.get(i) != d_by_id.get(i):
+            return f"id {i} is {t_by_id.get(i)!r} in the target and {d_by_id.get(i)!r} in the draft"
+    t_special, d_special = _special_tokens(target), _special_tokens(draft)
+    for tok in sorted(t_special.keys() | d_special.keys()):
+        if t_special.get(tok) != d_special.get(tok):
+            return (
+                f"token {tok!r} is special in the {'target' if tok in t_special else 'draft'} "
+                f"only, or with another role (target {t_special.get(tok)}, "
+                f"draft {d_special.get(tok)})"
+            )
+    return None
+
+
+def _special_tokens(tokenizer: Any) -> dict[str, str]:
+    """Special token -> what it is ("special", "bos", "eos", "pad", "unk")."""
+    out: dict[str, str] = {}
+    decoder = getattr(tokenizer, "added_tokens_decoder", {}) or {}
+    for added in decoder.values():
+        if getattr(added, "special", False):
+            out[str(added)] = "special"
+    for role in ("bos", "eos", "pad", "unk"):
+        token = getattr(tokenizer, f"{role}_token", None)
+        if token:
+            out[str(token)] = role
+    return out
+
+
+@dataclass(frozen=True)
+class CheckpointLimits:
+    """What both engines read from a pair's configs: the one reader of these limits."""
+
+    vocab_size: int | None
+    """config.json's ``vocab_size`` of the target (None when it names none)."""
+    max_context: int
+    """Longest sequence both models accept (the smaller of the two)."""
+    eos_token_ids: list[int]
+    """Every id that ends an answer: generation_config.json's ``eos_token_id`` (one or a list,
+    as Llama 3's end of text and end of turn), then config.json's, without repeats."""
+
+
+def checkpoint_limits(
+    target_config: Any, target_generation: Any = None, draft_config: Any = None
+) -> CheckpointLimits:
+    """The limits of a pair from its configs (objects or dicts; generation config optional)."""
+    contexts = [max_context(c) for c in (target_config, draft_config) if c is not None]
+    eos: list[int] = []
+    for source in (target_generation, target_config):
+        for value in _ids(_get(source, "eos_token_id")):
+            if value not in eos:
+                eos.append(value)
+    vocab = _get(target_config, "vocab_size")
+    return CheckpointLimits(vocab if isinstance(vocab, int) else None, min(contexts), eos)
+
+
+def checkpoint_limits_from_files(target_dir: Path, draft_dir: Path | None) -> CheckpointLimits:
+    """``checkpoint_limits`` read from the directories' config files (no model is loaded)."""
+
+    def read(path: Path) -> dict[str, Any] | None:
+        if not path.is_file():
+            return None
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise CheckpointError(f"{str(path)!r}: unreadable ({exc})") from exc
+        return data if isinstance(data, dict) else None
+
+    return checkpoint_limits(
+        read(target_dir / "config.json") or {},
+        read(target_dir / "generation_config.json"),
+        read(draft_dir / "config.json") if draft_dir is not None else None,
     )
-    examples = ", ".join(
-        f"{tok!r}: target {target_vocab.get(tok)} vs draft {draft_vocab.get(tok)}"
-        for tok in differing[:3]
-    )
-    raise IncompatibleDraftError(
-        f"draft {str(draft_dir)!r} and target {str(target_dir)!r} map {len(differing)} tokens "
-        f"to different ids (e.g. {examples})"
-    )
+
+
+def _get(config: Any, name: str) -> Any:
+    if config is None:
+        return None
+    return config.get(name) if isinstance(config, dict) else getattr(config, name, None)
+
+
+def _ids(value: Any) -> list[int]:
+    if value is None:
+        return []
+    return [int(v) for v in value] if isinstance(value, (list, tuple)) else [int(value)]
 
 
 def max_context(config: Any) -> int:
     """Return the longest sequence a model of ``config`` (an object or a dict) accepts."""
     for name in ("max_position_embeddings", "n_positions", "max_sequence_length"):
-        value = config.get(name) if isinstance(config, dict) else getattr(config, name, None)
+        value = _get(config, name)
         if isinstance(value, int) and value > 0:
             return value
     return 1 << 30
 
 
 def eos_token_ids(model: Any) -> list[int]:
-    """Return the model's end-of-sequence ids (generation config first, then model config)."""
-    value = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    if value is None:
-        value = getattr(model.config, "eos_token_id", None)
-    if value is None:
-        return []
-    return [int(v) for v in value] if isinstance(value, (list, tuple)) else [int(value)]
+    """Return the model's end-of-sequence ids (``CheckpointLimits.eos_token_ids``)."""
+    return checkpoint_limits(model.config, getattr(model, "generation_config", None)).eos_token_ids

@@ -48,6 +48,10 @@ class GenerationStats:
     dtype: str | None = None
     """Numerics the answer was computed in ("float32", "bfloat16"); None where unknown."""
 
+    prompt_format: str | None = None
+    """How the prompt was made: ``"chat"`` (the target tokenizer's chat template) or ``"raw"``
+    (set by the service; None when token ids came in directly)."""
+
     def record_round(self, num_draft_tokens: int, num_accepted: int, num_emitted: int) -> None:
         """Count one target pass that verified ``num_draft_tokens`` and kept ``num_emitted``.
 

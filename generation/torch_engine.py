@@ -25,9 +25,8 @@ from generation.goodput import RecentAcceptance, StepCosts
 from generation.interface import GenerationResult
 from generation.loading import (
     check_vocab_compatible,
-    eos_token_ids,
+    checkpoint_limits,
     load_causal_lm,
-    max_context,
     output_vocab_size,
     resolve_device,
 )
@@ -66,9 +65,17 @@ class SpeculativeEngine:
         self.draft_forward = forward_for(draft, fast, packed) if draft is not None else None
         # vocab_size, max_context, eos_token_id, model_pair: as generation.interface.Engine says.
         self.vocab_size = output_vocab_size(target)
-        self.max_context = min(max_context(m.config) for m in (target, draft) if m is not None)
-        eos = eos_token_ids(target)
+        # The one reader of limits and EOS ids, as the vLLM engine reads them from the files.
+        limits = checkpoint_limits(
+            target.config,
+            getattr(target, "generation_config", None),
+            draft.config if draft is not None else None,
+        )
+        self.max_context = limits.max_context
+        eos = limits.eos_token_ids
         self.eos_token_id = eos[0] if eos else None
+        self.eos_token_ids = list(eos)
+        """Every id that ends an answer (generation config's, then the model config's)."""
         self.model_pair = _label(target) + (f"+{_label(draft)}" if draft else "")
         self.max_speculative_tokens = config.max_speculative_tokens
         models = [m for m in (self.target_forward, self.draft_forward) if m is not None]

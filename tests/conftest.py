@@ -174,6 +174,16 @@ def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return dirs
 
 
+@pytest.fixture(scope="session")
+def chat_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Path]]:
+    """Tiny instruct pairs with their chat templates (tests/generation/chat_models.py):
+    ``{"llama3": {"target", "draft"}, "qwen2": {...}}``."""
+    from tests.generation.chat_models import KINDS, save_chat_pair
+
+    root = tmp_path_factory.mktemp("chat_models")
+    return {kind: save_chat_pair(kind, root) for kind in KINDS}
+
+
 # What a test needs decides its marks, so that a new test cannot forget them: ``make test-fast``
 # runs what is left (`-m "not integration and not models"`), ``make test`` runs everything.
 LIVE_FIXTURES = {
@@ -186,7 +196,7 @@ LIVE_FIXTURES = {
     "batch_env",
 }
 """Fixtures that need a live PostgreSQL or Redis (every fixture built on them counts too)."""
-MODEL_FIXTURES = {"tiny_models", "embedder", "demo_dirs", "live"}
+MODEL_FIXTURES = {"tiny_models", "chat_models", "embedder", "demo_dirs", "live"}
 """Fixtures that load real weights: tiny random model pairs, MiniLM, the shipped demo pair."""
 ENGINE_LOGIC = {
     "test_config.py",

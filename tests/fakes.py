@@ -84,8 +84,10 @@ class FakeTokenizer:
         self.ids: dict[str, int] = {}
         self.words: list[str] = []
 
-    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
-        """One id per whitespace-separated word."""
+    def encode(
+        self, text: str, add_special_tokens: bool = False, split_special_tokens: bool = False
+    ) -> list[int]:
+        """One id per whitespace-separated word (it has no special tokens)."""
         out = []
         for word in text.split():
             if word not in self.ids:
@@ -112,6 +114,7 @@ class FakeEngine:
     model_pair: str = "fake-target+fake-draft"
     vocab_size: int = 1000
     eos_token_id: int | None = None
+    eos_token_ids: list[int] = field(default_factory=list)
     calls: list[tuple[list[int], Any]] = field(default_factory=list)
     fail_with: BaseException | None = None
 
@@ -251,6 +254,9 @@ class FakeResources:
         self.engine = FakeEngine()
         self.tokenizer = FakeTokenizer()
         self.retrieval = FakeRetrieval()
+        from retrieval.chat import PromptFormat
+
+        self.prompt_format = PromptFormat.for_tokenizer(self.tokenizer)  # raw: no template
         self.dead = False
         """Set to make ``engine_dead`` report a dead engine loop."""
 

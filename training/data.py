@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 from transformers import PreTrainedTokenizerFast
 
+from retrieval.chat import PromptFormat, encode_text
 from training.corpus import Document
 from training.qa import DEFAULT_MAX_WORDS, Example, chunk_tables, make_examples
 
@@ -29,10 +30,20 @@ class Batch:
     is_answer: torch.Tensor  # [batch, seq] bool: that next token belongs to the answer
 
 
-def encode_example(tok: PreTrainedTokenizerFast, ex: Example) -> tuple[list[int], int]:
-    """Token ids of prompt + answer + EOS, and how many of them are the prompt."""
-    p = tok(ex.prompt, add_special_tokens=False)["input_ids"]
-    a = tok(ex.answer, add_special_tokens=False)["input_ids"]
+def encode_example(
+    tok: PreTrainedTokenizerFast, ex: Example, fmt: PromptFormat | None = None
+) -> tuple[list[int], int]:
+    """Token ids of prompt + answer + EOS, and how many of them are the prompt.
+
+    ``fmt`` None: the raw prompt text; else ``fmt``'s prompt ids (the serving path's own
+    encoder, retrieval/chat.py) and the answer ended by the tokenizer's EOS (end of turn).
+    """
+    if fmt is None:
+        p = tok(ex.prompt, add_special_tokens=False)["input_ids"]
+        a = tok(ex.answer, add_special_tokens=False)["input_ids"]
+    else:
+        p = fmt.encode(ex.question, ex.passages)
+        a = encode_text(tok, ex.answer.strip())
     return p + a + [tok.eos_token_id], len(p)
 
 
@@ -80,8 +91,11 @@ class BatchStream:
         max_len: int = 1280,
         max_words: Sequence[int] = DEFAULT_MAX_WORDS,
         n_passages: Sequence[int] = (2, 3, 3),
+        fmt: PromptFormat | None = None,
+        no_answer_rate: float = 0.0,
     ) -> None:
         self.docs, self.tok, self.seed = docs, tok, seed
+        self.fmt, self.no_answer_rate = fmt, no_answer_rate
         self.tokens_per_batch, self.examples_per_round, self.max_len = (
             tokens_per_batch,
             examples_per_round,
@@ -102,8 +116,9 @@ class BatchStream:
             max_words=self.max_words,
             tables=self.tables,
             n_passages=self.n_passages,
+            no_answer_rate=self.no_answer_rate,
         )
-        enc = [encode_example(self.tok, e) for e in examples]
+        enc = [encode_example(self.tok, e, self.fmt) for e in examples]
         enc = [e for e in enc if len(e[0]) <= self.max_len]
         batches = bucket(enc, self.tokens_per_batch, random.Random(self.seed * 7 + rnd))
         self._cache = (rnd, batches)

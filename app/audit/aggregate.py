@@ -128,6 +128,7 @@ def base_select(window: Window, sources: Sequence[str] = TRAFFIC_SOURCES) -> Sel
         s.c.mean_chosen_k,
         s.c.num_cached_prompt_tokens,
         s.c.dtype,
+        s.c.prompt_format,
         batch_bucket.label("batch_size"),
         chosen_k.label("chosen_k"),
         sh.c.status.label("shadow_status"),

@@ -22,9 +22,11 @@ GROUPINGS = (
     "batch_size",
     "chosen_k",
     "dtype",
+    "prompt_format",
 )
 """``batch_size``: buckets of mean_batch_size (load); ``chosen_k``: mean_chosen_k rounded;
-``dtype``: the numerics of the answer (float32, bfloat16)."""
+``dtype``: the numerics of the answer (float32, bfloat16); ``prompt_format``: ``chat`` (the
+target tokenizer's chat template) or ``raw``."""
 DEFAULT_GROUP_BY = ("tenant", "collection", "method", "model_pair")
 DEFAULT_SPAN = timedelta(days=1)
 

@@ -237,6 +237,9 @@ class GenerationStatsRecord(Base):
     # The numerics the answer was computed in (null: recorded before migration 0015).
     dtype: Mapped[str | None] = mapped_column(String(16))
 
+    # "chat" (the target tokenizer's chat template) or "raw" (null: recorded before 0011).
+    prompt_format: Mapped[str | None] = mapped_column(String(8))
+
     query: Mapped[Query] = relationship(back_populates="stats")
 
     STAT_FIELDS = (
@@ -259,6 +262,7 @@ class GenerationStatsRecord(Base):
         "mean_chosen_k",
         "num_cached_prompt_tokens",
         "dtype",
+        "prompt_format",
     )
 
     def to_dict(self) -> dict[str, Any]:
@@ -268,3 +272,25 @@ class GenerationStatsRecord(Base):
         if isinstance(k, str) and k.isdigit():
             data["num_speculative_tokens"] = int(k)
         return data
+
+
+class CollectionSettings(Base):
+    """What one tenant's collection overrides of the service's settings: its system prompt.
+
+    A row may exist before the collection holds documents (set first, then ingest).
+    """
+
+    __tablename__ = "collection_settings"
+    __table_args__ = (
+        UniqueConstraint("tenant_id", "collection", name="uq_collection_settings_collection"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    tenant_id: Mapped[int] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
+    collection: Mapped[str] = mapped_column(String(128))
+    # The system message of the chat template for this collection's queries (null: the
+    # service's SPECRAG_SYSTEM_PROMPT).
+    system_prompt: Mapped[str | None] = mapped_column(Text)
+    updated_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), default=utcnow, onupdate=utcnow
+    )

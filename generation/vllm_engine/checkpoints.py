@@ -10,7 +10,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-from generation.loading import CheckpointError, check_vocab_compatible
+from generation.loading import (
+    CheckpointError,
+    check_vocab_compatible,
+    checkpoint_limits_from_files,
+)
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -18,21 +22,12 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 
 def checkpoint_limits(target_dir: Path, draft_dir: Path | None) -> tuple[int, int, list[int]]:
-    """Return (vocab_size, max_context, eos ids) read from the checkpoints' config files."""
-    target = _read_json(target_dir / "config.json")
-    contexts = [
-        _read_json(d / "config.json").get("max_position_embeddings")
-        for d in (target_dir, draft_dir)
-        if d
-    ]
-    eos = _read_json(target_dir / "generation_config.json").get("eos_token_id")
-    if eos is None:
-        eos = target.get("eos_token_id")
-    eos_ids = [int(e) for e in eos] if isinstance(eos, list) else [] if eos is None else [int(eos)]
-    max_context = min((c for c in contexts if isinstance(c, int) and c > 0), default=1 << 30)
-    if not isinstance(target.get("vocab_size"), int):
+    """Return (vocab_size, max_context, eos ids) read from the checkpoints' config files
+    (generation/loading.py ``checkpoint_limits``, which the torch engine reads too)."""
+    limits = checkpoint_limits_from_files(target_dir, draft_dir)
+    if limits.vocab_size is None:
         raise CheckpointError(f"checkpoint {str(target_dir)!r}: config.json has no vocab_size")
-    return target["vocab_size"], max_context, eos_ids
+    return limits.vocab_size, limits.max_context, limits.eos_token_ids
 
 
 def check_draft_vocab(target_dir: Path, draft_dir: Path) -> None:

@@ -223,8 +223,13 @@ class VLLMEngine:
 
     @property
     def eos_token_id(self) -> int | None:
-        """The target's end-of-sequence token, if it has one."""
+        """The target's first end-of-sequence token, if it has one."""
         return self._eos[0] if self._eos else None
+
+    @property
+    def eos_token_ids(self) -> list[int]:
+        """Every id that ends an answer (stop_token_ids of every request)."""
+        return list(self._eos)
 
     @property
     def model_pair(self) -> str:

@@ -93,3 +93,41 @@ def test_ask_local_prints_the_contract_json(tmp_path: Path, tiny_models: dict[st
     data = json.loads(report.output)
     assert data["requests"] == 0 and data["headline"]["speculative"]["total_ms"]["n"] == 0
     assert [(n["source"], n["requests"]) for n in data["non_traffic"]] == [("local", 1)]
+
+    assert view["stats"]["prompt_format"] == "raw"  # the tiny pair's tokenizer has no template
+
+
+def test_collections_system_prompt_is_shown_set_checked_and_cleared(tmp_path: Path) -> None:
+    from retrieval.records import CollectionIndex
+
+    runner = CliRunner()
+    env = _env(tmp_path)
+    engine, factory = prepare(Settings(data_dir=tmp_path))
+    with factory() as session:  # collection "c" of tenant "default", as an ingest leaves it
+        session.add(CollectionIndex(tenant="default", collection="c", version=1, kind="flat",
+                                    num_vectors=1, dim=4))  # fmt: skip
+        session.commit()
+    engine.dispose()
+
+    def prompt(*extra: str) -> tuple[int, str]:
+        result = runner.invoke(
+            main, ["collections", "system-prompt", "c", *extra, "--json"], env=env
+        )
+        return result.exit_code, result.output.strip()
+
+    code, out = prompt()
+    assert code == 0 and json.loads(out)["source"] == "settings"
+    code, out = prompt("--set", "Answer in one sentence.")
+    assert code == 0
+    assert json.loads(out) == {
+        "collection": "c",
+        "system_prompt": "Answer in one sentence.",
+        "source": "collection",
+    }
+    code, out = prompt("--set", "x" * 4001)
+    assert code != 0 and "over the limit of 4000" in out and len(out.splitlines()) == 1
+    assert json.loads(prompt()[1])["system_prompt"] == "Answer in one sentence."  # unchanged
+    code, out = prompt("--clear")
+    assert code == 0 and json.loads(out)["source"] == "settings"
+    missing = runner.invoke(main, ["collections", "system-prompt", "nope"], env=env)
+    assert missing.exit_code != 0 and "no collection 'nope'" in missing.output

@@ -112,6 +112,14 @@ def test_groups_by_dtype_count_each_answer_once(audit_db: AuditDB) -> None:
     assert got == want and all(want.values())
 
 
+def test_groups_by_prompt_format_count_each_answer_once(audit_db: AuditDB) -> None:
+    r = report(audit_db, MAIN, ("prompt_format",))
+    ok = [x for x in audit_db.main.rows if x["status"] == "succeeded"]
+    got = {g["prompt_format"]: g["succeeded"] for g in r["groups"]}
+    want = {f: sum(x["prompt_format"] == f for x in ok) for f in ("chat", "raw", None)}
+    assert got == want and all(want.values())
+
+
 def test_prefix_cache_hit_rate_matches_numpy(audit_db: AuditDB) -> None:
     """vLLM's queries / hits: prompt tokens of answers that recorded a figure, tokens reused."""
     r = report(audit_db, MAIN, ("method",))

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from generation import SamplingParams, SpeculativeEngine, load_tokenizer
-from retrieval.prompt import Passage, format_prompt
+from retrieval.chat import PromptFormat
+from retrieval.prompt import Passage, user_message
 
 MAX_TOTAL_BYTES = 80 * 1024 * 1024
 CORPUS = Path(__file__).resolve().parents[2] / "demo" / "corpus"
@@ -47,16 +48,22 @@ def test_pair_is_complete_and_small(demo_dirs: tuple[Path, Path]) -> None:
     assert total <= MAX_TOTAL_BYTES, f"demo pair is {total / 2**20:.1f} MiB, limit 80 MiB"
 
 
-def test_pair_shares_one_tokenizer_with_eos(demo_dirs: tuple[Path, Path]) -> None:
+def test_pair_is_an_instruct_pair_sharing_one_chat_tokenizer(
+    demo_dirs: tuple[Path, Path],
+) -> None:
     target, draft = demo_dirs
-    assert (target / "tokenizer.json").read_bytes() == (draft / "tokenizer.json").read_bytes()
+    for name in ("tokenizer.json", "chat_template.jinja"):
+        assert (target / name).read_bytes() == (draft / name).read_bytes()
     tok = load_tokenizer(target)
-    assert tok.eos_token_id is not None
+    end_of_turn, end_of_text = tok.convert_tokens_to_ids(["<|im_end|>", "<|endoftext|>"])
+    assert tok.eos_token_id == end_of_turn and tok.pad_token_id == end_of_text
+    assert PromptFormat.for_tokenizer(tok).name == "chat"  # ChatML
     for d in demo_dirs:
         config = json.loads((d / "config.json").read_text())
         gen = json.loads((d / "generation_config.json").read_text())
         assert config["model_type"] == "llama"
-        assert config["eos_token_id"] == gen["eos_token_id"] == tok.eos_token_id
+        assert config["eos_token_id"] == end_of_turn
+        assert gen["eos_token_id"] == [end_of_turn, end_of_text]  # the answer ends at either
         assert config["vocab_size"] == len(tok)
 
 
@@ -69,18 +76,22 @@ def test_target_step_is_much_larger_than_draft(engine: SpeculativeEngine) -> Non
     assert d.hidden_size < t.hidden_size
 
 
-def _demo_prompt() -> str:
+QUESTION = "What does the assert statement do?"
+
+
+def _passages() -> list[Passage]:
     text = (CORPUS / "assert.md").read_text().split("\n", 2)[2]
     words = text.split()
     passages = [Passage('The "assert" statement', " ".join(words[:120]))]
     other = (CORPUS / "pass.md").read_text().split("\n", 2)[2]
     passages.append(Passage('The "pass" statement', " ".join(other.split()[:80])))
-    return format_prompt("What does the assert statement do?", passages)
+    return passages
 
 
 @pytest.fixture(scope="module")
 def prompt_ids(demo_dirs: tuple[Path, Path]) -> list[int]:
-    return list(load_tokenizer(demo_dirs[0])(_demo_prompt())["input_ids"])
+    """The service's prompt for the demo pair: its ChatML template (retrieval/chat.py)."""
+    return PromptFormat.for_tokenizer(load_tokenizer(demo_dirs[0])).encode(QUESTION, _passages())
 
 
 @pytest.fixture(scope="module")
@@ -112,14 +123,24 @@ def test_the_answer_opens_with_words_of_its_passage(
     words).  The session-1 pair, which never copied, fails this.
     """
     tok = load_tokenizer(demo_dirs[0])
-    prompt = _demo_prompt()
-    ids = list(tok(prompt)["input_ids"])
+    ids = PromptFormat.for_tokenizer(tok).encode(QUESTION, _passages())
     out = engine.generate(ids, SamplingParams(max_new_tokens=48, method="ngram"))
     answer = tok.decode(out.token_ids, skip_special_tokens=True)
     assert "[1]" in answer or "[2]" in answer, answer
+    assert "<|" not in answer
+    prompt = user_message(QUESTION, _passages())
     passages = " ".join(prompt.split("Question:")[0].replace('"', " ").split())
     words = answer.replace('"', " ").split()
     runs = [" ".join(words[i : i + 4]) for i in range(len(words) - 3)]
     assert any(run in passages for run in runs if "[" not in run), (
         f"no 4-word run of the answer is quoted: {answer}"
     )
+
+
+def test_the_instruct_fine_tune_kept_the_induction_circuit(engine: SpeculativeEngine) -> None:
+    """Both shipped models still copy a repeated random span (98 % measured; the circuit
+    written in at initialisation, training/induction_init.py, survived every stage)."""
+    from tests.models.test_induction import copy_accuracy
+
+    for model in (engine.target, engine.draft):
+        assert copy_accuracy(model, seed=0) >= 0.9

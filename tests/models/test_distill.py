@@ -37,8 +37,8 @@ def test_distillation_prompts_never_show_held_out_documents() -> None:
     held_out = {d.title for d in corpus.heldout}
     prompts = training_prompts(0, 60)
     cited = set()
-    for prompt, _ in prompts:
-        for title in re.findall(r"^\[\d+\] (.+?) — ", prompt, flags=re.M):
+    for example in prompts:
+        for title in re.findall(r"^\[\d+\] (.+?) — ", example.prompt, flags=re.M):
             cited.add(title)
     assert cited, "no passage titles parsed: the prompt format changed"
     assert not cited & held_out

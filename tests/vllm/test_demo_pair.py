@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 
 from generation import Cancelled, SamplingParams, load_engine, load_tokenizer
-from retrieval.prompt import Passage, format_prompt
+from retrieval.chat import PromptFormat
+from retrieval.prompt import Passage
 from tests.generation.conformance import check_stats_invariants
 from tests.vllm.support import EnginePool
 
@@ -24,15 +25,14 @@ MAX_NEW = 48
 
 
 def rag_prompts(count: int) -> list[list[int]]:
-    """RAG prompts in the product's format from the bundled demo corpus (as benchmarks/ do)."""
-    tokenizer = load_tokenizer(str(TARGET))
+    """RAG prompts through the demo pair's chat template from the bundled demo corpus."""
+    fmt = PromptFormat.for_tokenizer(load_tokenizer(str(TARGET)))  # the service's prompt
     files = sorted((REPO / "demo" / "corpus").glob("*.md"))
     prompts = []
     for i in range(count):
         docs = [files[(2 * i) % len(files)], files[(2 * i + 1) % len(files)]]
         passages = [Passage(d.stem, " ".join(d.read_text().split()[:60])) for d in docs]
-        text = format_prompt(f"What is {docs[0].stem}?", passages)
-        prompts.append(tokenizer.encode(text, add_special_tokens=False))
+        prompts.append(fmt.encode(f"What is {docs[0].stem}?", passages))
     return prompts
 
 
@@ -179,7 +179,7 @@ def test_cancel_aborts_in_vllm_and_no_later_request_sees_its_tokens(
     ("prompt", "params", "message"),
     [
         ([], {}, "empty"),
-        ([8192], {}, "outside the vocabulary"),
+        ([8194], {}, "outside the vocabulary"),  # 8192 + the two ChatML tokens
         ([1] * 2048, {}, "context"),
         ([1, 2], {"method": "ngram"}, "started with method='draft_model'"),
         ([1, 2], {"num_speculative_tokens": 2}, "num_speculative_tokens=2"),

@@ -1,0 +1,220 @@
+"""The instruct demo pair's goals through a warmed worker: held-out questions over the demo corpus.
+
+    PYTHONPATH=. .venv/bin/python benchmarks/instruct_goals.py --questions 30 --out runs/goals.json
+
+30 questions about the demo-corpus topics the pair never trained on (training/corpus.py's seeded
+held-out split), built as training/qa.py builds questions, each with the document and sentence
+that answer it. The whole demo corpus is ingested into one collection; one live worker (Redis,
+PostgreSQL, the shipped pair, warmed) answers every question once per method, one query at a
+time, methods interleaved per question. Reported from the stored answers and stats:
+
+- cites the answer: the answer cites [n] and source n is a chunk of the question's document
+  (strict: and that chunk holds the reference sentence's first six words);
+- loops: a 4-word sequence repeated three times or more in one answer;
+- acceptance per method (accepted / drafted, summed), and each method's generation speedup over
+  ``none`` (sums of the stored generation_ms); the answers of every method must be identical
+  (greedy).
+
+Needs PostgreSQL on 127.0.0.1:5432 and ``redis-server`` (a private one is started).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from benchmarks.support import RedisServer, create_database, database_url, drop_database  # noqa: E402
+
+METHODS = [("none", 4), ("draft_model", 4), ("ngram", 4), ("draft_model", "auto")]
+
+
+def held_out_questions(count: int, seed: int = 0) -> list[dict[str, str]]:
+    """``count`` seeded questions about held-out demo topics: question, file, reference quote."""
+    from training.corpus import build_corpus
+    from training.qa import chunk_documents, question_and_quote
+
+    docs = [d for d in build_corpus(seed).heldout if d.source.startswith("demo/corpus/")]
+    rng = random.Random(1234 + seed)
+    chunks = chunk_documents(docs, 220)
+    by_doc = {d.title: Path(d.source).name for d in docs}
+    out: list[dict[str, str]] = []
+    seen: set[str] = set()
+    while len(out) < count:
+        chunk = rng.choice(chunks)
+        qa = question_and_quote(rng, chunk)
+        if qa is None or qa[0] in seen:
+            continue
+        seen.add(qa[0])
+        out.append({"question": qa[0], "file": by_doc[chunk.doc_title], "quote": qa[1]})
+    return out
+
+
+def loops(text: str) -> bool:
+    """Whether some 4-word sequence occurs three times or more."""
+    words = text.split()
+    grams = Counter(tuple(words[i : i + 4]) for i in range(len(words) - 3))
+    return any(n >= 3 for n in grams.values())
+
+
+def cites_answer(
+    answer: str, sources: list[dict[str, Any]], file: str, quote: str
+) -> tuple[bool, bool]:
+    """(cites a chunk of the question's document, and that chunk holds the reference's start)."""
+    start = " ".join(quote.split()[:6])
+    loose = strict = False
+    for n in {int(m) for m in re.findall(r"\[(\d+)\]", answer)}:
+        if 1 <= n <= len(sources) and sources[n - 1]["document"].endswith(file):
+            loose = True
+            strict = strict or start in " ".join(sources[n - 1]["text"].split())
+    return loose, strict
+
+
+def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    from sqlalchemy import select
+
+    from app.db import Query, make_engine, make_session_factory
+    from app.db.schema import upgrade
+    from app.outbox import send_and_mark
+    from app.queries import create_query, get_or_create_tenant, query_view, validate_request
+    from app.resources import Resources
+    from app.settings import Settings
+    from workers import create_celery, send_query
+    from workers.process import WorkerProcess, settings_env
+
+    questions = held_out_questions(args.questions)
+    dbname = create_database()
+    redis = RedisServer(work)
+    redis.start()
+    worker = None
+    rows: list[dict[str, Any]] = []
+    try:
+        settings = Settings(
+            data_dir=work / "data",
+            database_url=database_url(dbname),
+            broker_url=redis.url(0),
+            target_model=Path(args.models) / "target",
+            draft_model=Path(args.models) / "draft",
+            device="cpu",
+            torch_threads=1,
+            worker_concurrency=1,
+            max_tokens_limit=args.max_tokens,
+        )
+        engine = make_engine(settings)
+        upgrade(engine)
+        factory = make_session_factory(engine)
+        corpus = sorted((ROOT / "demo" / "corpus").glob("*.md"))
+        Resources(settings, factory).retrieval.ingest(corpus, collection="demo", tenant="bench")
+        log = work / "worker.log"
+        worker = WorkerProcess(settings_env(settings), log, name="goals", cwd=ROOT).start()
+        worker.wait_ready(timeout=600)
+        fmt_line = next((ln for ln in log.read_text().splitlines() if "prompt format:" in ln), "")
+        celery = create_celery(settings)
+        with factory() as session:
+            tenant = get_or_create_tenant(session, "bench")
+
+        def ask(question: str, method: str, k: int | str) -> dict[str, Any]:
+            request = validate_request(
+                settings,
+                {"question": question, "collection": "demo", "max_tokens": args.max_tokens,
+                 "method": method, "num_speculative_tokens": k},
+            )  # fmt: skip
+            with factory() as session:
+                query, _ = create_query(session, tenant, request)
+            send_and_mark(
+                factory, query.id, "answer", lambda q, queue: send_query(celery, q, queue)
+            )
+            deadline = time.monotonic() + 600
+            while time.monotonic() < deadline:
+                with factory() as session:
+                    found = session.scalar(select(Query).where(Query.id == query.id))
+                    if found is not None and found.status in ("succeeded", "failed"):
+                        return json.loads(json.dumps(query_view(found), default=str))
+                time.sleep(0.05)
+            raise TimeoutError(f"query {query.id} still open")
+
+        for q in questions[:2]:  # warm-up: kernels, caches, the adaptive-k costs
+            ask(q["question"], "draft_model", 4)
+        for i, q in enumerate(questions):
+            row = {**q, "answers": {}}
+            for method, k in METHODS:
+                view = ask(q["question"], method, k)
+                row["answers"][f"{method}:{k}"] = view
+            rows.append(row)
+            print(f"[{time.strftime('%H:%M:%S')}] {i + 1}/{len(questions)}", file=sys.stderr)
+        engine.dispose()
+    finally:
+        if worker is not None:
+            worker.stop()
+        redis.stop()
+        drop_database(dbname)
+    return summarise(rows, fmt_line)
+
+
+def summarise(rows: list[dict[str, Any]], fmt_line: str) -> dict[str, Any]:
+    """The goals' figures from the stored answers."""
+    per: dict[str, dict[str, float]] = {}
+    for key in (f"{m}:{k}" for m, k in METHODS):
+        views = [r["answers"][key] for r in rows]
+        stats = [v["stats"] for v in views if v["status"] == "succeeded"]
+        drafted = sum(s["num_draft_tokens"] for s in stats)
+        per[key] = {
+            "succeeded": len(stats),
+            "generation_ms": sum(s["generation_ms"] for s in stats),
+            "acceptance": sum(s["num_accepted_tokens"] for s in stats) / drafted
+            if drafted
+            else None,
+            "tokens": sum(s["num_output_tokens"] for s in stats),
+            "prompt_format": sorted({str(s.get("prompt_format")) for s in stats}),
+        }
+    base = per["none:4"]["generation_ms"]
+    for v in per.values():
+        v["speedup"] = base / v["generation_ms"] if v["generation_ms"] else None
+    answers = [r["answers"]["none:4"] for r in rows]
+    cited = [cites_answer(a.get("answer") or "", a.get("sources") or [], r["file"], r["quote"])
+             for a, r in zip(answers, rows, strict=True)]  # fmt: skip
+    same = sum(len({r["answers"][k].get("answer") for k in r["answers"]}) == 1 for r in rows)
+    return {
+        "worker_prompt_format_line": fmt_line,
+        "questions": len(rows),
+        "cite_answer_document": sum(c[0] for c in cited),
+        "cite_answer_strict": sum(c[1] for c in cited),
+        "loops": sum(loops(a.get("answer") or "") for a in answers),
+        "identical_across_methods": same,
+        "methods": per,
+        "samples": [
+            {"question": r["question"], "file": r["file"], "answer": a.get("answer")}
+            for r, a in zip(rows, answers, strict=True)
+        ],
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--models", default=str(ROOT / "models" / "demo"))
+    ap.add_argument("--questions", type=int, default=30)
+    ap.add_argument("--max-tokens", type=int, default=96)
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="instruct-goals-") as tmp:
+        result = run(args, Path(tmp))
+    text = json.dumps(result, indent=2)
+    if args.out:
+        args.out.write_text(text + "\n")
+    print(json.dumps({k: v for k, v in result.items() if k != "samples"}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

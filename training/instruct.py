@@ -1,0 +1,225 @@
+"""Turn the raw-format demo pair into an instruct pair: ``python -m training.instruct``.
+
+The pair in ``--models`` was trained on the raw completion prompt (training/train_demo.py and
+training/distill_draft.py).  This fine-tunes it, rather than training again from scratch, onto
+the chat shape the service now sends (retrieval/chat.py): ChatML's two special tokens are
+appended to the tokenizer (training/tokenizer.py ``add_chat_tokens``), both models' embeddings
+and output heads grow by two rows, and then
+
+1. the target trains on RAG examples encoded through the chat template by the serving path's
+   own encoder (system turn, user turn with numbered passages and the question, the answer
+   ended by ``<|im_end|>``), with a synthetic induction batch every ``--induction-every``
+   steps so the copying circuit stays exercised; the draft learns online from the target's
+   logits on the same batches;
+2. ``--draft-steps`` draft-only steps of KL on the final target;
+3. export to ``--out`` (float16 safetensors, config, generation config listing both EOS ids,
+   tokenizer with its chat template).
+
+Then ``training.distill_draft --models <out>`` distils the draft on the target's own templated
+answers, as for the raw pair.  Checkpoints every ``--ckpt-every`` steps under ``--run-dir``; a
+rerun resumes there, and ``done.json`` marks the run finished.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoTokenizer, LlamaForCausalLM, PreTrainedTokenizerFast
+
+from retrieval.chat import PromptFormat
+from training.corpus import REPO_ROOT, build_corpus
+from training.data import ANSWER_WEIGHT_SPLIT, BatchStream, induction_batch
+from training.model import autocast_dtype, export
+from training.tokenizer import EOS_TOKEN, IM_END, IM_START, add_chat_tokens
+from training.train_demo import kl_losses, log_line, lr_at, token_losses, weighted
+
+
+def grow_vocab(model: LlamaForCausalLM, new_size: int, like: int) -> None:
+    """Append rows for the new special tokens, in place.
+
+    Input rows: ``<|im_start|>`` the mean input row, ``<|im_end|>`` a copy of token ``like``
+    (``<|endoftext|>``); output rows: both copies of ``like``'s, so the untrained model already
+    ends an answer with ``<|im_end|>`` wherever it ended it with ``<|endoftext|>``.  The
+    induction circuit's weights (training/induction_init.py) are untouched.
+    """
+    old = model.get_input_embeddings().weight.shape[0]
+    model.resize_token_embeddings(new_size, mean_resizing=False)
+    emb_in = model.get_input_embeddings().weight
+    emb_out = model.get_output_embeddings().weight
+    with torch.no_grad():
+        emb_in[old] = emb_in[:old].mean(0)
+        emb_out[old] = emb_out[like]
+        for row in range(old + 1, new_size):
+            emb_in[row] = emb_in[like]
+            emb_out[row] = emb_out[like]
+
+
+def chat_tokenizer(run_dir: Path, models: Path) -> PreTrainedTokenizerFast:
+    """The pair's tokenizer with ChatML added: made once from ``models``/target, then reused."""
+    path = run_dir / "tokenizer"
+    if not (path / "tokenizer.json").exists():
+        tok = add_chat_tokens(AutoTokenizer.from_pretrained(str(models / "target")))
+        tok.save_pretrained(str(path))
+    return AutoTokenizer.from_pretrained(str(path))
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--models", type=Path, default=REPO_ROOT / "models" / "demo")
+    ap.add_argument("--run-dir", type=Path, default=REPO_ROOT / "runs" / "instruct")
+    ap.add_argument("--out", type=Path, default=REPO_ROOT / "runs" / "instruct" / "pair")
+    ap.add_argument("--target-steps", type=int, default=160)
+    ap.add_argument("--draft-steps", type=int, default=20)
+    ap.add_argument("--induction-every", type=int, default=6, help="0: never")
+    ap.add_argument("--no-answer-rate", type=float, default=0.04)
+    ap.add_argument("--tokens-per-batch", type=int, default=4096)
+    ap.add_argument("--lr", type=float, default=3e-4)
+    ap.add_argument("--draft-lr", type=float, default=5e-4)
+    ap.add_argument("--ckpt-every", type=int, default=10)
+    # One thread: the machine's two cores are shared, and two intra-op threads on a busy core
+    # spin at barriers (2-5x slower, measured in session 1).
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args(argv)
+
+    torch.set_num_threads(args.threads)
+    args.run_dir.mkdir(parents=True, exist_ok=True)
+
+    def log(msg: str) -> None:
+        log_line(args.run_dir / "instruct.log", msg)
+
+    if (args.run_dir / "done.json").exists():
+        log(f"{args.run_dir} is done; nothing to do")
+        return
+    tok = chat_tokenizer(args.run_dir, args.models)
+    base_vocab = tok.convert_tokens_to_ids(IM_START)
+    text_end = tok.convert_tokens_to_ids(EOS_TOKEN)
+    assert tok.convert_tokens_to_ids(IM_END) == base_vocab + 1 == len(tok) - 1
+    target = LlamaForCausalLM.from_pretrained(str(args.models / "target"), dtype=torch.float32)
+    draft = LlamaForCausalLM.from_pretrained(str(args.models / "draft"), dtype=torch.float32)
+    for model in (target, draft):
+        grow_vocab(model, len(tok), like=text_end)
+        model.config.eos_token_id = tok.eos_token_id
+        model.generation_config.eos_token_id = [tok.eos_token_id, text_end]
+    opt_t = torch.optim.AdamW(target.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)
+    opt_d = torch.optim.AdamW(
+        draft.parameters(), lr=args.draft_lr, betas=(0.9, 0.95), weight_decay=0.1
+    )
+    state: dict[str, Any] = {"step": 0, "rnd": 0, "idx": 0, "seconds": 0.0, "tokens": 0}
+    ckpt = args.run_dir / "ckpt.pt"
+    if ckpt.exists():
+        saved = torch.load(ckpt, weights_only=False)
+        target.load_state_dict(saved["target"])
+        draft.load_state_dict(saved["draft"])
+        opt_t.load_state_dict(saved["opt_t"])
+        opt_d.load_state_dict(saved["opt_d"])
+        state = saved["state"]
+        log(f"resumed at step {state['step']}")
+
+    def save() -> None:
+        tmp = ckpt.with_suffix(".tmp")
+        torch.save(
+            {
+                "target": target.state_dict(),
+                "draft": draft.state_dict(),
+                "opt_t": opt_t.state_dict(),
+                "opt_d": opt_d.state_dict(),
+                "state": state,
+            },
+            tmp,
+        )
+        os.replace(tmp, ckpt)
+
+    fmt = PromptFormat.for_tokenizer(tok)
+    corpus = build_corpus(args.seed)
+    stream = BatchStream(
+        corpus.train,
+        tok,
+        seed=args.seed + 33,  # fresh examples, not the raw pair's stream
+        tokens_per_batch=args.tokens_per_batch,
+        fmt=fmt,
+        no_answer_rate=args.no_answer_rate,
+    )
+    amp = autocast_dtype()
+    total = args.target_steps + args.draft_steps
+    log(f"{total} steps ({args.target_steps} target), autocast {amp}, {args.threads} thread(s)")
+    every = args.induction_every
+    while state["step"] < total:
+        t0 = time.perf_counter()
+        step = state["step"]
+        if every and step % every == every - 1:
+            gen = torch.Generator().manual_seed(args.seed * 1_000_003 + step)
+            b = induction_batch(base_vocab, text_end, args.tokens_per_batch, gen)
+            split, kind = 1.0, "ind"
+        else:
+            n_batches = len(stream.round_batches(state["rnd"]))
+            b, split, kind = stream.batch(state["rnd"], state["idx"]), ANSWER_WEIGHT_SPLIT, "rag"
+            state["idx"] += 1
+            if state["idx"] >= n_batches:
+                state["rnd"], state["idx"] = state["rnd"] + 1, 0
+        train_target = step < args.target_steps
+        target.train(train_target)
+        with torch.autocast("cpu", dtype=amp, enabled=amp != torch.float32):
+            if train_target:
+                for g in opt_t.param_groups:
+                    g["lr"] = lr_at(step, args.target_steps, args.lr, warmup=10)
+                t_logits = target(b.input_ids).logits
+                loss_t = weighted(token_losses(t_logits, b.input_ids), b, split)
+                loss_t.backward()
+                torch.nn.utils.clip_grad_norm_(target.parameters(), 1.0)
+                opt_t.step()
+                opt_t.zero_grad(set_to_none=True)
+                teacher = t_logits.detach()
+            else:
+                loss_t = torch.tensor(float("nan"))
+                with torch.no_grad():
+                    teacher = target(b.input_ids).logits
+            for g in opt_d.param_groups:
+                g["lr"] = lr_at(step, total, args.draft_lr, warmup=10)
+            d_logits = draft(b.input_ids).logits
+            kl = weighted(kl_losses(d_logits, teacher), b, split)
+        kl.backward()
+        torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
+        opt_d.step()
+        opt_d.zero_grad(set_to_none=True)
+        dt = time.perf_counter() - t0
+        n_tok = int(b.is_real.sum())
+        state["step"] += 1
+        state["seconds"] += dt
+        state["tokens"] += n_tok
+        left = (total - state["step"]) * state["seconds"] / max(1, state["step"])
+        log(
+            f"{kind} step {step}/{total} loss_t {loss_t.item():.3f} kl {kl.item():.3f} "
+            f"tok/s {n_tok / dt:.0f} elapsed {state['seconds'] / 60:.1f} min, "
+            f"~{left / 60:.0f} min left"
+        )
+        if state["step"] % args.ckpt_every == 0 or state["step"] == total:
+            save()
+
+    step_card = {
+        "steps": state["step"],
+        "target_steps": args.target_steps,
+        "draft_steps": args.draft_steps,
+        "train_seconds": round(state["seconds"]),
+        "train_tokens": state["tokens"],
+        "lr": args.lr,
+        "no_answer_rate": args.no_answer_rate,
+        "autocast": str(amp),
+        "command": f"python -m training.instruct --seed {args.seed} --target-steps "
+        f"{args.target_steps} --draft-steps {args.draft_steps}",
+    }
+    for role, model in (("target", target), ("draft", draft)):
+        prev = json.loads((args.models / role / "training.json").read_text())
+        export(model.eval(), tok, args.out / role, {**prev, "instruct": step_card})
+    log(f"exported to {args.out}")
+    (args.run_dir / "done.json").write_text(json.dumps(state) + "\n")
+
+
+if __name__ == "__main__":
+    main()
