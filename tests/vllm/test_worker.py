@@ -30,7 +30,7 @@ from tests.integration.test_metrics import _scrape, _stored, _sum
 REPO = Path(__file__).resolve().parents[2]
 DEMO = REPO / "models" / "demo"
 QUESTIONS = [f"What does {w} do?" for w in ("assert", "pass", "del")]
-LONG_QUESTION = "What does del do? (2)"
+LONG_QUESTION = "What does assert do? (2)"
 STAT_FIELDS = ("num_output_tokens", "num_target_forwards", "num_drafts", "num_draft_tokens",
                "num_accepted_tokens", "accepted_per_position")  # fmt: skip
 
@@ -152,9 +152,10 @@ def test_a_vllm_worker_answers_streams_bursts_counts_and_survives_sigkill(
             ) == sum(s.accepted_per_position[pos] for s, _ in mine)
 
         # SIGKILL with queries in flight: a second vLLM worker answers each once.
-        # Greedy, the demo pair repeats itself on this question until max_tokens (1200 tokens with
-        # either engine; "What does pass do? (i)" ends after 33-66, and on a slow host the first
-        # of those finished before the eighth was claimed). Eight copies: none can end early.
+        # Greedy, the instruct demo pair repeats itself on this question for ~400 tokens before it
+        # ends the turn (torch engine: 400 in float32, 397 in bfloat16); "What does del do? (2)"
+        # ends after 18, and on a slow host a short answer finished before the eighth was
+        # claimed. Eight copies of one long answer: none ends before all eight are held.
         held_ids = [client.submit(LONG_QUESTION, docs, max_tokens=1200) for _ in range(8)]
         deadline = time.monotonic() + 120
         while True:
@@ -174,7 +175,8 @@ def test_a_vllm_worker_answers_streams_bursts_counts_and_survives_sigkill(
         second.wait_ready(timeout=400)
         after = [client.wait(i, timeout=400) for i in held_ids]
     assert [d["status"] for d in after] == ["succeeded"] * 8, after
-    assert [d["stats"]["num_output_tokens"] for d in after] == [1200] * 8  # the premise above
+    lengths = [d["stats"]["num_output_tokens"] for d in after]
+    assert len(set(lengths)) == 1 and lengths[0] > 200, lengths  # the premise above
     for query, answers, stats in stored_rows(settings, held_ids).values():
         assert (answers, stats, query.attempts) == (1, 1, 2)
         assert (query.worker_host or "").startswith("vllm-second@")
