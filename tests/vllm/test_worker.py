@@ -176,7 +176,7 @@ def test_a_vllm_worker_answers_streams_bursts_counts_and_survives_sigkill(
         after = [client.wait(i, timeout=400) for i in held_ids]
     assert [d["status"] for d in after] == ["succeeded"] * 8, after
     lengths = [d["stats"]["num_output_tokens"] for d in after]
-    assert len(set(lengths)) == 1 and lengths[0] > 200, lengths  # the premise above
+    assert min(lengths) > 200, lengths  # the premise above: long answers, held at the kill
     for query, answers, stats in stored_rows(settings, held_ids).values():
         assert (answers, stats, query.attempts) == (1, 1, 2)
         assert (query.worker_host or "").startswith("vllm-second@")
