@@ -43,7 +43,7 @@ class EngineConfig:
     softmax, sampling and the rejection rule are float32 whatever this says."""
     prefix_cache_mb: float = 0.0
     """MB of KV kept for computed prompt prefixes, reused exactly by later requests (0: off;
-    generation/prefix_kv.py)."""
+    generation/prefix_cache.py)."""
     prefix_block_size: int = 16
     """Tokens per prefix-cache block: the grain at which prompts share KV."""
 

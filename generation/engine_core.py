@@ -25,7 +25,7 @@ from generation.kv_store import slot_kv
 from generation.model_runner import ModelRunner
 from generation.ngram import NgramProposer
 from generation.params import SamplingParams
-from generation.prefix_kv import PrefixCache
+from generation.prefix_cache import PrefixCache
 from generation.proposers import propose
 from generation.rejection_sampler import PLACEHOLDER, verify
 from generation.requests import token_budget

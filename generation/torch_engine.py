@@ -32,7 +32,7 @@ from generation.loading import (
 )
 from generation.model_runner import ModelRunner, plan_slots, slot_bytes, time_batch_steps
 from generation.params import SamplingParams
-from generation.prefix_kv import PrefixCache
+from generation.prefix_cache import PrefixCache
 from generation.requests import BatchRequestError, check_prompt, collect, per_prompt
 
 
@@ -96,7 +96,7 @@ class SpeculativeEngine:
             config.prefix_cache_mb, self.target, self.draft, self.model_pair,
             config.prefix_block_size,
         )  # fmt: skip
-        """KV of earlier prompts' prefixes (generation/prefix_kv.py); None when reuse is off."""
+        """KV of earlier prompts' prefixes (generation/prefix_cache.py); None when reuse is off."""
         runners = [ModelRunner(m, self.max_concurrency, capacity) for m in models]
         self._core = EngineCore(
             target=runners[0],

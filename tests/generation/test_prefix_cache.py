@@ -22,7 +22,7 @@ from generation.block_index import (
     root_hash,
 )
 from generation.kv_store import KVShape, SlotKV
-from generation.prefix_kv import PrefixCache
+from generation.prefix_cache import PrefixCache
 
 ROOT = root_hash("target", "draft", "float32", "cpu")
 
