@@ -15,6 +15,19 @@ from app.db import prepare
 from retrieval.records import CollectionIndex
 
 
+def _collections(session_factory: Any, tenant: str | None, collection: str | None) -> list[Any]:
+    """(tenant, collection) rows of the collections named, in order; all when neither is given."""
+    query = select(CollectionIndex.tenant, CollectionIndex.collection).order_by(
+        CollectionIndex.tenant, CollectionIndex.collection
+    )
+    if tenant is not None:
+        query = query.where(CollectionIndex.tenant == tenant)
+    if collection is not None:
+        query = query.where(CollectionIndex.collection == collection)
+    with session_factory() as session:
+        return list(session.execute(query).all())
+
+
 @click.group("index")
 def index_group() -> None:
     """Retrieval indexes (docs/scaleout.md)."""
@@ -34,15 +47,7 @@ def backfill(collection: str | None, tenant: str | None, as_json: bool) -> None:
 
     settings = get_settings()
     _, session_factory = prepare(settings)
-    query = select(CollectionIndex.tenant, CollectionIndex.collection).order_by(
-        CollectionIndex.tenant, CollectionIndex.collection
-    )
-    if tenant is not None:
-        query = query.where(CollectionIndex.tenant == tenant)
-    if collection is not None:
-        query = query.where(CollectionIndex.collection == collection)
-    with session_factory() as session:
-        targets = session.execute(query).all()
+    targets = _collections(session_factory, tenant, collection)
     embedder: list[Any] = []
 
     def encode(texts: list[str]) -> Any:
@@ -82,15 +87,7 @@ def verify(collection: str | None, tenant: str | None, no_repair: bool, as_json:
 
     settings = get_settings()
     _, session_factory = prepare(settings)
-    query = select(CollectionIndex.tenant, CollectionIndex.collection).order_by(
-        CollectionIndex.tenant, CollectionIndex.collection
-    )
-    if tenant is not None:
-        query = query.where(CollectionIndex.tenant == tenant)
-    if collection is not None:
-        query = query.where(CollectionIndex.collection == collection)
-    with session_factory() as session:
-        targets = session.execute(query).all()
+    targets = _collections(session_factory, tenant, collection)
     indexes = HostIndexes(session_factory, IndexStore(settings.index_dir), max_held=1)
     results = []
     for t, c in tqdm(targets, unit="collection", desc="verify", file=sys.stderr, disable=as_json):
