@@ -24,10 +24,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
 from pathlib import Path
-from typing import Any
 
 import torch
 from transformers import AutoTokenizer, LlamaForCausalLM, PreTrainedTokenizerFast
@@ -36,6 +34,7 @@ from retrieval.chat import PromptFormat
 from training.corpus import REPO_ROOT, build_corpus
 from training.data import ANSWER_WEIGHT_SPLIT, BatchStream, induction_batch
 from training.model import autocast_dtype, export
+from training.pair_run import PairRun
 from training.tokenizer import EOS_TOKEN, IM_END, IM_START, add_chat_tokens
 from training.train_demo import kl_losses, log_line, lr_at, token_losses, weighted
 
@@ -107,34 +106,10 @@ def main(argv: list[str] | None = None) -> None:
         grow_vocab(model, len(tok), like=text_end)
         model.config.eos_token_id = tok.eos_token_id
         model.generation_config.eos_token_id = [tok.eos_token_id, text_end]
-    opt_t = torch.optim.AdamW(target.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)
-    opt_d = torch.optim.AdamW(
-        draft.parameters(), lr=args.draft_lr, betas=(0.9, 0.95), weight_decay=0.1
+    run = PairRun(
+        target, draft, lr=args.lr, draft_lr=args.draft_lr, ckpt=args.run_dir / "ckpt.pt", log=log
     )
-    state: dict[str, Any] = {"step": 0, "rnd": 0, "idx": 0, "seconds": 0.0, "tokens": 0}
-    ckpt = args.run_dir / "ckpt.pt"
-    if ckpt.exists():
-        saved = torch.load(ckpt, weights_only=False)
-        target.load_state_dict(saved["target"])
-        draft.load_state_dict(saved["draft"])
-        opt_t.load_state_dict(saved["opt_t"])
-        opt_d.load_state_dict(saved["opt_d"])
-        state = saved["state"]
-        log(f"resumed at step {state['step']}")
-
-    def save() -> None:
-        tmp = ckpt.with_suffix(".tmp")
-        torch.save(
-            {
-                "target": target.state_dict(),
-                "draft": draft.state_dict(),
-                "opt_t": opt_t.state_dict(),
-                "opt_d": opt_d.state_dict(),
-                "state": state,
-            },
-            tmp,
-        )
-        os.replace(tmp, ckpt)
+    opt_t, opt_d, state, save = run.opt_t, run.opt_d, run.state, run.save
 
     fmt = PromptFormat.for_tokenizer(tok)
     corpus = build_corpus(args.seed)

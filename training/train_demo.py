@@ -14,10 +14,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import time
 from pathlib import Path
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -26,6 +24,7 @@ from transformers import PreTrainedTokenizerFast
 from training.corpus import REPO_ROOT, build_corpus
 from training.data import ANSWER_WEIGHT_SPLIT, Batch, BatchStream, induction_batch
 from training.model import DRAFT_SHAPE, TARGET_SHAPE, export, make_model
+from training.pair_run import PairRun
 from training.qa import make_examples
 from training.tokenizer import train_tokenizer
 
@@ -124,34 +123,10 @@ def main(argv: list[str] | None = None) -> None:
     vocab, eos = len(tok), tok.eos_token_id
     target = make_model(TARGET_SHAPE, vocab, eos, seed=args.seed)
     draft = make_model(DRAFT_SHAPE, vocab, eos, seed=args.seed + 1)
-    opt_t = torch.optim.AdamW(target.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)
-    opt_d = torch.optim.AdamW(
-        draft.parameters(), lr=args.draft_lr, betas=(0.9, 0.95), weight_decay=0.1
+    run = PairRun(
+        target, draft, lr=args.lr, draft_lr=args.draft_lr, ckpt=args.run_dir / "ckpt.pt", log=log
     )
-    state: dict[str, Any] = {"step": 0, "rnd": 0, "idx": 0, "seconds": 0.0, "tokens": 0}
-    ckpt = args.run_dir / "ckpt.pt"
-    if ckpt.exists():
-        saved = torch.load(ckpt, weights_only=False)
-        target.load_state_dict(saved["target"])
-        draft.load_state_dict(saved["draft"])
-        opt_t.load_state_dict(saved["opt_t"])
-        opt_d.load_state_dict(saved["opt_d"])
-        state = saved["state"]
-        log(f"resumed at step {state['step']}")
-
-    def save() -> None:
-        tmp = ckpt.with_suffix(".tmp")
-        torch.save(
-            {
-                "target": target.state_dict(),
-                "draft": draft.state_dict(),
-                "opt_t": opt_t.state_dict(),
-                "opt_d": opt_d.state_dict(),
-                "state": state,
-            },
-            tmp,
-        )
-        os.replace(tmp, ckpt)
+    opt_t, opt_d, state, save = run.opt_t, run.opt_d, run.state, run.save
 
     def do_export() -> None:
         card = {

@@ -1,0 +1,61 @@
+"""The pair's training run state: both models, their AdamW optimizers and the loop's counters.
+
+``training.train_demo`` (the pair from nothing) and ``training.instruct`` (the pair onto a chat
+template) train a target and a draft side by side in one loop; both resume from one checkpoint
+file, written beside the old one and moved over it so a kill never leaves half a checkpoint.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+class PairRun:
+    """Optimizers and counters of one target + draft run, resumed from ``ckpt`` if it exists."""
+
+    def __init__(
+        self,
+        target: torch.nn.Module,
+        draft: torch.nn.Module,
+        *,
+        lr: float,
+        draft_lr: float,
+        ckpt: Path,
+        log: Callable[[str], None],
+    ) -> None:
+        self.target, self.draft, self.ckpt = target, draft, ckpt
+        self.opt_t = torch.optim.AdamW(
+            target.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.1
+        )
+        self.opt_d = torch.optim.AdamW(
+            draft.parameters(), lr=draft_lr, betas=(0.9, 0.95), weight_decay=0.1
+        )
+        self.state: dict[str, Any] = {"step": 0, "rnd": 0, "idx": 0, "seconds": 0.0, "tokens": 0}
+        if ckpt.exists():
+            saved = torch.load(ckpt, weights_only=False)
+            target.load_state_dict(saved["target"])
+            draft.load_state_dict(saved["draft"])
+            self.opt_t.load_state_dict(saved["opt_t"])
+            self.opt_d.load_state_dict(saved["opt_d"])
+            self.state = saved["state"]
+            log(f"resumed at step {self.state['step']}")
+
+    def save(self) -> None:
+        """Write the checkpoint: models, optimizers and counters, atomically."""
+        tmp = self.ckpt.with_suffix(".tmp")
+        torch.save(
+            {
+                "target": self.target.state_dict(),
+                "draft": self.draft.state_dict(),
+                "opt_t": self.opt_t.state_dict(),
+                "opt_d": self.opt_d.state_dict(),
+                "state": self.state,
+            },
+            tmp,
+        )
+        os.replace(tmp, self.ckpt)
