@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import gc
 from pathlib import Path
 
 import pytest
@@ -64,9 +65,29 @@ def _resolve(name: str, known: dict[str, Path]) -> str | None:
     return None
 
 
+def parse(path: Path) -> ast.Module:
+    """The file's syntax tree, parsed with the garbage collector paused.
+
+    CPython 3.11 converts a parse to Python objects with one recursion counter per interpreter; a
+    collection during that conversion can run a finalizer whose traceback is formatted (pytest's
+    unraisable hook, a logging thread), and 3.11's traceback module parses source lines to place
+    its carets: the nested parse moves the counter and the outer one fails with "SystemError: AST
+    constructor recursion depth mismatch" (seen once in the fast suite). Without a collection no
+    Python code runs inside the conversion, so nothing can nest or switch threads there.
+    """
+    source = path.read_text(encoding="utf-8")
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return ast.parse(source, filename=str(path))
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def imports_of(module: str, path: Path, known: dict[str, Path]) -> set[tuple[str, int]]:
     """The walked modules that ``module`` imports anywhere in its file, with a line number each."""
-    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    tree = parse(path)
     is_package = path.name == "__init__.py"
     edges: set[tuple[str, int]] = set()
     for node in ast.walk(tree):
