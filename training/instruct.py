@@ -32,7 +32,7 @@ from transformers import AutoTokenizer, LlamaForCausalLM, PreTrainedTokenizerFas
 
 from retrieval.chat import PromptFormat
 from training.corpus import REPO_ROOT, build_corpus
-from training.data import ANSWER_WEIGHT_SPLIT, BatchStream, induction_batch
+from training.data import BatchStream
 from training.model import autocast_dtype, export
 from training.pair_run import PairRun
 from training.tokenizer import EOS_TOKEN, IM_END, IM_START, add_chat_tokens
@@ -128,16 +128,14 @@ def main(argv: list[str] | None = None) -> None:
     while state["step"] < total:
         t0 = time.perf_counter()
         step = state["step"]
-        if every and step % every == every - 1:
-            gen = torch.Generator().manual_seed(args.seed * 1_000_003 + step)
-            b = induction_batch(base_vocab, text_end, args.tokens_per_batch, gen)
-            split, kind = 1.0, "ind"
-        else:
-            n_batches = len(stream.round_batches(state["rnd"]))
-            b, split, kind = stream.batch(state["rnd"], state["idx"]), ANSWER_WEIGHT_SPLIT, "rag"
-            state["idx"] += 1
-            if state["idx"] >= n_batches:
-                state["rnd"], state["idx"] = state["rnd"] + 1, 0
+        b, split, kind = run.next_batch(
+            stream,
+            every=every,
+            seed=args.seed,
+            vocab=base_vocab,
+            eos=text_end,
+            tokens=args.tokens_per_batch,
+        )
         train_target = step < args.target_steps
         target.train(train_target)
         with torch.autocast("cpu", dtype=amp, enabled=amp != torch.float32):

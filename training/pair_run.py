@@ -14,6 +14,8 @@ from typing import Any
 
 import torch
 
+from training.data import ANSWER_WEIGHT_SPLIT, Batch, BatchStream, induction_batch
+
 
 class PairRun:
     """Optimizers and counters of one target + draft run, resumed from ``ckpt`` if it exists."""
@@ -59,3 +61,23 @@ class PairRun:
             tmp,
         )
         os.replace(tmp, self.ckpt)
+
+    def next_batch(
+        self, stream: BatchStream, *, every: int, seed: int, vocab: int, eos: int, tokens: int
+    ) -> tuple[Batch, float, str]:
+        """This step's batch, its answer-weight split and its kind ("ind" or "rag").
+
+        Every ``every``-th step (0: never) is a seeded batch of repeated random spans over the
+        first ``vocab`` ids, which keeps the induction circuit; the rest walk the RAG stream round
+        by round, the position kept in the checkpointed counters.
+        """
+        step, state = self.state["step"], self.state
+        if every and step % every == every - 1:
+            gen = torch.Generator().manual_seed(seed * 1_000_003 + step)
+            return induction_batch(vocab, eos, tokens, gen), 1.0, "ind"
+        n_batches = len(stream.round_batches(state["rnd"]))
+        batch = stream.batch(state["rnd"], state["idx"])
+        state["idx"] += 1
+        if state["idx"] >= n_batches:
+            state["rnd"], state["idx"] = state["rnd"] + 1, 0
+        return batch, ANSWER_WEIGHT_SPLIT, "rag"

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from transformers import PreTrainedTokenizerFast
 
 from training.corpus import REPO_ROOT, build_corpus
-from training.data import ANSWER_WEIGHT_SPLIT, Batch, BatchStream, induction_batch
+from training.data import ANSWER_WEIGHT_SPLIT, Batch, BatchStream
 from training.model import DRAFT_SHAPE, TARGET_SHAPE, export, make_model
 from training.pair_run import PairRun
 from training.qa import make_examples
@@ -157,15 +157,9 @@ def main(argv: list[str] | None = None) -> None:
     while state["step"] < total:
         t0 = time.perf_counter()
         step = state["step"]
-        if every and step % every == every - 1:
-            gen = torch.Generator().manual_seed(args.seed * 1_000_003 + step)
-            b, split, kind = induction_batch(vocab, eos, args.tokens_per_batch, gen), 1.0, "ind"
-        else:
-            n_batches = len(stream.round_batches(state["rnd"]))
-            b, split, kind = stream.batch(state["rnd"], state["idx"]), ANSWER_WEIGHT_SPLIT, "rag"
-            state["idx"] += 1
-            if state["idx"] >= n_batches:
-                state["rnd"], state["idx"] = state["rnd"] + 1, 0
+        b, split, kind = run.next_batch(
+            stream, every=every, seed=args.seed, vocab=vocab, eos=eos, tokens=args.tokens_per_batch
+        )
         extra = step >= first_end
         train_target = step < args.target_steps or first_end <= step < extra_end
         target.train(train_target)
