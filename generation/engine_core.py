@@ -156,7 +156,7 @@ class BatchEngine:
             accepted = len(row) - 1
             if seq.acceptance is not None:
                 seq.acceptance.observe(num_draft, accepted)
-            kept = self._postprocess(seq, row, num_draft, hidden[b])
+            kept = self._postprocess(seq, row, num_draft, None if hidden is None else hidden[b])
             seq.stats.record_round(num_draft, min(accepted, kept), kept)
             seq.batch_size_sum += len(rows)
             seq.chosen_k_sum += ks[b]
@@ -232,13 +232,16 @@ class BatchEngine:
 
     def _run(
         self, rows: list[Sequence], drafts: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Run the target over each row's last token and drafts [B, k]; return logits and the
-        final hidden states (an EAGLE row's features)."""
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Run the target over each row's last token and drafts [B, k]; return logits and,
+        when an EAGLE row is among them, the final hidden states (its features)."""
         last = torch.tensor([[s.last_token] for s in rows], dtype=torch.long, device=drafts.device)
         input_ids = torch.cat([last, drafts], dim=1)  # [B, 1 + k]
         counts = [input_ids.shape[1]] * len(rows)  # padding is written past the length, unread
-        return self.core.target.run_hidden([s.slot for s in rows], input_ids, counts)
+        slots = [s.slot for s in rows]
+        if self.core.head is not None and any(s.params.method == "eagle" for s in rows):
+            return self.core.target.run_hidden(slots, input_ids, counts)
+        return self.core.target.run(slots, input_ids, counts), None
 
     def _postprocess(
         self,

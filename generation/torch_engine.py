@@ -18,9 +18,9 @@ import torch
 
 from generation.config import EngineConfig
 from generation.dtypes import TORCH_DTYPES, dtype_name, resolve_dtype
+from generation.eagle import EagleHead, EagleHeadModule, check_head_config, load_head
 from generation.engine_core import BatchEngine, EngineCore
 from generation.engine_loop import EngineLoop, run_many
-from generation.eagle import EagleHead, EagleHeadModule, check_head_config, load_head
 from generation.forward import FastLlamaForward, Forward, forward_for
 from generation.goodput import RecentAcceptance, StepCosts
 from generation.interface import GenerationResult
@@ -93,7 +93,7 @@ class SpeculativeEngine:
         self.eos_token_ids = list(eos)
         """Every id that ends an answer (generation config's, then the model config's)."""
         self.model_pair = _label(target) + (f"+{_label(draft)}" if draft else "")
-        self.methods = ("none", "ngram")
+        self.methods: tuple[str, ...] = ("none", "ngram")
         """The methods this engine serves (draft_model with a draft, eagle with a head)."""
         self.methods += ("draft_model",) if draft is not None else ()
         self.methods += ("eagle",) if self.eagle_head is not None else ()
