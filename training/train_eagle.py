@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--prompts", type=int, default=400)
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--gen-batch", type=int, default=8)
-    ap.add_argument("--epochs", type=int, default=2)
+    ap.add_argument("--epochs", type=int, default=8)
     ap.add_argument("--tokens-per-batch", type=int, default=4096)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--answer-weight", type=float, default=0.9)
