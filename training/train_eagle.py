@@ -23,6 +23,7 @@ Only the head is trained; the target is read, never written. ``make demo-pair`` 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import random
@@ -43,6 +44,20 @@ from training.train_demo import log_line, lr_at
 
 def _log(run_dir: Path, msg: str) -> None:
     log_line(run_dir / "eagle.log", msg)
+
+
+def check_same_target(target_dir: Path, run_dir: Path, answers: Path) -> None:
+    """Refuse to resume a run whose answers and features came from another target: they are
+    that target's outputs (a replaced target needs a fresh ``--run-dir``)."""
+    digest = hashlib.sha256((target_dir / "model.safetensors").read_bytes()).hexdigest()
+    stamp = run_dir / "target.sha256"
+    if stamp.exists() and stamp.read_text().strip() != digest:
+        raise SystemExit(
+            f"{run_dir}: its answers and features were recorded from another target "
+            f"(sha256 {stamp.read_text().strip()[:12]}, {target_dir} is {digest[:12]}); "
+            f"start a fresh --run-dir (and --answers, now {answers})"
+        )
+    stamp.write_text(digest + "\n")
 
 
 @torch.inference_mode()
@@ -148,6 +163,7 @@ def main(argv: list[str] | None = None) -> None:
 
     torch.set_num_threads(args.threads)
     args.run_dir.mkdir(parents=True, exist_ok=True)
+    check_same_target(args.models / "target", args.run_dir, answers)
     if (args.run_dir / "done.json").exists():
         _log(args.run_dir, f"{args.run_dir} is done; nothing to do")
         return
