@@ -23,10 +23,12 @@ FINAL_STATUSES = (QueryStatus.SUCCEEDED, QueryStatus.FAILED)
 
 
 class Method(StrEnum):
-    """How drafts are proposed: a draft model, n-gram lookup over the prompt, or not at all."""
+    """How drafts are proposed: a draft model, n-gram lookup over the prompt, an EAGLE head on
+    the target's own features, or not at all."""
 
     DRAFT_MODEL = "draft_model"
     NGRAM = "ngram"
+    EAGLE = "eagle"
     NONE = "none"
 
 

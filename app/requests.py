@@ -84,7 +84,7 @@ class QueryRequest(BaseModel):
     method: Method = Field(
         default=None,
         validate_default=True,
-        description="draft_model | ngram | none (default: SPECRAG_DEFAULT_METHOD).",
+        description="draft_model | ngram | eagle | none (default: SPECRAG_DEFAULT_METHOD).",
     )
     num_speculative_tokens: StrictInt | Literal["auto"] = Field(
         default=DEFAULT_NUM_SPECULATIVE_TOKENS,
@@ -140,6 +140,12 @@ class QueryRequest(BaseModel):
         value = value or settings.default_method
         if value not in settings.allowed_methods:
             raise ValueError(f"must be one of {', '.join(settings.allowed_methods)}, got {value!r}")
+        if value == "eagle" and settings.eagle_model is None:
+            served = ", ".join(m for m in settings.allowed_methods if m != "eagle")
+            raise ValueError(
+                f"'eagle' needs an EAGLE head (SPECRAG_EAGLE_MODEL), which this service has "
+                f"not; it serves {served}"
+            )
         return value
 
     @field_validator("num_speculative_tokens", mode="before")

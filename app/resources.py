@@ -85,6 +85,7 @@ class Resources:
                     s.vllm_options if s.engine == "vllm" else None,
                     config=engine_config(s),
                     dtype=dtype,
+                    eagle_dir=str(s.eagle_model) if s.eagle_model else None,
                 )
             return self._engine
 

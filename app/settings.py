@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from app.enums import Method
@@ -49,6 +49,14 @@ class Settings(BaseSettings):
     )
     draft_model: Path | None = Field(
         default=DEMO_MODELS / "draft", description="Draft checkpoint directory (HF format)."
+    )
+    eagle_model: Path | None = Field(
+        default=None,
+        description=(
+            "EAGLE head directory (vLLM's EAGLE format, trained on this target: "
+            "training/train_eagle.py); serves method eagle. Unset: the demo head "
+            "(models/demo/eagle) with the demo target, else none and the method is refused."
+        ),
     )
     embedding_model: str = Field(
         default_factory=_default_embedding_model,
@@ -119,6 +127,16 @@ class Settings(BaseSettings):
             "without a chat template."
         ),
     )
+
+    @model_validator(mode="after")
+    def _demo_head(self) -> Settings:
+        """The demo target's head, unless SPECRAG_EAGLE_MODEL names one (or the target is
+        another model: a head is trained on one target's features)."""
+        demo = DEMO_MODELS / "eagle"
+        unset = "eagle_model" not in self.model_fields_set
+        if unset and self.target_model == DEMO_MODELS / "target" and demo.is_dir():
+            self.eagle_model = demo
+        return self
 
     @field_validator("system_prompt")
     @classmethod

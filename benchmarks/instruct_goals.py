@@ -13,7 +13,12 @@ time, methods interleaved per question. Reported from the stored answers and sta
 - loops: a 4-word sequence repeated three times or more in one answer;
 - acceptance per method (accepted / drafted, summed), and each method's generation speedup over
   ``none`` (sums of the stored generation_ms); the answers of every method must be identical
-  (greedy).
+  (greedy);
+- acceptance length (tokens after the first per target pass) and one-stream decode tokens/s (tokens
+  after the first over generation_ms - ttft_ms), with ``eagle``'s as ratios to the draft
+  model's and to ``none`` (issue 35's goals; the EAGLE head is models/demo/eagle).
+
+``--methods none:4,eagle:4`` runs a subset.
 
 Needs PostgreSQL on 127.0.0.1:5432 and ``redis-server`` (a private one is started).
 """
@@ -38,7 +43,14 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from benchmarks.support import RedisServer, create_database, database_url, drop_database  # noqa: E402
 
-METHODS = [("none", 4), ("draft_model", 4), ("ngram", 4), ("draft_model", "auto")]
+METHODS = [
+    ("none", 4),
+    ("draft_model", 4),
+    ("ngram", 4),
+    ("draft_model", "auto"),
+    ("eagle", 4),
+    ("eagle", "auto"),
+]
 
 
 def held_out_questions(count: int, seed: int = 0) -> list[dict[str, str]]:
@@ -107,6 +119,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             broker_url=redis.url(0),
             target_model=Path(args.models) / "target",
             draft_model=Path(args.models) / "draft",
+            eagle_model=Path(args.models) / "eagle" if "eagle" in str(METHODS) else None,
             device="cpu",
             torch_threads=1,
             worker_concurrency=1,
@@ -146,7 +159,8 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             raise TimeoutError(f"query {query.id} still open")
 
         for q in questions[:2]:  # warm-up: kernels, caches, the adaptive-k costs
-            ask(q["question"], "draft_model", 4)
+            for method in sorted({m for m, _ in METHODS} - {"none"}):
+                ask(q["question"], method, 4)
         for i, q in enumerate(questions):
             row = {**q, "answers": {}}
             for method, k in METHODS:
@@ -170,7 +184,12 @@ def summarise(rows: list[dict[str, Any]], fmt_line: str) -> dict[str, Any]:
         views = [r["answers"][key] for r in rows]
         stats = [v["stats"] for v in views if v["status"] == "succeeded"]
         drafted = sum(s["num_draft_tokens"] for s in stats)
+        passes = sum(s["num_target_forwards"] for s in stats)
+        decode_ms = sum(s["generation_ms"] - s["ttft_ms"] for s in stats)
+        after_first = sum(s["num_output_tokens"] - 1 for s in stats)
         per[key] = {
+            "tokens_per_target_pass": after_first / passes if passes else None,
+            "decode_tokens_per_s": after_first / decode_ms * 1000.0 if decode_ms else None,
             "succeeded": len(stats),
             "generation_ms": sum(s["generation_ms"] for s in stats),
             "acceptance": sum(s["num_accepted_tokens"] for s in stats) / drafted
@@ -182,6 +201,20 @@ def summarise(rows: list[dict[str, Any]], fmt_line: str) -> dict[str, Any]:
     base = per["none:4"]["generation_ms"]
     for v in per.values():
         v["speedup"] = base / v["generation_ms"] if v["generation_ms"] else None
+    ratios: dict[str, float] = {}
+    for eagle in (k for k in per if k.startswith("eagle:")):
+        e = per[eagle]
+        for other in ("draft_model:4", "draft_model:auto", "none:4"):
+            o = per.get(other)
+            if o is None or not o["decode_tokens_per_s"] or not e["decode_tokens_per_s"]:
+                continue
+            ratios[f"{eagle} / {other} decode tokens/s"] = (
+                e["decode_tokens_per_s"] / o["decode_tokens_per_s"]
+            )
+            if o["tokens_per_target_pass"] and other != "none:4":
+                ratios[f"{eagle} / {other} tokens per target pass"] = (
+                    e["tokens_per_target_pass"] / o["tokens_per_target_pass"]
+                )
     answers = [r["answers"]["none:4"] for r in rows]
     cited = [cites_answer(a.get("answer") or "", a.get("sources") or [], r["file"], r["quote"])
              for a, r in zip(answers, rows, strict=True)]  # fmt: skip
@@ -194,6 +227,7 @@ def summarise(rows: list[dict[str, Any]], fmt_line: str) -> dict[str, Any]:
         "loops": sum(loops(a.get("answer") or "") for a in answers),
         "identical_across_methods": same,
         "methods": per,
+        "eagle_ratios": ratios,
         "samples": [
             {"question": r["question"], "file": r["file"], "answer": a.get("answer")}
             for r, a in zip(rows, answers, strict=True)
@@ -207,7 +241,12 @@ def main() -> None:
     ap.add_argument("--questions", type=int, default=30)
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--methods", default=None, help="method:k,... (default: all; none:4 first)")
     args = ap.parse_args()
+    if args.methods:
+        picked = [(m, int(k) if k.isdigit() else k) for m, k in
+                  (item.split(":") for item in args.methods.split(","))]  # fmt: skip
+        METHODS[:] = picked
     with tempfile.TemporaryDirectory(prefix="instruct-goals-") as tmp:
         result = run(args, Path(tmp))
     text = json.dumps(result, indent=2)

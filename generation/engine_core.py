@@ -51,6 +51,8 @@ class EngineCore:
     """Acceptance recent ``"auto"`` requests saw, per method: the prior of a new request."""
     prefix: PrefixCache | None = None
     """KV of earlier prompts' prefixes (None: reuse off)."""
+    head: ModelRunner | None = None
+    """The EAGLE head on its own KV store (generation/eagle.py; None: no ``eagle`` method)."""
 
 
 class BatchEngine:
@@ -81,7 +83,7 @@ class BatchEngine:
         self._next_id = 0
 
     def _move(self, src: int, dst: int) -> None:
-        for runner in (self.core.target, self.core.draft):
+        for runner in (self.core.target, self.core.draft, self.core.head):
             if runner is not None:
                 runner.store.move(src, dst)
 
@@ -144,8 +146,8 @@ class BatchEngine:
         plans = [_plan(seq) for seq in rows]
         batch_k = choose_k(plans, self.core.costs)
         ks = [row_k(plan, batch_k) for plan in plans]
-        drafts = propose(rows, ks, self.core.draft, self.core.device)
-        logits = self._run(rows, drafts.token_ids)  # [B, 1 + k, vocab]
+        drafts = propose(rows, ks, self.core.draft, self.core.device, self.core.head)
+        logits, hidden = self._run(rows, drafts.token_ids)  # [B, 1 + k, vocab], [B, 1 + k, H]
         emitted = verify(logits, drafts, [s.temperature for s in rows], [s.generator for s in rows])
         for b, seq in enumerate(rows):
             num_draft = drafts.num_tokens[b]
@@ -154,11 +156,13 @@ class BatchEngine:
             accepted = len(row) - 1
             if seq.acceptance is not None:
                 seq.acceptance.observe(num_draft, accepted)
-            kept = self._postprocess(seq, row, num_draft)
+            kept = self._postprocess(seq, row, num_draft, None if hidden is None else hidden[b])
             seq.stats.record_round(num_draft, min(accepted, kept), kept)
             seq.batch_size_sum += len(rows)
             seq.chosen_k_sum += ks[b]
-        table = self.core.costs.table(len(rows), any(p.uses_draft_model for p in plans))
+        table = self.core.costs.table(
+            len(rows), any(p.uses_draft_model for p in plans), any(p.uses_eagle for p in plans)
+        )
         table.observe(max(ks), time.perf_counter() - started)
         self._release_finished()
 
@@ -170,7 +174,8 @@ class BatchEngine:
                 self.scheduler.release(seq)
                 seq.handle.fail(seq.cancelled())
         for seq in self.scheduler.admit():
-            for runner in (self.core.target, self.core.draft):  # the new occupant's slot is empty
+            # the new occupant's slot is empty
+            for runner in (self.core.target, self.core.draft, self.core.head):
                 if runner is not None:
                     runner.set_length(seq.slot, 0)
         return self.scheduler.prefill_plan()
@@ -190,7 +195,11 @@ class BatchEngine:
                 self._reuse_prefix(seq, core.prefix)
                 count = min(count, len(seq.prompt) - seq.prefilled)
             chunk = seq.prompt[seq.prefilled : seq.prefilled + count]
-            logits = core.target.prefill(seq.slot, chunk)
+            if seq.params.method == "eagle":  # the head reads the prompt's features
+                logits, hidden = core.target.prefill_hidden(seq.slot, chunk)
+                seq.features = _append(seq.features, hidden)
+            else:
+                logits = core.target.prefill(seq.slot, chunk)
             if seq.params.method == "draft_model":
                 assert core.draft is not None
                 core.draft.prefill(seq.slot, chunk)
@@ -218,16 +227,29 @@ class BatchEngine:
             if draft is not None and self.core.draft is not None:
                 self.core.draft.set_length(seq.slot, cached)
         seq.prefilled = cached
+        seq.head_base = cached  # the reused positions' features were never computed
         seq.stats.num_cached_prompt_tokens = cached
 
-    def _run(self, rows: list[Sequence], drafts: torch.Tensor) -> torch.Tensor:
-        """Run the target over each row's last token and drafts [B, k]; return logits."""
+    def _run(
+        self, rows: list[Sequence], drafts: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Run the target over each row's last token and drafts [B, k]; return logits and,
+        when an EAGLE row is among them, the final hidden states (its features)."""
         last = torch.tensor([[s.last_token] for s in rows], dtype=torch.long, device=drafts.device)
         input_ids = torch.cat([last, drafts], dim=1)  # [B, 1 + k]
         counts = [input_ids.shape[1]] * len(rows)  # padding is written past the length, unread
-        return self.core.target.run([s.slot for s in rows], input_ids, counts)
+        slots = [s.slot for s in rows]
+        if self.core.head is not None and any(s.params.method == "eagle" for s in rows):
+            return self.core.target.run_hidden(slots, input_ids, counts)
+        return self.core.target.run(slots, input_ids, counts), None
 
-    def _postprocess(self, seq: Sequence, emitted: list[int], num_draft: int = 0) -> int:
+    def _postprocess(
+        self,
+        seq: Sequence,
+        emitted: list[int],
+        num_draft: int = 0,
+        hidden: torch.Tensor | None = None,  # [1 + k, hidden]: the round's target features
+    ) -> int:
         """Append ``emitted`` (a round's accepted drafts and its recovered or bonus token, or
         the first token alone), stop at end of sequence or the budget, roll the slots back to
         what stays valid, emit; return how many tokens were kept."""
@@ -248,6 +270,12 @@ class BatchEngine:
         core.target.set_length(seq.slot, before + accepted)
         if num_draft and core.draft is not None and seq.params.method == "draft_model":
             core.draft.set_length(seq.slot, before + min(accepted, num_draft - 1))
+        if hidden is not None and core.head is not None and seq.params.method == "eagle":
+            # The head keeps the entries fed with true features (the target's length before
+            # the round); the features of the last token and accepted drafts come next round.
+            if num_draft:
+                core.head.set_length(seq.slot, before - 1 - seq.head_base)
+            seq.features = _append(seq.features, hidden[: accepted + 1])
         seq.handle.emit(emitted)
         return len(emitted)
 
@@ -269,4 +297,10 @@ def _plan(seq: Sequence) -> RowPlan:
         cap=0 if method == "none" else seq.remaining - 1,
         fixed_k=seq.fixed_k,
         uses_draft_model=method == "draft_model",
+        uses_eagle=method == "eagle",
     )
+
+
+def _append(features: torch.Tensor | None, more: torch.Tensor) -> torch.Tensor:
+    """Pending EAGLE features [m, hidden] with ``more`` after them."""
+    return more if features is None else torch.cat([features, more])

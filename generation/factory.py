@@ -23,6 +23,7 @@ def load_engine(
     *,
     config: EngineConfig | None = None,
     dtype: str | None = None,
+    eagle_dir: str | Path | None = None,
 ) -> Engine:
     """Return a loaded engine of ``kind`` ("torch" or "vllm"); vLLM is imported only when asked.
 
@@ -33,6 +34,9 @@ def load_engine(
     ``dtype``: "float32", "bfloat16" or "auto" (None: the config's, else float32), for either
     engine (vLLM: its ``dtype`` engine argument, unless ``options``' llm_kwargs name one);
     refused by name when unknown, or bfloat16 on a CPU without native bf16.
+    ``eagle_dir``: an EAGLE head for the target (generation/eagle.py), serving method
+    ``eagle`` on the torch engine; on the vLLM engine when ``options`` say ``method="eagle"``
+    (the head is then vLLM's speculator in place of the draft; docs/vllm.md).
     """
     options = options or {}
     if dtype is not None:
@@ -43,7 +47,7 @@ def load_engine(
         from generation.torch_engine import SpeculativeEngine  # heavy: torch
 
         return SpeculativeEngine.from_pretrained(
-            target_dir, draft_dir, device=device, config=config, dtype=dtype
+            target_dir, draft_dir, device=device, config=config, dtype=dtype, eagle_dir=eagle_dir
         )
     if kind == "vllm":
         try:
@@ -62,6 +66,8 @@ def load_engine(
         if name is not None and "dtype" not in llm_kwargs:
             llm_kwargs["dtype"] = resolve_dtype(name, _vllm_device(device))
             options = {**options, "llm_kwargs": llm_kwargs}
+        if options.get("method") == "eagle":  # vLLM's speculator is the head, not a draft
+            draft_dir = eagle_dir
         engine: Engine = VLLMEngine.from_pretrained(target_dir, draft_dir, device=device, **options)
         return engine
     raise ValueError(f"engine: unknown kind {kind!r}; expected one of {', '.join(ENGINE_KINDS)}")

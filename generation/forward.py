@@ -182,7 +182,8 @@ class Linear:
 class _Layer:
     """The projections and norms of one decoder layer (the module's own tensors)."""
 
-    def __init__(self, layer: Any, packed: bool) -> None:
+    def __init__(self, layer: Any, packed: bool, input_norm: bool = True) -> None:
+        """``input_norm``: False for an EAGLE head's layer, whose input is not normalised."""
         attn, mlp = layer.self_attn, layer.mlp
         self.q, self.k, self.v, self.o = (
             Linear(m, packed) for m in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj)
@@ -190,7 +191,7 @@ class _Layer:
         self.gate, self.up, self.down = (
             Linear(m, packed) for m in (mlp.gate_proj, mlp.up_proj, mlp.down_proj)
         )
-        self.in_norm = layer.input_layernorm
+        self.in_norm = layer.input_layernorm if input_norm else None
         self.post_norm = layer.post_attention_layernorm
         self.q_size = attn.q_proj.weight.shape[0]
         self.scaling = attn.scaling
@@ -262,7 +263,43 @@ class FastLlamaForward:
         starts: list[int],
         last: list[int] | None = None,
     ) -> torch.Tensor:
+        return self.run(input_ids, store, slots, starts, last)[0]
+
+    def run(
+        self,
+        input_ids: torch.Tensor,  # [B, n], right-padded
+        store: KVStore,
+        slots: list[int],
+        starts: list[int],
+        last: list[int] | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``__call__``'s logits with the final hidden states they were read from: after the
+        final norm, as vLLM's Llama returns them to an EAGLE head ([B, n, hidden], or
+        [B, hidden] with ``last``)."""
         batch, n = input_ids.shape
+        # Activations stay 2-D, [B * n, hidden]: a 2-D linear runs the same GEMM without the
+        # 3-D dispatch around it (docs/benchmarks.md, issue 24).
+        x = F.embedding(input_ids.reshape(-1), self.embed)  # [B * n, hidden]
+        x = self.decode(x, self.layers, batch, n, store, slots, starts)
+        x = select_last(x, batch, n, last)
+        h = rms_norm(x, self.norm)
+        logits = self.lm_head(h)
+        if last is not None:
+            return logits, h
+        return logits.view(batch, n, -1), h.view(batch, n, -1)
+
+    def decode(
+        self,
+        x: torch.Tensor,  # [B * n, hidden]
+        layers: list[_Layer],
+        batch: int,
+        n: int,
+        store: KVStore,
+        slots: list[int],
+        starts: list[int],
+    ) -> torch.Tensor:
+        """Run ``layers`` (this model's, or an EAGLE head's on its own store) over ``x``,
+        writing each row's keys and values at ``starts[b]`` of its slot; return [B * n, hidden]."""
         device = self.device
         # Padding of a row near the end of its slot is written at the slot's last position,
         # which no real token reaches.
@@ -296,11 +333,9 @@ class FastLlamaForward:
             mask = torch.zeros(seen.shape, dtype=self.dtype, device=device)
             mask = mask.masked_fill_(~seen, float("-inf")).unsqueeze(1)  # [B, 1, n, end]
             gqa = False
-        # Activations stay 2-D, [B * n, hidden]: a 2-D linear runs the same GEMM without the
-        # 3-D dispatch around it (docs/benchmarks.md, issue 24).
-        x = F.embedding(input_ids.reshape(-1), self.embed)  # [B * n, hidden]
-        for i, layer in enumerate(self.layers):
-            h = rms_norm(x, layer.in_norm)
+        for i, layer in enumerate(layers):
+            # An EAGLE head's first layer has no input norm (vLLM's llama_eagle.py).
+            h = x if layer.in_norm is None else rms_norm(x, layer.in_norm)
             q = layer.q(h).view(batch, n, self.heads, -1)
             k = layer.k(h).view(batch, n, self.kv_heads, -1)
             v = layer.v(h).view(batch, n, self.kv_heads, -1)
@@ -324,13 +359,17 @@ class FastLlamaForward:
             x = x + layer.o(attn)
             h = rms_norm(x, layer.post_norm)
             x = x + layer.down(F.silu(layer.gate(h)) * layer.up(h))
-        if last is not None and batch == 1:
-            x = x[last[0] : last[0] + 1]  # [1, hidden]
-        elif last is not None:
-            rows_at = torch.arange(batch, device=device) * n + torch.tensor(last, device=device)
-            x = x[rows_at]  # [B, hidden]
-        logits = self.lm_head(rms_norm(x, self.norm))
-        return logits if last is not None else logits.view(batch, n, -1)
+        return x
+
+
+def select_last(x: torch.Tensor, batch: int, n: int, last: list[int] | None) -> torch.Tensor:
+    """``x`` [B * n, hidden] at each row's position ``last[b]`` ([B, hidden]); all if None."""
+    if last is None:
+        return x
+    if batch == 1:
+        return x[last[0] : last[0] + 1]  # [1, hidden]
+    rows_at = torch.arange(batch, device=x.device) * n + torch.tensor(last, device=x.device)
+    return x[rows_at]  # [B, hidden]
 
 
 def forward_for(model: Any, fast: bool = True, packed: bool | None = None) -> Forward:

@@ -169,13 +169,24 @@ class StepCosts:
 
     timer: StepTimer
     k_max: int
-    tables: dict[tuple[int, bool], CostModel] = field(default_factory=dict)
+    tables: dict[tuple[int, bool | str], CostModel] = field(default_factory=dict)
 
-    def table(self, batch_size: int, with_draft: bool) -> CostModel:
-        """Return the cost table of the bucket of ``batch_size`` (measuring it the first time)."""
-        key = (bucket(batch_size), with_draft)
+    eagle_timer: Callable[[int, list[int]], dict[int, float]] | None = None
+    """(batch_size, ks) -> seconds of a step whose drafts are an EAGLE head's passes."""
+
+    def table(self, batch_size: int, with_draft: bool, with_eagle: bool = False) -> CostModel:
+        """Return the cost table of the bucket of ``batch_size`` (measuring it the first time).
+
+        ``with_eagle``: steps drafting with an EAGLE head, priced by ``eagle_timer`` (a batch
+        with draft-model rows too is priced by the draft's table)."""
+        eagle = with_eagle and not with_draft and self.eagle_timer is not None
+        key = (bucket(batch_size), with_draft) if not eagle else (bucket(batch_size), "eagle")
         if key not in self.tables:
-            points = self.timer(key[0], measured_ks(self.k_max), with_draft)
+            if eagle:
+                assert self.eagle_timer is not None
+                points = self.eagle_timer(key[0], measured_ks(self.k_max))
+            else:
+                points = self.timer(key[0], measured_ks(self.k_max), with_draft)
             self.tables[key] = CostModel(interpolate(points, self.k_max))
         return self.tables[key]
 
@@ -190,6 +201,7 @@ class RowPlan:
     fixed_k: int | None
     """The row's own k, or None when it follows the batch (``"auto"``)."""
     uses_draft_model: bool
+    uses_eagle: bool = False
 
 
 def row_k(row: RowPlan, k: int) -> int:
@@ -203,7 +215,9 @@ def choose_k(rows: list[RowPlan], costs: StepCosts) -> int:
     if not any(r.fixed_k is None and r.cap > 0 for r in rows):
         return 0
     # One table for every k: a batch with draft-model rows prices their passes at every k > 0.
-    table = costs.table(len(rows), any(r.uses_draft_model for r in rows))
+    table = costs.table(
+        len(rows), any(r.uses_draft_model for r in rows), any(r.uses_eagle for r in rows)
+    )
     best_k, best = 0, -1.0
     for k in range(costs.k_max + 1):
         ks = [row_k(r, k) for r in rows]

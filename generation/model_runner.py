@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from typing import Any
 
 import torch
 
@@ -63,6 +64,34 @@ class ModelRunner:
             store.lengths[slot] = start + count
         return logits.float()
 
+    def run_hidden(
+        self,
+        slots: list[int],
+        input_ids: torch.Tensor,  # [B, n], right-padded
+        num_tokens: list[int],
+        last_only: bool = False,
+        features: torch.Tensor | None = None,  # [B, n, hidden]: an EAGLE head's input
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``run``, with the final hidden states beside the logits ([B, n, hidden], or
+        [B, hidden] with ``last_only``): the target's feed an EAGLE head (generation/eagle.py)."""
+        store = self.store
+        starts = [store.lengths[s] for s in slots]
+        last = [max(c, 1) - 1 for c in num_tokens] if last_only else None
+        fwd: Any = self.fwd
+        if features is None:
+            logits, hidden = fwd.run(input_ids, store, slots, starts, last)
+        else:
+            logits, hidden = fwd.run(input_ids, store, slots, starts, last, features)
+        for slot, start, count in zip(slots, starts, num_tokens, strict=True):
+            store.lengths[slot] = start + count
+        return logits.float(), hidden
+
+    def prefill_hidden(self, slot: int, token_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """``prefill``, with the final hidden state of every token [n, hidden]."""
+        ids = torch.tensor([token_ids], dtype=torch.long, device=self.fwd.device)
+        logits, hidden = self.run_hidden([slot], ids, [len(token_ids)])
+        return logits[0, -1], hidden[0]
+
     def prefill(self, slot: int, token_ids: list[int]) -> torch.Tensor:
         """Append ``token_ids`` to slot ``slot``; return the logits after the last one [vocab]."""
         ids = torch.tensor([token_ids], dtype=torch.long, device=self.fwd.device)
@@ -110,10 +139,14 @@ def time_batch_steps(
     ks: list[int],
     context_len: int = 64,
     repeats: int = 2,
+    head: Any = None,
 ) -> dict[int, float]:
     """Return the median seconds of a batch step of ``batch_size`` rows for each k in ``ks``:
     a target pass over ``[batch_size, k + 1]`` and, with a draft, ``k`` draft passes over
-    ``[batch_size, 1]``, on scratch slots holding ``context_len`` tokens."""
+    ``[batch_size, 1]`` (with an EAGLE ``head`` instead: ``k`` head passes over
+    ``[batch_size, 1]`` and their features), on scratch slots holding ``context_len`` tokens."""
+    if head is not None:
+        draft = head
     capacity = context_len + max(ks) + 2
     runners = [ModelRunner(m, batch_size, capacity) for m in (target, draft) if m is not None]
     device = target.device
@@ -122,19 +155,30 @@ def time_batch_steps(
     slots = list(range(batch_size))
     times: dict[int, list[float]] = {k: [] for k in ks}
     with torch.inference_mode():
-        for runner in runners:
-            for slot in slots:
-                runner.prefill(slot, context)
+        for slot in slots:
+            runners[0].prefill(slot, context)
+            if len(runners) > 1 and head is None:
+                runners[1].prefill(slot, context)
+            elif head is not None:  # the head's context: any features will do for timing
+                runners[1].set_length(slot, context_len)
         for attempt in range(repeats + 1):  # the first round warms up allocators and kernels
             for k in ks:
                 _synchronize(device)
                 start = time.perf_counter()
                 if draft is not None and k:
                     ids = torch.ones((batch_size, 1), dtype=torch.long, device=device)
+                    feats = None
+                    if head is not None:
+                        hidden = int(head.config.hidden_size)
+                        feats = torch.zeros((batch_size, 1, hidden), dtype=head.dtype)
                     for _ in range(k):
-                        runners[1].run(slots, ids, [1] * batch_size, last_only=True)
+                        if feats is not None:
+                            runners[1].run_hidden(slots, ids, [1] * batch_size, True, feats)
+                        else:
+                            runners[1].run(slots, ids, [1] * batch_size, last_only=True)
                 ids = torch.ones((batch_size, k + 1), dtype=torch.long, device=device)
-                runners[0].run(slots, ids, [k + 1] * batch_size).argmax(dim=-1).tolist()
+                verify = runners[0].run_hidden if head is not None else runners[0].run
+                verify(slots, ids, [k + 1] * batch_size)[0].argmax(dim=-1).tolist()
                 _synchronize(device)
                 if attempt:
                     times[k].append(time.perf_counter() - start)

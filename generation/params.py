@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-Method = Literal["draft_model", "ngram", "none"]
-METHODS: tuple[str, ...] = ("draft_model", "ngram", "none")
+Method = Literal["draft_model", "ngram", "eagle", "none"]
+METHODS: tuple[str, ...] = ("draft_model", "ngram", "eagle", "none")
 
 
 @dataclass(frozen=True)
@@ -20,7 +20,8 @@ class SamplingParams:
     seed: int | None = None
     """Seed for a private generator: the same seed gives the same sampled output."""
     method: str = "draft_model"
-    """Proposer: ``draft_model``, ``ngram`` (prompt lookup) or ``none`` (target only)."""
+    """Proposer: ``draft_model``, ``ngram`` (prompt lookup), ``eagle`` (a head on the target's
+    features) or ``none`` (target only)."""
     num_speculative_tokens: int | str = 4
     """Tokens drafted per verification round (k >= 1), or ``"auto"`` for adaptive k."""
     cache_salt: str | None = None

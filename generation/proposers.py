@@ -1,7 +1,8 @@
 """Proposers: each row's draft tokens, padded into one tensor ``[B, k]``.
 
-Draft-model rows are drafted together, one batched draft pass per position. N-gram rows use
-prompt lookup (generation/ngram.py; a one-hot draft distribution).
+Draft-model rows are drafted together, one batched draft pass per position; EAGLE rows too,
+one batched pass of the head per position (generation/eagle.py). N-gram rows use prompt lookup
+(generation/ngram.py; a one-hot draft distribution).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from generation.eagle import draft_with_eagle
 from generation.model_runner import ModelRunner
 from generation.sampling import sample_with_probs
 from generation.sequence import Sequence
@@ -29,24 +31,34 @@ class Drafts:
 
 
 def propose(
-    rows: list[Sequence], ks: list[int], draft: ModelRunner | None, device: torch.device
+    rows: list[Sequence],
+    ks: list[int],
+    draft: ModelRunner | None,
+    device: torch.device,
+    head: ModelRunner | None = None,
 ) -> Drafts:
     """Return up to ``ks[b]`` draft tokens for each row ``b``, padded to the widest: prompt
-    lookup row by row, the draft model for all its rows at once."""
+    lookup row by row, the draft model for all its rows at once, the EAGLE ``head`` for all
+    its rows at once."""
     host: list[list[int]] = [[] for _ in rows]
     probs: list[torch.Tensor | None] = [None for _ in rows]
-    model_rows = []
+    model_rows, head_rows = [], []
     for b, (seq, k) in enumerate(zip(rows, ks, strict=True)):
         if k and seq.ngram is not None:
             host[b] = seq.ngram.propose(seq.tokens, k)
         elif k and seq.params.method == "draft_model":
             model_rows.append(b)
-    if model_rows:
-        assert draft is not None
-        found = draft_with_model(
-            draft, [rows[b] for b in model_rows], [ks[b] for b in model_rows], device
-        )
-        for b, (tokens, p) in zip(model_rows, found, strict=True):
+        elif k and seq.params.method == "eagle":
+            head_rows.append(b)
+    for runner, picked, drafter in (
+        (draft, model_rows, draft_with_model),
+        (head, head_rows, draft_with_eagle),
+    ):
+        if not picked:
+            continue
+        assert runner is not None
+        found = drafter(runner, [rows[b] for b in picked], [ks[b] for b in picked], device)
+        for b, (tokens, p) in zip(picked, found, strict=True):
             host[b], probs[b] = tokens, p
     width = max(len(d) for d in host)
     padded = [d + [0] * (width - len(d)) for d in host]

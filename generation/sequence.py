@@ -57,6 +57,12 @@ class Sequence:
     last_step: float = field(default_factory=time.perf_counter)
     """When the request last took part in a step (or joined): how long a paused background
     request has waited."""
+    features: torch.Tensor | None = None
+    """[m, hidden]: the target's final hidden states of the positions an EAGLE head has not
+    yet read (generation/eagle.py); None for other methods, or when it has read them all."""
+    head_base: int = 0
+    """The target position of the EAGLE head's first slot entry (after a reused prefix, whose
+    features were never computed, the head starts where prefill starts)."""
     batch_size_sum: int = 0
     chosen_k_sum: int = 0
 

@@ -18,9 +18,10 @@ import torch
 
 from generation.config import EngineConfig
 from generation.dtypes import TORCH_DTYPES, dtype_name, resolve_dtype
+from generation.eagle import EagleHead, EagleHeadModule, check_head_config, load_head
 from generation.engine_core import BatchEngine, EngineCore
 from generation.engine_loop import EngineLoop, run_many
-from generation.forward import Forward, forward_for
+from generation.forward import FastLlamaForward, Forward, forward_for
 from generation.goodput import RecentAcceptance, StepCosts
 from generation.interface import GenerationResult
 from generation.loading import (
@@ -50,7 +51,10 @@ class SpeculativeEngine:
         draft: Any | None = None,
         *,
         config: EngineConfig | None = None,
+        eagle: EagleHeadModule | None = None,
     ) -> None:
+        """``eagle``: an EAGLE head trained on this target (generation/eagle.py), which serves
+        method ``eagle``; it needs the engine's own forward pass of a Llama-family target."""
         self.config = config = config or EngineConfig()
         self.device = next(target.parameters()).device
         if config.dtype is not None:  # else the models' own dtype
@@ -63,6 +67,18 @@ class SpeculativeEngine:
         fast, packed = config.fast_forward, config.packed_weights
         self.target_forward: Forward = forward_for(self.target, fast, packed)
         self.draft_forward = forward_for(draft, fast, packed) if draft is not None else None
+        self.eagle_head: EagleHead | None = None
+        """The EAGLE head as the engine runs it (None: this engine serves no ``eagle``)."""
+        if eagle is not None:
+            if not isinstance(self.target_forward, FastLlamaForward):
+                raise ValueError(
+                    "eagle: an EAGLE head needs the engine's own forward pass of a Llama-family "
+                    "target (fast_forward on; transformers' pass does not return the features)"
+                )
+            check_head_config(eagle.config, target.config, "the given head")
+            param = next(self.target.parameters())
+            eagle = eagle.to(device=param.device, dtype=param.dtype).eval()
+            self.eagle_head = EagleHead(eagle, self.target_forward)
         # vocab_size, max_context, eos_token_id, model_pair: as generation.interface.Engine says.
         self.vocab_size = output_vocab_size(target)
         # The one reader of limits and EOS ids, as the vLLM engine reads them from the files.
@@ -77,20 +93,28 @@ class SpeculativeEngine:
         self.eos_token_ids = list(eos)
         """Every id that ends an answer (generation config's, then the model config's)."""
         self.model_pair = _label(target) + (f"+{_label(draft)}" if draft else "")
+        self.methods: tuple[str, ...] = ("none", "ngram")
+        """The methods this engine serves (draft_model with a draft, eagle with a head)."""
+        self.methods += ("draft_model",) if draft is not None else ()
+        self.methods += ("eagle",) if self.eagle_head is not None else ()
         self.max_speculative_tokens = config.max_speculative_tokens
-        models = [m for m in (self.target_forward, self.draft_forward) if m is not None]
+        models: list[Any] = [self.target_forward, self.draft_forward, self.eagle_head]
+        models = [m for m in models if m is not None]
         capacity = self.max_context + config.max_speculative_tokens + 1  # one round's padding
         self.kv_bytes_per_slot = slot_bytes(models, capacity)
-        """Bytes of KV one request's slot takes, target and draft together."""
+        """Bytes of KV one request's slot takes, target, draft and head together."""
         self.max_concurrency = plan_slots(
             models, capacity, config.max_batch_size, config.kv_memory_fraction
         )
         """Requests the engine holds at once: its KV slots (``max_batch_size``, or fewer where
         memory cannot hold them at the full context)."""
-        target_fwd, draft_fwd = self.target_forward, self.draft_forward
+        target_fwd, draft_fwd, head = self.target_forward, self.draft_forward, self.eagle_head
 
         def timer(batch_size: int, ks: list[int], with_draft: bool) -> dict[int, float]:
             return time_batch_steps(target_fwd, draft_fwd if with_draft else None, batch_size, ks)
+
+        def eagle_timer(batch_size: int, ks: list[int]) -> dict[int, float]:
+            return time_batch_steps(target_fwd, None, batch_size, ks, head=head)
 
         self.prefix_cache = PrefixCache.for_models(
             config.prefix_cache_mb, self.target, self.draft, self.model_pair,
@@ -100,15 +124,18 @@ class SpeculativeEngine:
         runners = [ModelRunner(m, self.max_concurrency, capacity) for m in models]
         self._core = EngineCore(
             target=runners[0],
-            draft=runners[1] if len(runners) > 1 else None,
+            draft=runners[1] if self.draft_forward is not None else None,
             config=config,
             device=self.device,
             eos=frozenset(eos),
             max_context=self.max_context,
             check_request=self.check_request,
-            costs=StepCosts(timer, config.max_speculative_tokens),
-            recent={"draft_model": RecentAcceptance(), "ngram": RecentAcceptance()},
+            costs=StepCosts(
+                timer, config.max_speculative_tokens, eagle_timer=eagle_timer if head else None
+            ),
+            recent={m: RecentAcceptance() for m in ("draft_model", "ngram", "eagle")},
             prefix=self.prefix_cache,
+            head=runners[-1] if head is not None else None,
         )
         self._lock = threading.Lock()
         """Held by whoever steps the KV stores: a running loop's thread, or ``generate_many``."""
@@ -122,8 +149,10 @@ class SpeculativeEngine:
         device: str | torch.device = "cpu",
         config: EngineConfig | None = None,
         dtype: str | None = None,
+        eagle_dir: str | Path | None = None,
     ) -> SpeculativeEngine:
-        """Return an engine with the checkpoints loaded once; a mismatched draft is refused.
+        """Return an engine with the checkpoints loaded once; a mismatched draft or EAGLE head
+        (``eagle_dir``, vLLM's EAGLE format: generation/eagle.py) is refused.
 
         ``dtype``: "float32", "bfloat16" or "auto" (None: the config's, else float32); bfloat16
         on a CPU without AMX / AVX-512 BF16 is refused before anything loads."""
@@ -138,7 +167,8 @@ class SpeculativeEngine:
             check_vocab_compatible(
                 output_vocab_size(target), output_vocab_size(draft), target_dir, draft_dir
             )
-        return cls(target, draft, config=config)
+        eagle = load_head(eagle_dir, target) if eagle_dir is not None else None
+        return cls(target, draft, config=config, eagle=eagle)
 
     def reset_prefix_cache(self) -> int:
         """Forget every cached prompt prefix not in use (as vLLM's ``reset_prefix_cache``);
@@ -148,13 +178,18 @@ class SpeculativeEngine:
     @property
     def kv_stores(self) -> list[Any]:
         """The KV store of each model (target first), allocated now if not yet."""
-        return [r.store for r in (self._core.target, self._core.draft) if r is not None]
+        core = self._core
+        return [r.store for r in (core.target, core.draft, core.head) if r is not None]
 
     def check_request(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
         """Raise ValueError naming the problem when this engine cannot serve the request."""
         check_prompt(prompt_token_ids, params, self.vocab_size, self.max_context)
-        if params.method == "draft_model" and self.draft is None:
-            raise ValueError("method: 'draft_model' needs a draft model; this engine has none")
+        if params.method not in self.methods:
+            need = "a draft model" if params.method == "draft_model" else "an EAGLE head"
+            raise ValueError(
+                f"method: {params.method!r} needs {need}; this engine has none and serves "
+                f"{', '.join(self.methods)}"
+            )
 
     def recent_alpha(self, method: str) -> float:
         """Acceptance that recent ``"auto"`` requests of ``method`` saw (a new one's prior)."""
@@ -172,6 +207,8 @@ class SpeculativeEngine:
         for size in batch_sizes:
             for with_draft in (False, True) if self.draft is not None else (False,):
                 self._core.costs.table(size, with_draft)
+            if self.eagle_head is not None:
+                self._core.costs.table(size, False, with_eagle=True)
 
     def start_loop(
         self,

@@ -41,7 +41,9 @@ def _spec_tokens(value: str) -> int | str:
 @click.option(
     "--tenant", default="default", show_default=True, help="Tenant that owns the collection."
 )
-@click.option("--method", default=None, help="draft_model | ngram | none (default from settings).")
+@click.option(
+    "--method", default=None, help="draft_model | ngram | eagle | none (default from settings)."
+)
 @click.option(
     "--num-speculative-tokens",
     "k",

@@ -47,7 +47,8 @@ class Speculation:
     """The proposer and k a vLLM engine is started with; vLLM cannot change them per request."""
 
     method: str = "draft_model"
-    """``draft_model``, ``ngram`` or ``none``."""
+    """``draft_model``, ``eagle`` (the draft checkpoint is then an EAGLE head), ``ngram`` or
+    ``none``."""
     num_speculative_tokens: int | str = 4
     """k >= 1, or ``"auto"``; ignored for ``none``."""
 
@@ -99,6 +100,13 @@ def speculative_config(
             "draft_sample_method": draft_sample_method,
             "draft_tensor_parallel_size": tensor_parallel_size,
         }
+    elif method == "eagle":
+        if draft_dir is None:
+            raise UnsupportedSpeculationError(
+                "method: 'eagle' needs an EAGLE head checkpoint (generation/eagle.py); none "
+                "was given"
+            )
+        config = {"method": "eagle", "model": str(draft_dir)}
     elif method == "ngram":
         config = {
             "method": "ngram",

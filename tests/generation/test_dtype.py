@@ -23,6 +23,7 @@ from generation import (
     load_engine,
     model_runner,
 )
+from generation.eagle import EagleHeadModule, head_config
 from generation.exactness import check_greedy
 from tests.generation.tiny_models import build_model, perturbed_copy
 
@@ -100,8 +101,11 @@ def bf16_engine() -> SpeculativeEngine:
     """A sharpened tiny pair in bfloat16 (logits far from uniform, as a trained model's)."""
     target = build_model("llama", vocab_size=VOCAB, seed=5, hidden_size=64, logit_scale=8.0)
     draft = perturbed_copy(target, noise=0.3)
-    engine = SpeculativeEngine(target.to(torch.bfloat16), draft.to(torch.bfloat16))
+    torch.manual_seed(5)
+    head = EagleHeadModule(head_config(target.config)).to(torch.bfloat16)
+    engine = SpeculativeEngine(target.to(torch.bfloat16), draft.to(torch.bfloat16), eagle=head)
     engine.step_costs().timer = lambda batch_size, ks, with_draft: {k: 0.01 for k in ks}
+    engine.step_costs().eagle_timer = lambda batch_size, ks: {k: 0.01 for k in ks}
     return engine
 
 
@@ -111,7 +115,7 @@ def _prompts(n: int) -> list[list[int]]:
 
 
 CASES = [("draft_model", 1), ("draft_model", 3), ("draft_model", 6), ("ngram", 2)]
-CASES += [("draft_model", "auto")]
+CASES += [("draft_model", "auto"), ("eagle", 3), ("eagle", "auto")]
 
 
 def test_greedy_speculation_in_bf16_is_the_none_run_but_at_near_ties(

@@ -17,6 +17,7 @@ import torch
 from scipy.stats import chisquare
 
 from generation import SamplingParams, SpeculativeEngine
+from generation.eagle import EagleHeadModule, head_config
 from tests.generation.tiny_models import build_model, perturbed_copy
 
 VOCAB = 3
@@ -57,15 +58,21 @@ def engine(request: pytest.FixtureRequest) -> SpeculativeEngine:
     # Sharpened logits: uneven distributions that target and draft disagree on.
     target = build_model("llama", vocab_size=VOCAB, seed=11, logit_scale=30.0)
     draft = perturbed_copy(target, noise=0.6)
-    engine = SpeculativeEngine(target.to(request.param), draft.to(request.param))
+    torch.manual_seed(12)
+    head = EagleHeadModule(head_config(target.config))  # random: often rejected, sometimes not
+    engine = SpeculativeEngine(
+        target.to(request.param), draft.to(request.param), eagle=head.to(request.param)
+    )
     # The draft costs what the target does, so goodput would rightly not draft for "auto";
     # priced as a cheap draft, "auto" drafts and its rounds are tested.
     engine.step_costs().timer = lambda batch_size, ks, with_draft: {k: 0.01 for k in ks}
+    engine.step_costs().eagle_timer = lambda batch_size, ks: {k: 0.01 for k in ks}
     return engine
 
 
 @pytest.mark.parametrize(
-    ("method", "k"), [("draft_model", 2), ("ngram", 3), ("draft_model", "auto")]
+    ("method", "k"),
+    [("draft_model", 2), ("ngram", 3), ("draft_model", "auto"), ("eagle", 2), ("eagle", "auto")],
 )
 def test_first_tokens_follow_the_target_joint_distribution(
     engine: SpeculativeEngine, method: str, k: int | str

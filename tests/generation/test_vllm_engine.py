@@ -230,7 +230,7 @@ def test_bad_device_method_schedule_and_checkpoint_fail_before_vllm(
         VLLMEngine.from_pretrained(tiny_models["target"], device="tpu")
     with pytest.raises(UnsupportedSpeculationError, match="draft_sample_method"):
         start(tiny_models, draft_sample_method="topk")
-    with pytest.raises(UnsupportedSpeculationError, match="unknown method 'eagle'"):
+    with pytest.raises(UnsupportedSpeculationError, match="'eagle' needs an EAGLE head checkpoint"):
         start(tiny_models, method="eagle")
     with pytest.raises(UnsupportedSpeculationError, match="must start at batch size 1"):
         start(tiny_models, k="auto", auto_batch_schedule=[(4, 8, 2)])

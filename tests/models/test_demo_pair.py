@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from generation import SamplingParams, SpeculativeEngine, load_tokenizer
+from generation.kv_store import KVShape
 from retrieval.chat import PromptFormat
 from retrieval.prompt import Passage, user_message
 
@@ -21,7 +22,9 @@ def engine(
     demo_dirs: tuple[Path, Path], monkeypatch_module: pytest.MonkeyPatch
 ) -> SpeculativeEngine:
     target, draft = demo_dirs
-    return SpeculativeEngine.from_pretrained(target, draft, device="cpu")
+    return SpeculativeEngine.from_pretrained(
+        target, draft, device="cpu", eagle_dir=target.parent / "eagle"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -100,7 +103,7 @@ def plain_output(engine: SpeculativeEngine, prompt_ids: list[int]) -> list[int]:
     return engine.generate(prompt_ids, params).token_ids
 
 
-@pytest.mark.parametrize("method", ["draft_model", "ngram"])
+@pytest.mark.parametrize("method", ["draft_model", "ngram", "eagle"])
 def test_greedy_is_token_identical_with_and_without_speculation(
     engine: SpeculativeEngine, prompt_ids: list[int], plain_output: list[int], method: str
 ) -> None:
@@ -144,3 +147,27 @@ def test_the_instruct_fine_tune_kept_the_induction_circuit(engine: SpeculativeEn
 
     for model in (engine.target, engine.draft):
         assert copy_accuracy(model, seed=0) >= 0.9
+
+
+def test_eagle_head_ships_in_vllm_format_and_adds_less_than_the_draft(
+    engine: SpeculativeEngine, demo_dirs: tuple[Path, Path]
+) -> None:
+    """The head (models/demo/eagle) is vLLM's EAGLE layout and, weights and KV of a slot at
+    the full context together, takes less memory than the draft model it stands in for."""
+    head_dir = demo_dirs[0].parent / "eagle"
+    config = json.loads((head_dir / "config.json").read_text())
+    assert config["architectures"] == ["EagleLlamaForCausalLM"]
+    assert config["num_hidden_layers"] == 1
+    assert config["hidden_size"] == engine.target.config.hidden_size
+    assert engine.eagle_head is not None and engine.draft is not None
+    capacity = engine.max_context
+
+    def memory(params: object, config: object, dtype: object) -> int:
+        weights = sum(p.numel() * p.element_size() for p in params)  # type: ignore[attr-defined]
+        kv = KVShape.of_config(config, dtype).bytes_per_token() * capacity  # type: ignore[arg-type]
+        return int(weights + kv)
+
+    head = engine.eagle_head
+    head_bytes = memory(head.module.parameters(), head.config, head.dtype)
+    draft_bytes = memory(engine.draft.parameters(), engine.draft.config, head.dtype)
+    assert head_bytes < draft_bytes, (head_bytes, draft_bytes)

@@ -26,7 +26,7 @@ K_ORDER: dict[int | str, int] = {1: 0, 2: 1, 3: 2, 4: 3, 8: 4, "auto": 5}
 def _engine_rank(item: pytest.Item) -> tuple[int, int]:
     """(method, k) rank of the engine a conformance test needs (no method: draft_model, k 4)."""
     params = getattr(getattr(item, "callspec", None), "params", {})
-    method_rank = {"draft_model": 0, "ngram": 1, "none": 2}.get(params.get("method"), 0)
+    method_rank = {"draft_model": 0, "ngram": 1, "none": 2, "eagle": 3}.get(params.get("method"), 0)
     return (method_rank, K_ORDER.get(params.get("k", 4), 3))
 
 

@@ -51,7 +51,7 @@ class EnginePool:
         options.setdefault("llm_kwargs", dict(SMALL_KV))
         engine = VLLMEngine.from_pretrained(
             target,
-            draft if method == "draft_model" else None,
+            draft if method in ("draft_model", "eagle") else None,
             device="cpu",
             method=method,
             num_speculative_tokens=k,
