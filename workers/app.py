@@ -20,6 +20,7 @@ import workers.batch_tasks as batch_tasks
 import workers.runtime as runtime
 import workers.tasks as tasks
 from app.dispatch import TaskName
+from app.drafts.hooks import install_hooks as install_draft_hooks
 from app.evals.hooks import install_hooks
 from app.requests import QueueName
 from app.settings import Settings
@@ -84,6 +85,7 @@ def create_celery(settings: Settings) -> SpecragCelery:
         task_send_sent_event=False,
     )
     install_hooks()  # audit's after-answer work (shadow samples) in this process's pipeline
+    install_draft_hooks()  # answers' token ids for draft tuning (clear questions only)
     tasks.register(app)
     batch_tasks.register(app)
     audit_tasks.register(app)
