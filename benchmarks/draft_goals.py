@@ -239,6 +239,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--ask-timeout", type=float, default=2400.0)
     ap.add_argument("--swap", type=int, default=30, help="fresh questions re-asked after the swap")
     ap.add_argument("--min-items", type=int, default=50)
+    ap.add_argument("--epochs", type=int, default=4)
+    ap.add_argument("--lr", type=float, default=5e-4)
+    ap.add_argument("--tokens-per-batch", type=int, default=2048)
     ap.add_argument("--cleanup", action="store_true")
     args = ap.parse_args(argv)
     run = Run(args)
@@ -305,6 +308,8 @@ def main(argv: list[str] | None = None) -> None:
                 "draft", "tune", "--dataset", str(dataset), "--draft", str(old),
                 "--out", str(tuned), "--time-budget", str(args.tune_seconds),
                 "--run-dir", str(run.work / "tune-run"), "--threads", "2",
+                "--epochs", str(args.epochs), "--lr", str(args.lr),
+                "--tokens-per-batch", str(args.tokens_per_batch), "--no-progress",
             )  # fmt: skip
             run.mark("tune", {"seconds": round(time.monotonic() - started)})
         if not run.done("evaluate"):

@@ -7,7 +7,14 @@ from pathlib import Path
 import click
 
 from app.audit.window import parse_window
-from app.commands.common import CommandError, emit, get_settings, json_option, one_line_errors
+from app.commands.common import (
+    CommandError,
+    emit,
+    get_dispatcher,
+    get_settings,
+    json_option,
+    one_line_errors,
+)
 from app.db import prepare
 from app.drafts.dataset import MIN_ITEMS, Filters, build_dataset
 
@@ -127,16 +134,23 @@ def dataset(
 )
 @click.option("--threads", type=int, default=None, help="torch threads (default: torch's).")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
+@click.option(
+    "--queue",
+    "on_queue",
+    is_flag=True,
+    help="Send the tune to the `train` queue (a worker started with --queues train) "
+    "instead of running it here.",
+)
 @json_option
 @one_line_errors
 def tune_cmd(
     dataset_dir: Path, draft_dir: Path | None, target_dir: Path | None, out: Path,
     run_dir: Path | None, epochs: int, max_steps: int | None, time_budget: float | None,
     lr: float, tokens_per_batch: int, loss: str, threads: int | None, no_progress: bool,
-    as_json: bool,
+    on_queue: bool, as_json: bool,
 ) -> None:  # fmt: skip
     """Distil the draft on DATASET's training split into a new checkpoint directory OUT."""
-    from app.drafts.tune import TuneConfig, tune
+    from app.drafts.tune import TuneConfig, check_pair, tune
 
     settings = get_settings()
     draft_dir = draft_dir or settings.draft_model
@@ -151,9 +165,25 @@ def tune_cmd(
         epochs=epochs, max_steps=max_steps, time_budget=time_budget, lr=lr,
         tokens_per_batch=tokens_per_batch, loss=loss, threads=threads,
     )  # fmt: skip
+    run_dir = run_dir or out.with_name(out.name + ".run")
+    if on_queue:
+        from dataclasses import asdict
+
+        from app.drafts.dataset import read_manifest
+
+        read_manifest(dataset_dir)  # a bad dataset fails here, not hours later on a worker
+        check_pair(Path(target_dir), Path(draft_dir))
+        job = {
+            "dataset": str(dataset_dir.resolve()), "draft": str(Path(draft_dir).resolve()),
+            "target": str(Path(target_dir).resolve()), "out": str(out.resolve()),
+            "run_dir": str(run_dir.resolve()), "config": asdict(config),
+        }  # fmt: skip
+        get_dispatcher(settings).send_tune(job)
+        emit(job, as_json, f"queued the tune of {out} on the train queue")
+        return
     manifest = tune(
         dataset_dir, Path(draft_dir), Path(target_dir), out,
-        run_dir or out.with_name(out.name + ".run"), config,
+        run_dir, config,
         progress=not no_progress, log=lambda m: click.echo(m, err=True),
     )  # fmt: skip
     emit(manifest, as_json, f"tuned draft: {out} ({manifest['steps']} steps)")
