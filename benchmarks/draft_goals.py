@@ -309,7 +309,7 @@ def main(argv: list[str] | None = None) -> None:
                 "--out", str(tuned), "--time-budget", str(args.tune_seconds),
                 "--run-dir", str(run.work / "tune-run"), "--threads", "2",
                 "--epochs", str(args.epochs), "--lr", str(args.lr),
-                "--tokens-per-batch", str(args.tokens_per_batch), "--no-progress",
+                "--tokens-per-batch", str(args.tokens_per_batch),
             )  # fmt: skip
             run.mark("tune", {"seconds": round(time.monotonic() - started)})
         if not run.done("evaluate"):
