@@ -259,7 +259,8 @@ def tune(
     if isinstance(base_dtype, str):
         base_dtype = getattr(torch, base_dtype, None)
     if isinstance(base_dtype, torch.dtype):
-        draft = draft.to(base_dtype)
+        for param in draft.parameters():  # the weights as the base draft shipped them
+            param.data = param.data.to(base_dtype)
     draft.save_pretrained(str(tmp_out), safe_serialization=True)
     result = {
         "format": DRAFT_FORMAT,
