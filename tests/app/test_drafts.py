@@ -268,3 +268,17 @@ def test_evaluate_refuses_a_draft_that_lowers_heldout_acceptance() -> None:
     assert verdict(_report(0.5, 0.45), force=True) == "forced"
     with pytest.raises(RefusedDraft, match="answers differ"):
         verdict(_report(0.5, 0.6, identical=False), force=False)
+
+
+def test_tune_queue_without_a_queue_is_a_one_line_error(
+    tiny_models: dict[str, Path], tmp_path: Path
+) -> None:
+    ds = _tiny_dataset(tiny_models, tmp_path / "ds", n=6)
+    result = CliRunner().invoke(
+        main,  # app.cli.main: no queue wired in
+        ["draft", "tune", "--dataset", str(ds), "--draft", str(tiny_models["draft"]), "--target",
+         str(tiny_models["target"]), "--out", str(tmp_path / "o"), "--queue"],
+    )  # fmt: skip
+    assert result.exit_code == 1
+    assert "this command needs a queue" in result.output
+    assert not (tmp_path / "o").exists()
