@@ -151,16 +151,18 @@ def verdict(report: dict[str, Any], force: bool) -> str:
 
 
 def record(new: Path, report: dict[str, Any]) -> None:
-    """Write the measured held-out figures into the new draft's manifest (if it has one)."""
+    """Write the measured figures into the new draft's manifest (if it has one): the held-out
+    acceptance when the dataset's held-out split was replayed, and the latest run's sets."""
     path = new / "manifest.json"
     if not path.is_file():
         return
     manifest = json.loads(path.read_text())
-    gate = report["sets"].get(HELDOUT) or next(iter(report["sets"].values()))
-    manifest["heldout_acceptance"] = {
-        "base": gate["old"]["acceptance_rate"],
-        "tuned": gate["new"]["acceptance_rate"],
-    }
+    gate = report["sets"].get(HELDOUT)
+    if gate is not None:  # only the dataset's held-out split is the held-out acceptance
+        manifest["heldout_acceptance"] = {
+            "base": gate["old"]["acceptance_rate"],
+            "tuned": gate["new"]["acceptance_rate"],
+        }
     manifest["evaluation"] = {
         n: {"acceptance_gain": s["acceptance_gain"], "speed_ratio": s["speed_ratio"],
             "identical": s["identical"], "prompts": s["prompts"]}
