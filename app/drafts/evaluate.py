@@ -7,7 +7,9 @@ alternates per prompt so that a load change on the host falls on both alike. Per
 - acceptance rate: accepted draft tokens / drafted tokens (summed over the set);
 - acceptance length: accepted tokens per draft round (summed, then divided);
 - tokens per target pass: output tokens / target forward passes;
-- decode speed: output tokens per second of generation (summed times).
+- decode speed: tokens after the first per second after the first token (summed times): the
+  phase the draft changes; and generation speed, all output tokens per second of generation
+  including the prompt's prefill (time to first token), which the draft does not change.
 
 The target decides what is right: each draft's answer must be token-identical to the target's
 own (the stored output of a greedy answer, which the worker decoded with the target verifying
@@ -46,12 +48,20 @@ def summarise(stats: list[dict[str, Any]]) -> dict[str, Any]:
     drafted, accepted = _sum(stats, "num_draft_tokens"), _sum(stats, "num_accepted_tokens")
     rounds, passes = _sum(stats, "num_drafts"), _sum(stats, "num_target_forwards")
     tokens, ms = _sum(stats, "num_output_tokens"), _sum(stats, "generation_ms")
+    # Decode: after the first token, so the prompt's prefill (the same for both drafts, and
+    # most of a short answer's time) does not dilute what the draft changes.
+    after_first = sum(max(0, int(s.get("num_output_tokens") or 0) - 1) for s in stats)
+    decode_ms = sum(
+        max(0.0, float(s.get("generation_ms") or 0.0) - float(s.get("ttft_ms") or 0.0))
+        for s in stats
+    )
     return {
         "answers": len(stats),
         "acceptance_rate": accepted / drafted if drafted else None,
         "acceptance_length": accepted / rounds if rounds else None,
         "tokens_per_target_pass": tokens / passes if passes else None,
-        "decode_tokens_per_s": tokens / (ms / 1000.0) if ms else None,
+        "decode_tokens_per_s": after_first / (decode_ms / 1000.0) if decode_ms else None,
+        "generation_tokens_per_s": tokens / (ms / 1000.0) if ms else None,
         "output_tokens": int(tokens),
         "generation_ms": round(ms, 1),
     }
@@ -119,6 +129,9 @@ def evaluate(
             "new": new_s,
             "acceptance_gain": _diff(new_s["acceptance_rate"], old_s["acceptance_rate"]),
             "speed_ratio": _ratio(new_s["decode_tokens_per_s"], old_s["decode_tokens_per_s"]),
+            "generation_speed_ratio": _ratio(
+                new_s["generation_tokens_per_s"], old_s["generation_tokens_per_s"]
+            ),
         }
     report["seconds"] = round(time.monotonic() - started, 1)
     return report
@@ -199,7 +212,7 @@ def chart(report: dict[str, Any]) -> Figure:
     width = 0.38
     for ax, key, label in (
         (axes[0], "acceptance_rate", "acceptance rate"),
-        (axes[1], "decode_tokens_per_s", "decode speed (tokens/s)"),
+        (axes[1], "decode_tokens_per_s", "decode speed (tokens/s after the first)"),
     ):
         xs = list(range(len(names)))
         for offset, which in ((-width / 2, "old"), (width / 2, "new")):
@@ -218,7 +231,7 @@ def chart(report: dict[str, Any]) -> Figure:
 def render_text(report: dict[str, Any]) -> str:
     """The side-by-side table for people."""
     rows = [f"{'set':<10} {'draft':<5} {'accept':>7} {'acc.len':>7} {'tok/pass':>8} "
-            f"{'tok/s':>7} identical"]  # fmt: skip
+            f"{'dec/s':>7} {'gen/s':>7} identical"]  # fmt: skip
     for name, s in report["sets"].items():
         for which in ("old", "new"):
             f = s[which]
@@ -230,12 +243,14 @@ def render_text(report: dict[str, Any]) -> str:
                 f"{name:<10} {which:<5} {num(f['acceptance_rate'], '7.3f')} "
                 f"{num(f['acceptance_length'], '7.2f')} {num(f['tokens_per_target_pass'], '8.2f')} "
                 f"{num(f['decode_tokens_per_s'], '7.1f')} "
+                f"{num(f['generation_tokens_per_s'], '7.1f')} "
                 f"{'yes' if s['identical'] else 'NO ' + json.dumps(s['differences'])}"
             )
-        gain, ratio = s["acceptance_gain"], s["speed_ratio"]
+        gain, ratio, gen = s["acceptance_gain"], s["speed_ratio"], s["generation_speed_ratio"]
         rows.append(
             f"{name:<10} gain  acceptance {'-' if gain is None else f'{gain:+.3f}'}, "
-            f"speed {'-' if ratio is None else f'{ratio:.2f}x'}"
+            f"decode speed {'-' if ratio is None else f'{ratio:.2f}x'}, "
+            f"generation speed (with prefill) {'-' if gen is None else f'{gen:.2f}x'}"
         )
     rows.append(f"verdict: {report.get('verdict')}")
     return "\n".join(rows)
