@@ -282,3 +282,17 @@ def test_tune_queue_without_a_queue_is_a_one_line_error(
     assert result.exit_code == 1
     assert "this command needs a queue" in result.output
     assert not (tmp_path / "o").exists()
+
+
+def test_tune_on_the_target_tokens_alone(tiny_models: dict[str, Path], tmp_path: Path) -> None:
+    """``--loss tokens``: cross-entropy on the stored output ids, no target forward."""
+    ds = _tiny_dataset(tiny_models, tmp_path / "ds", n=6)
+    result = CliRunner().invoke(
+        main,
+        ["draft", "tune", "--dataset", str(ds), "--draft", str(tiny_models["draft"]), "--target",
+         str(tiny_models["target"]), "--out", str(tmp_path / "o"), "--max-steps", "1",
+         "--loss", "tokens", "--no-progress", "--json"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    manifest = json.loads((tmp_path / "o" / "manifest.json").read_text())
+    assert manifest["loss"] == "tokens" and manifest["steps"] == 1
