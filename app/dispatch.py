@@ -10,7 +10,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable, Sequence
 from enum import StrEnum
-from typing import Protocol
+from typing import Any, Protocol
 
 from app.requests import QueueName
 from app.settings import Settings
@@ -25,6 +25,7 @@ class TaskName(StrEnum):
     DELETE_DOCUMENT = "specrag.delete_document"
     BATCH_CHUNK = "specrag.batch_chunk"
     SHADOW = "specrag.audit.shadow"
+    DRAFT_TUNE = "specrag.draft_tune"
 
 
 class DispatchError(RuntimeError):
@@ -51,6 +52,9 @@ class Dispatcher(Protocol):
 
     def dispatch_batch(self, batch_id: uuid.UUID, epoch: int, lanes: int) -> None:
         """Start ``lanes`` chunk tasks of the batch for ``epoch``."""
+
+    def send_tune(self, job: dict[str, Any]) -> None:
+        """Queue a draft tune (``app.drafts.tune.tune``'s arguments as JSON) on ``train``."""
 
     def answer_waiting(self) -> bool:
         """Whether interactive answer work waits in the broker (False when it cannot tell)."""
@@ -91,6 +95,10 @@ class NoQueue:
         self._refuse()
 
     def dispatch_batch(self, batch_id: uuid.UUID, epoch: int, lanes: int) -> None:
+        """Refuse: there is no queue."""
+        self._refuse()
+
+    def send_tune(self, job: dict[str, Any]) -> None:
         """Refuse: there is no queue."""
         self._refuse()
 

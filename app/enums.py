@@ -33,11 +33,14 @@ class Method(StrEnum):
 
 
 class QueueName(StrEnum):
-    """The broker's queues: interactive answers, batch answers (lower priority), ingest (CPU)."""
+    """The broker's queues: interactive answers, batch answers (lower priority), ingest (CPU),
+    draft tuning (CPU, hours)."""
 
     ANSWER = "answer"
     BATCH = "batch"
     INGEST = "ingest"
+    TRAIN = "train"
+    """Draft tuning (``specrag draft tune --queue``): workers started with ``--queues train``."""
 
 
 ANSWER_QUEUES = (QueueName.ANSWER, QueueName.BATCH)

@@ -404,6 +404,11 @@ class Settings(BaseSettings):
     store_questions: Literal["clear", "hashed", "redacted"] = Field(
         default="clear", description="How questions are stored."
     )
+    store_token_ids: bool = Field(
+        default=True,
+        description="Keep each answer's prompt and output token ids for draft tuning (`specrag "
+        "draft dataset`); only while store_questions is clear (the prompt holds the question).",
+    )
     audit_min_acceptance_rate: float = Field(
         default=0.2, description="Acceptance rate below which the audit report raises a collapse."
     )

@@ -2,7 +2,7 @@
 whole schema (Alembic's autogenerate and compare, ``create_all`` in tests).
 
 The tables live beside the code that owns them (``app.db.models``, ``app.audit.records``,
-``app.batch.records``, ``app.grading.records``, ``app.tenancy.records``,
+``app.batch.records``, ``app.grading.records``, ``app.drafts.records``, ``app.tenancy.records``,
 ``retrieval.records``). This module sits above all of them, so ``app.db`` need not import the rooms above it to register their tables.
 """
 
@@ -11,6 +11,7 @@ from __future__ import annotations
 import app.audit.records
 import app.batch.records
 import app.db.models
+import app.drafts.records
 import app.grading.records
 import app.tenancy.records
 import retrieval.records
@@ -22,6 +23,7 @@ MODULES = (
     app.grading.records,
     app.batch.records,
     app.tenancy.records,
+    app.drafts.records,
     retrieval.records,
 )
 """The modules that declare tables (each registers them on ``metadata`` when imported)."""

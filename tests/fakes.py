@@ -64,6 +64,10 @@ class RecordingDispatcher:
         """Record the batch's dispatch."""
         self.sent.append(("batch", (batch_id, epoch, lanes)))
 
+    def send_tune(self, job: dict[str, Any]) -> None:
+        """Record the tune."""
+        self.sent.append(("tune", (job,)))
+
     def answer_waiting(self) -> bool:
         """What the test set in ``waiting``."""
         return self.waiting

@@ -19,7 +19,9 @@ import workers.audit_tasks as audit_tasks
 import workers.batch_tasks as batch_tasks
 import workers.runtime as runtime
 import workers.tasks as tasks
+import workers.train_tasks as train_tasks
 from app.dispatch import TaskName
+from app.drafts.hooks import install_hooks as install_draft_hooks
 from app.evals.hooks import install_hooks
 from app.requests import QueueName
 from app.settings import Settings
@@ -35,6 +37,7 @@ ROUTES: dict[str, str] = {
     TaskName.DELETE_DOCUMENT.value: QueueName.INGEST.value,
     TaskName.BATCH_CHUNK.value: QueueName.BATCH.value,
     TaskName.SHADOW.value: QueueName.BATCH.value,
+    TaskName.DRAFT_TUNE.value: QueueName.TRAIN.value,
 }
 """Each task's default queue (an answer task sent to ``batch`` names its queue explicitly)."""
 
@@ -84,9 +87,11 @@ def create_celery(settings: Settings) -> SpecragCelery:
         task_send_sent_event=False,
     )
     install_hooks()  # audit's after-answer work (shadow samples) in this process's pipeline
+    install_draft_hooks()  # answers' token ids for draft tuning (clear questions only)
     tasks.register(app)
     batch_tasks.register(app)
     audit_tasks.register(app)
+    train_tasks.register(app)
     runtime.connect_signals(app)
     return app
 

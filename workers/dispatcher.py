@@ -115,6 +115,12 @@ class CeleryDispatcher:
         """Start the batch's chunk tasks."""
         dispatch_batch(self.app, batch_id, epoch, lanes)
 
+    def send_tune(self, job: dict[str, Any]) -> None:
+        """Queue a draft tune on the ``train`` queue."""
+        self.app.send_task(
+            TaskName.DRAFT_TUNE.value, args=[job], queue=QueueName.TRAIN.value, retry=False
+        )
+
     def answer_waiting(self) -> bool:
         """Whether interactive answer messages wait in the broker."""
         return priority.waiting(self.app, QueueName.ANSWER)
