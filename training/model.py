@@ -52,7 +52,7 @@ def make_config(shape: dict[str, Any], vocab_size: int, eos_token_id: int) -> Ll
         bos_token_id=eos_token_id,
         eos_token_id=eos_token_id,
         pad_token_id=eos_token_id,
-        rope_theta=ROPE_THETA,
+        rope_parameters={"rope_type": "default", "rope_theta": ROPE_THETA},
         **shape,
     )
 
