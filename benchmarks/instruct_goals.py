@@ -10,6 +10,8 @@ time, methods interleaved per question. Reported from the stored answers and sta
 
 - cites the answer: the answer cites [n] and source n is a chunk of the question's document
   (strict: and that chunk holds the reference sentence's first six words);
+- retrieved: some source is a chunk of the question's document (strict: holds the sentence),
+  the ceiling retrieval sets on "cites the answer"; and how often each [n] is cited;
 - loops: a 4-word sequence repeated three times or more in one answer;
 - acceptance per method (accepted / drafted, summed), and each method's generation speedup over
   ``none`` (sums of the stored generation_ms); the answers of every method must be identical
@@ -91,6 +93,18 @@ def cites_answer(
         if 1 <= n <= len(sources) and sources[n - 1]["document"].endswith(file):
             loose = True
             strict = strict or start in " ".join(sources[n - 1]["text"].split())
+    return loose, strict
+
+
+def retrieved_answer(sources: list[dict[str, Any]], file: str, quote: str) -> tuple[bool, bool]:
+    """(some retrieved source is a chunk of the question's document, some holds the reference's
+    start): the ceiling of ``cites_answer`` that retrieval sets before the model writes a word."""
+    start = " ".join(quote.split()[:6])
+    loose = strict = False
+    for src in sources:
+        if src["document"].endswith(file):
+            loose = True
+            strict = strict or start in " ".join(src["text"].split())
     return loose, strict
 
 
@@ -218,12 +232,20 @@ def summarise(rows: list[dict[str, Any]], fmt_line: str) -> dict[str, Any]:
     answers = [r["answers"]["none:4"] for r in rows]
     cited = [cites_answer(a.get("answer") or "", a.get("sources") or [], r["file"], r["quote"])
              for a, r in zip(answers, rows, strict=True)]  # fmt: skip
+    held = [retrieved_answer(a.get("sources") or [], r["file"], r["quote"])
+            for a, r in zip(answers, rows, strict=True)]  # fmt: skip
+    cited_n = Counter(
+        n for a in answers for n in set(re.findall(r"\[(\d+)\]", a.get("answer") or ""))
+    )
     same = sum(len({r["answers"][k].get("answer") for k in r["answers"]}) == 1 for r in rows)
     return {
         "worker_prompt_format_line": fmt_line,
         "questions": len(rows),
         "cite_answer_document": sum(c[0] for c in cited),
         "cite_answer_strict": sum(c[1] for c in cited),
+        "retrieved_answer_document": sum(h[0] for h in held),
+        "retrieved_answer_strict": sum(h[1] for h in held),
+        "cited_numbers": dict(sorted(cited_n.items())),
         "loops": sum(loops(a.get("answer") or "") for a in answers),
         "identical_across_methods": same,
         "methods": per,

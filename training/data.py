@@ -15,7 +15,13 @@ from transformers import PreTrainedTokenizerFast
 
 from retrieval.chat import PromptFormat, encode_text
 from training.corpus import Document
-from training.qa import DEFAULT_MAX_WORDS, Example, chunk_tables, make_examples
+from training.qa import (
+    DEFAULT_MAX_WORDS,
+    RETRIEVAL_GOLD_WEIGHTS,
+    Example,
+    chunk_tables,
+    make_examples,
+)
 
 ANSWER_WEIGHT_SPLIT = 0.8  # share of the loss carried by answer tokens (the copying we measure)
 INDUCTION_LEN = (24, 400)  # span length range of synthetic induction rows, in tokens
@@ -93,8 +99,10 @@ class BatchStream:
         n_passages: Sequence[int] = (2, 3, 3),
         fmt: PromptFormat | None = None,
         no_answer_rate: float = 0.0,
+        gold_weights: Sequence[float] = RETRIEVAL_GOLD_WEIGHTS,
     ) -> None:
         self.docs, self.tok, self.seed = docs, tok, seed
+        self.gold_weights = tuple(gold_weights)
         self.fmt, self.no_answer_rate = fmt, no_answer_rate
         self.tokens_per_batch, self.examples_per_round, self.max_len = (
             tokens_per_batch,
@@ -117,6 +125,7 @@ class BatchStream:
             tables=self.tables,
             n_passages=self.n_passages,
             no_answer_rate=self.no_answer_rate,
+            gold_weights=self.gold_weights,
         )
         enc = [encode_example(self.tok, e, self.fmt) for e in examples]
         enc = [e for e in enc if len(e[0]) <= self.max_len]

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -35,6 +36,7 @@ from training.corpus import REPO_ROOT, build_corpus
 from training.data import BatchStream
 from training.model import autocast_dtype, export
 from training.pair_run import PairRun
+from training.qa import RETRIEVAL_GOLD_WEIGHTS, UNIFORM_GOLD_WEIGHTS
 from training.tokenizer import EOS_TOKEN, IM_END, IM_START, add_chat_tokens
 from training.train_demo import kl_losses, log_line, lr_at, token_losses, weighted
 
@@ -59,13 +61,26 @@ def grow_vocab(model: LlamaForCausalLM, new_size: int, like: int) -> None:
             emb_out[row] = emb_out[like]
 
 
+def has_chat_tokens(models: Path) -> bool:
+    """Whether ``models``/target's tokenizer already holds ChatML (an instruct pair to continue)."""
+    tok = AutoTokenizer.from_pretrained(str(models / "target"))
+    return IM_END in tok.get_vocab()
+
+
 def chat_tokenizer(run_dir: Path, models: Path) -> PreTrainedTokenizerFast:
-    """The pair's tokenizer with ChatML added: made once from ``models``/target, then reused."""
+    """The pair's tokenizer with ChatML added: made once from ``models``/target, then reused.
+
+    An instruct pair's tokenizer (ChatML already there) is copied as it is."""
     path = run_dir / "tokenizer"
     if not (path / "tokenizer.json").exists():
-        tok = add_chat_tokens(AutoTokenizer.from_pretrained(str(models / "target")))
+        tok = AutoTokenizer.from_pretrained(str(models / "target"))
+        if IM_END not in tok.get_vocab():
+            tok = add_chat_tokens(tok)
         tok.save_pretrained(str(path))
     return AutoTokenizer.from_pretrained(str(path))
+
+
+GOLD_WEIGHTS = {"retrieval": RETRIEVAL_GOLD_WEIGHTS, "uniform": UNIFORM_GOLD_WEIGHTS}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -82,6 +97,18 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--lr", type=float, default=3e-4)
     ap.add_argument("--draft-lr", type=float, default=5e-4)
     ap.add_argument("--ckpt-every", type=int, default=10)
+    ap.add_argument(
+        "--gold-position",
+        choices=sorted(GOLD_WEIGHTS),
+        default="retrieval",
+        help="where the passage holding the answer sits: mostly [1] (retrieval) or anywhere",
+    )
+    ap.add_argument(
+        "--stream-seed",
+        type=int,
+        default=None,
+        help="seed of the example stream (default seed + 33); a continuation takes a new one",
+    )
     # One thread: the machine's two cores are shared, and two intra-op threads on a busy core
     # spin at barriers (2-5x slower, measured in session 1).
     ap.add_argument("--threads", type=int, default=1)
@@ -96,6 +123,7 @@ def main(argv: list[str] | None = None) -> None:
     if (args.run_dir / "done.json").exists():
         log(f"{args.run_dir} is done; nothing to do")
         return
+    continuing = has_chat_tokens(args.models)
     tok = chat_tokenizer(args.run_dir, args.models)
     base_vocab = tok.convert_tokens_to_ids(IM_START)
     text_end = tok.convert_tokens_to_ids(EOS_TOKEN)
@@ -103,7 +131,9 @@ def main(argv: list[str] | None = None) -> None:
     target = LlamaForCausalLM.from_pretrained(str(args.models / "target"), dtype=torch.float32)
     draft = LlamaForCausalLM.from_pretrained(str(args.models / "draft"), dtype=torch.float32)
     for model in (target, draft):
-        grow_vocab(model, len(tok), like=text_end)
+        if not continuing:
+            grow_vocab(model, len(tok), like=text_end)
+        assert model.get_input_embeddings().weight.shape[0] == len(tok), "vocab mismatch"
         model.config.eos_token_id = tok.eos_token_id
         model.generation_config.eos_token_id = [tok.eos_token_id, text_end]
     run = PairRun(
@@ -116,14 +146,20 @@ def main(argv: list[str] | None = None) -> None:
     stream = BatchStream(
         corpus.train,
         tok,
-        seed=args.seed + 33,  # fresh examples, not the raw pair's stream
+        # fresh examples, not the raw pair's stream
+        seed=args.seed + 33 if args.stream_seed is None else args.stream_seed,
         tokens_per_batch=args.tokens_per_batch,
         fmt=fmt,
         no_answer_rate=args.no_answer_rate,
+        gold_weights=GOLD_WEIGHTS[args.gold_position],
     )
     amp = autocast_dtype()
     total = args.target_steps + args.draft_steps
-    log(f"{total} steps ({args.target_steps} target), autocast {amp}, {args.threads} thread(s)")
+    log(
+        f"{total} steps ({args.target_steps} target), autocast {amp}, {args.threads} thread(s), "
+        f"{'continuing an instruct pair' if continuing else 'from a raw pair'}, "
+        f"gold position {args.gold_position}"
+    )
     every = args.induction_every
     while state["step"] < total:
         t0 = time.perf_counter()
@@ -184,12 +220,17 @@ def main(argv: list[str] | None = None) -> None:
         "lr": args.lr,
         "no_answer_rate": args.no_answer_rate,
         "autocast": str(amp),
-        "command": f"python -m training.instruct --seed {args.seed} --target-steps "
-        f"{args.target_steps} --draft-steps {args.draft_steps}",
+        "gold_position": args.gold_position,
+        "command": "python -m training.instruct "
+        + " ".join(argv if argv is not None else sys.argv[1:]),
     }
     for role, model in (("target", target), ("draft", draft)):
         prev = json.loads((args.models / role / "training.json").read_text())
-        export(model.eval(), tok, args.out / role, {**prev, "instruct": step_card})
+        if continuing:  # keep the first fine-tune's card; list the continuations after it
+            card = {**prev, "instruct_continued": [*prev.get("instruct_continued", []), step_card]}
+        else:
+            card = {**prev, "instruct": step_card}
+        export(model.eval(), tok, args.out / role, card)
     log(f"exported to {args.out}")
     (args.run_dir / "done.json").write_text(json.dumps(state) + "\n")
 

@@ -182,6 +182,11 @@ def question_and_quote(rng: random.Random, chunk: Chunk) -> tuple[str, str] | No
     return q, _quote_span(rng, sents, 0)
 
 
+RETRIEVAL_GOLD_WEIGHTS = (6.0, 2.5, 1.5)
+"""Gold-passage position weights of the raw pair's data: retrieval ranks the answer first most often."""
+UNIFORM_GOLD_WEIGHTS = (1.0, 1.0, 1.0)
+
+
 def _maybe_flatten(rng: random.Random, text: str) -> str:
     # The product's chunker may or may not keep line breaks; train on both shapes.
     return " ".join(text.split()) if rng.random() < 0.3 else text
@@ -193,8 +198,13 @@ def make_example(
     by_doc: dict[str, list[int]],
     n_passages: int,
     no_answer_rate: float = 0.0,
+    gold_weights: Sequence[float] = RETRIEVAL_GOLD_WEIGHTS,
 ) -> Example | None:
     """A prompt with ``n_passages`` passages (one gold, others distractors) and its cited answer.
+
+    The gold passage's position is drawn with ``gold_weights`` (first ``n_passages`` of them):
+    the raw pair trained on a retrieval-like prior (mostly [1]); the instruct pair's second
+    fine-tune draws it uniformly, so citing [1] regardless of content no longer pays.
 
     With probability ``no_answer_rate`` the gold passage is left out (distractors from other
     documents only) and the answer says the passages do not hold it.
@@ -216,7 +226,7 @@ def make_example(
         j = rng.choice(list(pool))
         if j != gi and j not in others:
             others.append(j)
-    gold_pos = rng.choices(range(n_passages), weights=[6, 2.5, 1.5][:n_passages])[0]
+    gold_pos = rng.choices(range(n_passages), weights=list(gold_weights)[:n_passages])[0]
     passages = [Passage(chunks[j].title, _maybe_flatten(rng, chunks[j].text)) for j in others]
     if no_answer_rate and rng.random() < no_answer_rate:
         outside = [j for j in range(len(chunks)) if chunks[j].doc_title != gold.doc_title]
@@ -272,6 +282,7 @@ def make_examples(
     tables: ChunkTables | None = None,
     n_passages: Sequence[int] = (2, 3, 3),
     no_answer_rate: float = 0.0,
+    gold_weights: Sequence[float] = RETRIEVAL_GOLD_WEIGHTS,
 ) -> list[Example]:
     """``count`` seeded examples; passage length limits drawn from ``max_words``; a share
     ``no_answer_rate`` of them without the passage that answers (and an answer saying so)."""
@@ -287,6 +298,7 @@ def make_examples(
             by_doc,
             n_passages=rng.choice(list(n_passages)),
             no_answer_rate=no_answer_rate,
+            gold_weights=gold_weights,
         )
         if ex is not None:
             out.append(ex)
