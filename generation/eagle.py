@@ -35,7 +35,7 @@ from generation.forward import FastLlamaForward, Linear, _Layer, select_last
 from generation.kv_store import KVStore
 from generation.loading import CheckpointError, IncompatibleDraftError
 from generation.model_runner import ModelRunner
-from generation.sampling import sample_with_probs
+from generation.sampling import draft_position
 from generation.sequence import Sequence
 
 ARCHITECTURE = "EagleLlamaForCausalLM"
@@ -217,15 +217,7 @@ def draft_with_eagle(
     probs: list[list[torch.Tensor]] = [[] for _ in rows]
     for position in range(max(ks)):
         logits, hidden = runner.run_hidden(slots, input_ids, counts, True, features)
-        greedy = logits.argmax(dim=-1, keepdim=True)  # [R, 1]
-        for i, seq in enumerate(rows):
-            if position >= ks[i] or seq.temperature == 0.0:
-                drafted[i].append(greedy[i])
-                continue
-            token, p = sample_with_probs(logits[i], seq.temperature, seq.generator)
-            drafted[i].append(token)
-            probs[i].append(p)  # [vocab]
-        input_ids = torch.stack([t[-1] for t in drafted])  # [R, 1]
+        input_ids = draft_position(logits, rows, ks, position, drafted, probs)  # [R, 1]
         features = hidden.unsqueeze(1)  # [R, 1, hidden]: g in place of the unknown f
         counts = [1 if position + 1 < k else 0 for k in ks]
     host = torch.stack([torch.cat(t) for t in drafted]).tolist()  # [R, max k]

@@ -13,7 +13,7 @@ import torch
 
 from generation.eagle import draft_with_eagle
 from generation.model_runner import ModelRunner
-from generation.sampling import sample_with_probs
+from generation.sampling import draft_position
 from generation.sequence import Sequence
 
 
@@ -88,15 +88,7 @@ def draft_with_model(
     probs: list[list[torch.Tensor]] = [[] for _ in rows]
     for position in range(max(ks)):
         logits = runner.run(slots, input_ids, counts, last_only=True)  # [R, vocab]
-        greedy = logits.argmax(dim=-1, keepdim=True)  # [R, 1]
-        for i, seq in enumerate(rows):
-            if position >= ks[i] or seq.temperature == 0.0:
-                drafted[i].append(greedy[i])
-                continue
-            token, p = sample_with_probs(logits[i], seq.temperature, seq.generator)
-            drafted[i].append(token)
-            probs[i].append(p)  # [vocab]
-        input_ids = torch.stack([t[-1] for t in drafted])  # [R, 1]
+        input_ids = draft_position(logits, rows, ks, position, drafted, probs)  # [R, 1]
         counts = [1 if position + 1 < k else 0 for k in ks]
     host = torch.stack([torch.cat(t) for t in drafted]).tolist()  # [R, max k]
     return [
