@@ -138,6 +138,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             torch_threads=1,
             worker_concurrency=1,
             max_tokens_limit=args.max_tokens,
+            default_top_k=args.top_k,
         )
         engine = make_engine(settings)
         upgrade(engine)
@@ -264,6 +265,9 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--methods", default=None, help="method:k,... (default: all; none:4 first)")
+    ap.add_argument(
+        "--top-k", type=int, default=3, help="passages per question (the service's default_top_k)"
+    )
     args = ap.parse_args()
     if args.methods:
         picked = [(m, int(k) if k.isdigit() else k) for m, k in
