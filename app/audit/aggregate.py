@@ -37,9 +37,9 @@ from sqlalchemy import (
     Table,
     and_,
     case,
-    or_,
     cast,
     func,
+    or_,
     select,
 )
 from sqlalchemy.orm import Session

@@ -211,7 +211,7 @@ def run_shadow(
         log.warning("shadow run of query %s failed: %s", qid, exc)
         return "failed"
     mismatched, first = compare(list(spec), baseline)
-    verdict = judge(engine, prompt, baseline, list(spec), shadow_dtype) if mismatched else Judgment()
+    verdict = judge(engine, prompt, baseline, list(spec), shadow_dtype)  # Judgment() if equal
     _finish(
         session_factory,
         qid,
