@@ -268,7 +268,11 @@ class SpeculativeEngine:
         the target made for this call and dropped after it (memory: the target once more, in that
         dtype), the tolerance then being the rounding measured between it and this engine's
         numerics; None (or this engine's dtype): on this engine's own target. Runs beside a
-        running loop (the forward passes only read the weights; their KV is a slot of its own)."""
+        running loop, outside its lock: the passes read the weights, their KV is a store of their
+        own, and the rotary tables already cover every position (``reference`` was just decoded
+        over them), so nothing the loop uses is written. Cost on the demo target (27.5M
+        parameters, bf16, a 300-token prompt, divergence at token 40, one busy thread): 1.3 s on
+        its own logits, 2.3-2.7 s with a float32 copy."""
         if reference_dtype is None or reference_dtype == self.dtype:
             return check_greedy(self.target_forward, prompt_token_ids, reference, other)
         if reference_dtype not in TORCH_DTYPES:
