@@ -75,6 +75,15 @@ def _case(engine: SpeculativeEngine, i: int) -> tuple[list[int], list[int], torc
     return prompt, ref, top[:, 0] - top[:, 1]
 
 
+def _runner_up(engine: SpeculativeEngine, prompt: list[int], ref: list[int], at: int) -> list[int]:
+    """``ref`` with its token at ``at`` swapped for the runner-up there (what a near-tie flips to)."""
+    logits = _logits(engine.target_forward, prompt, ref[: at + 1], True)[at]
+    first, second = logits.topk(2).indices.tolist()
+    out = list(ref)
+    out[at] = second if ref[at] == first else first
+    return out
+
+
 def _with_near_tie(
     engine: SpeculativeEngine, start: int
 ) -> tuple[int, list[int], list[int], torch.Tensor]:
@@ -125,13 +134,13 @@ def test_mismatches_are_judged_by_dtype_and_reported_apart(
     engines: dict[str, SpeculativeEngine], db: Engine
 ) -> None:
     bf16, f32 = engines["bfloat16"], engines["float32"]
-    qids = _queries(db, MIXED, 6, seed_no=31)
+    qids = _queries(db, MIXED, 7, seed_no=31)
     # Near-tie: the smallest gap of the bf16 none run; clear margin: its largest.
     i, prompt, ref, gaps = _with_near_tie(bf16, 0)
     tie, clear = int(gaps.argmin()), int(gaps.argmax())
     assert float(gaps[clear]) > 0.5 and float(gaps[tie]) < 0.05, gaps
 
-    outcome, run = _shadow(db, qids[0], bf16, prompt, _tampered(ref, tie))  # float32 reference
+    outcome, run = _shadow(db, qids[0], bf16, prompt, _runner_up(bf16, prompt, ref, tie))
     assert outcome == "near_tie" and run.judgment == "excused", (run.divergence_gap, run.error)
     assert run.first_mismatch == tie and run.mismatched_tokens >= 1
     assert (run.dtype, run.judged_dtype) == ("bfloat16", "float32")
@@ -140,7 +149,8 @@ def test_mismatches_are_judged_by_dtype_and_reported_apart(
 
     _, prompt2, ref2, gaps2 = _with_near_tie(bf16, i + 1)
     tie2 = int(gaps2.argmin())
-    outcome, run = _shadow(db, qids[1], bf16, prompt2, _tampered(ref2, tie2), "engine")
+    spec2 = _runner_up(bf16, prompt2, ref2, tie2)
+    outcome, run = _shadow(db, qids[1], bf16, prompt2, spec2, "engine")
     assert outcome == "near_tie" and run.judged_dtype == "bfloat16"
     # The engine's own numerics: the gap is the bf16 none run's, as measured above.
     assert run.divergence_gap == pytest.approx(float(gaps2[tie2]), abs=1e-6)
@@ -150,18 +160,26 @@ def test_mismatches_are_judged_by_dtype_and_reported_apart(
     assert run.divergence_gap is not None and run.divergence_tolerance is not None
     assert run.divergence_gap > 5 * run.divergence_tolerance
 
+    # At the same near-tie, a token far below the two tied ones: a bug, not rounding.
+    far = list(ref)
+    far[tie] = int(_logits(bf16.target_forward, prompt, ref[: tie + 1], True)[tie].argmin())
+    outcome, run = _shadow(db, qids[6], bf16, prompt, far)
+    assert outcome == "violation" and run.first_mismatch == tie
+    assert run.divergence_gap is not None and run.divergence_tolerance is not None
+    assert run.divergence_gap <= run.divergence_tolerance  # the position is a near-tie
+
     outcome, run = _shadow(db, qids[3], bf16, prompt, list(ref))
     assert outcome == "done" and run.mismatched_tokens == 0 and run.judgment is None
 
     # No logits to judge with: a bf16 mismatch stays unjudged, named as such.
-    outcome, run = _shadow(db, qids[4], Logitless(bf16), prompt, _tampered(ref, tie))
+    outcome, run = _shadow(db, qids[4], Logitless(bf16), prompt, _runner_up(bf16, prompt, ref, tie))
     assert outcome == "unjudged" and run.judgment == "unjudged" and run.divergence_gap is None
     assert run.error is not None and "no logits" in run.error and "bfloat16" in run.error
 
     # float32 is the bit-exact mode: a mismatch at its own near-tie is still a violation.
     _, fprompt, fref, fgaps = _with_near_tie(f32, 0)
     ftie = int(fgaps.argmin())
-    outcome, run = _shadow(db, qids[5], f32, fprompt, _tampered(fref, ftie))
+    outcome, run = _shadow(db, qids[5], f32, fprompt, _runner_up(f32, fprompt, fref, ftie))
     assert outcome == "violation" and run.judgment == "violation" and run.dtype == "float32"
     assert run.divergence_gap == pytest.approx(float(fgaps[ftie]), abs=1e-6)
 
@@ -172,7 +190,7 @@ def test_mismatches_are_judged_by_dtype_and_reported_apart(
         html = render_report(session, since=MIXED, until=MIXED + DAY, fmt="html")[1]
         body = json.loads(render_report(session, since=MIXED, until=MIXED + DAY)[1])
     sh = r["shadow"]
-    assert sh["samples"] == 6 and sh["exactness_violations"] == 2
+    assert sh["samples"] == 7 and sh["exactness_violations"] == 3
     assert sh["near_ties"] == 2 and sh["unjudged_mismatches"] == 1
     assert (sh["near_tie_gap_min"], sh["near_tie_gap_max"]) == pytest.approx(
         (min(excused), max(excused))
@@ -180,12 +198,12 @@ def test_mismatches_are_judged_by_dtype_and_reported_apart(
     assert body["shadow"] == json.loads(json.dumps(sh))  # the JSON carries them as they are
     groups = r["groups"]
     assert sum(g["shadow"]["near_ties"] for g in groups) == 2
-    assert sum(g["shadow"]["exactness_violations"] for g in groups) == 2
+    assert sum(g["shadow"]["exactness_violations"] for g in groups) == 3
     lows = [g["shadow"]["near_tie_gap_min"] for g in groups if g["shadow"]["near_ties"]]
     assert min(lows) == pytest.approx(min(excused))
     critical = [a for a in r["alerts"] if a["kind"] == "exactness_violation" and not a["group"]]
     assert [a["severity"] for a in critical] == ["critical"]
-    assert "2 shadow-sampled" in critical[0]["message"] and "2 near-tie" in critical[0]["message"]
+    assert "3 shadow-sampled" in critical[0]["message"] and "2 near-tie" in critical[0]["message"]
     unjudged = [a for a in r["alerts"] if a["kind"] == "exactness_unjudged"]
     assert [a["severity"] for a in unjudged] == ["warning"] and "bfloat16" in unjudged[0]["message"]
     assert "near-ties excused: 2 (gap" in html and "left unjudged (no logits): 1" in html
@@ -197,7 +215,8 @@ def test_near_ties_alone_raise_no_alert(engines: dict[str, SpeculativeEngine], d
     i = 50
     for qid in qids:
         i, prompt, ref, gaps = _with_near_tie(bf16, i + 1)
-        outcome, _ = _shadow(db, qid, bf16, prompt, _tampered(ref, int(gaps.argmin())))
+        spec = _runner_up(bf16, prompt, ref, int(gaps.argmin()))
+        outcome, _ = _shadow(db, qid, bf16, prompt, spec)
         assert outcome == "near_tie", (i, gaps.min())
     with Session(db) as session:
         r = build_report(session, parse_window(TIES, TIES + DAY))
