@@ -401,6 +401,13 @@ class Settings(BaseSettings):
     shadow_sample_rate: float = Field(
         default=0.0, description="Fraction of queries also decoded without speculation, for audits."
     )
+    shadow_dtype: Literal["float32", "engine"] = Field(
+        default="float32",
+        description="Numerics of the logits that judge a shadow mismatch on a worker whose "
+        "engine is not float32: float32 (a float32 copy of the target while judging) or engine "
+        "(its own). The baseline's tokens and timing always come from the worker's engine "
+        "(docs/audit.md, 'Exactness in bfloat16').",
+    )
     store_questions: Literal["clear", "hashed", "redacted"] = Field(
         default="clear", description="How questions are stored."
     )

@@ -7,7 +7,9 @@ computations may pick different tokens. A divergence is *excused* only there: at
 position where an output differs from the reference (``none``) run, the reference's top-2 gap
 must be within ``tolerance``, a multiple of the rounding measured on this very run (the
 reference's logits against the same tokens recomputed in one pass; or, comparing two dtypes,
-recomputed in the other dtype). A divergence at a clear margin is a bug, whatever the dtype.
+recomputed in the other dtype), and the token the other output chose there must be within it of
+the top too (one of the tied tokens, not any token). A divergence at a clear margin is a bug,
+whatever the dtype.
 """
 
 from __future__ import annotations
@@ -33,11 +35,16 @@ class Divergence:
     """Reference run's top-1 minus top-2 logit at ``position``."""
     tolerance: float
     """Largest gap excused as rounding (``SLACK`` x the rounding measured on the run)."""
+    lag: float | None = None
+    """Reference run's top-1 logit minus the logit of the token ``other`` chose at ``position``
+    (None where ``other`` ended there)."""
 
     @property
     def excused(self) -> bool:
-        """Whether the reference was a near-tie there (within bf16 rounding)."""
-        return self.gap <= self.tolerance
+        """Whether the reference was a near-tie there (within bf16 rounding) and ``other`` chose
+        one of the tied tokens: a token far below the top is a bug even at a near-tie."""
+        near = self.gap <= self.tolerance
+        return near and (self.lag is None or self.lag <= self.tolerance)
 
 
 def first_divergence(reference: list[int], other: list[int]) -> int | None:
@@ -89,4 +96,7 @@ def check_greedy(
     top2 = sequential[position].topk(2).values
     rounding = (sequential - chunked).abs().max().item()
     ulp = 2.0**-8 * top2[0].abs().item()  # one bf16 rounding of the top logit itself
-    return Divergence(position, (top2[0] - top2[1]).item(), slack * max(rounding, ulp))
+    lag = None
+    if position < len(other):  # how far below the top the token ``other`` chose there was
+        lag = (top2[0] - sequential[position, other[position]]).item()
+    return Divergence(position, (top2[0] - top2[1]).item(), slack * max(rounding, ulp), lag)

@@ -23,7 +23,11 @@ def register(app: Celery) -> None:
         """Decode a sampled query's prompt without speculation; returns its id and the outcome."""
         resources = runtime.resources(self.app)
         outcome = run_shadow(
-            resources.session_factory, resources.engine, resources.tokenizer, query_id
+            resources.session_factory,
+            resources.engine,
+            resources.tokenizer,
+            query_id,
+            resources.settings.shadow_dtype,
         )
         return {"id": query_id, "outcome": outcome}
 

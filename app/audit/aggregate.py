@@ -39,6 +39,7 @@ from sqlalchemy import (
     case,
     cast,
     func,
+    or_,
     select,
 )
 from sqlalchemy.orm import Session
@@ -52,6 +53,8 @@ LATENCY_METRICS = ("queue", "retrieval", "ttft", "generation", "total")
 BATCH_SIZE_BUCKETS = ((1, "1"), (2, "2"), (4, "3-4"), (8, "5-8"), (16, "9-16"), (32, "17-32"))
 """(upper edge, label) of the ``batch_size`` grouping over mean_batch_size; above: "33+"."""
 EVAL_QUEUE = "eval"
+EXTREMES = {"near_tie_gap_min": min, "near_tie_gap_max": max}
+"""``counters`` columns that are a min or a max over rows: across groups, not summed."""
 
 
 def base(window: Window, sources: Sequence[str] = TRAFFIC_SOURCES) -> Subquery:
@@ -135,6 +138,9 @@ def base_select(window: Window, sources: Sequence[str] = TRAFFIC_SOURCES) -> Sel
         sh.c.baseline_generation_ms,
         sh.c.baseline_ttft_ms,
         sh.c.mismatched_tokens,
+        sh.c.dtype.label("shadow_dtype"),
+        sh.c.judgment,
+        sh.c.divergence_gap,
     ]
     stmt = (
         select(*cols)
@@ -158,13 +164,16 @@ def _sum(expr: Any, cond: Any) -> Any:
 
 
 def counters(session: Session, b: FromClause, keys: Sequence[str]) -> dict[tuple[Any, ...], dict]:
-    """Counts and sums per key tuple: requests, outcomes, tokens, drafts, shadow baselines."""
+    """Counts and sums per key tuple: requests, outcomes, tokens, drafts, shadow baselines (and
+    the excused near-ties' smallest and largest gap: ``EXTREMES``)."""
     answered = and_(b.c.status == "succeeded", b.c.stats_id.is_not(None))
     timed = and_(answered, b.c.generation_ms > 0)
     spec = and_(answered, b.c.method != "none")
     shadow_done = and_(b.c.shadow_status == "done", b.c.generation_ms > 0)
     shadow_done = and_(shadow_done, b.c.baseline_generation_ms > 0)
     cached_known = b.c.num_cached_prompt_tokens.is_not(None)
+    differs, judged = and_(shadow_done, b.c.mismatched_tokens > 0), b.c.judgment
+    near_tie = and_(differs, judged == "excused")
     cols = {
         "requests": func.count(),
         "succeeded": _count(b.c.status == "succeeded"),
@@ -186,7 +195,13 @@ def counters(session: Session, b: FromClause, keys: Sequence[str]) -> dict[tuple
         "shadow_failed": _count(b.c.shadow_status == "failed"),
         "shadow_spec_ms": _sum(b.c.generation_ms, shadow_done),
         "shadow_base_ms": _sum(b.c.baseline_generation_ms, shadow_done),
-        "exactness_violations": _count(and_(shadow_done, b.c.mismatched_tokens > 0)),
+        # A mismatch is a violation unless judged a near-tie or left unjudged (rows from before
+        # migration 0017 carry no judgment: float32 workers, every mismatch a violation).
+        "exactness_violations": _count(and_(differs, or_(judged.is_(None), judged == "violation"))),
+        "near_ties": _count(near_tie),
+        "near_tie_gap_min": func.min(case((near_tie, b.c.divergence_gap))),
+        "near_tie_gap_max": func.max(case((near_tie, b.c.divergence_gap))),
+        "unjudged_mismatches": _count(and_(differs, judged == "unjudged")),
         "mismatched_tokens": func.coalesce(_sum(b.c.mismatched_tokens, shadow_done), 0),
         "measured_loss": _count(and_(shadow_done, b.c.generation_ms > b.c.baseline_generation_ms)),
         "batch_size_sum": _sum(b.c.mean_batch_size, answered),
@@ -212,6 +227,10 @@ def latency_percentiles(
     """P50/P95/P99 of each latency of answered queries per key tuple (see ``sql.percentiles``)."""
     columns = {m: f"{m}_ms" for m in metrics}
     return percentiles(session, b, keys, columns, b.c.status == "succeeded")
+
+
+def _float(x: Any) -> float | None:
+    return None if x is None else float(x)
 
 
 def _ratio(num: Any, den: Any, scale: float = 1.0) -> float | None:
@@ -258,6 +277,10 @@ def summarize(c: dict[str, Any], pct: dict[str, dict], curve: list[int]) -> dict
             "failed": int(c["shadow_failed"]),
             "speedup": _ratio(c["shadow_base_ms"], c["shadow_spec_ms"]),
             "exactness_violations": int(c["exactness_violations"]),
+            "near_ties": int(c["near_ties"] or 0),
+            "near_tie_gap_min": _float(c["near_tie_gap_min"]),
+            "near_tie_gap_max": _float(c["near_tie_gap_max"]),
+            "unjudged_mismatches": int(c["unjudged_mismatches"] or 0),
             "mismatched_tokens": int(c["mismatched_tokens"] or 0),
             "measured_net_loss_share": _ratio(c["measured_loss"], samples),
         },
@@ -271,7 +294,8 @@ def aggregate(
 
     ``b`` is ``base(window)`` or its ``materialized`` copy. Each group dict carries its key
     columns by name, then the fields of ``summarize``; busiest first. Counts, sums and
-    per-position sums add up across groups, so the totals are the groups' sums (no second scan);
+    per-position sums add up across groups, so the totals are the groups' sums (no second scan;
+    the near-tie gap extremes take the groups' min and max);
     percentiles do not, so they get their own query.
     """
     counts = counters(session, b, keys)
@@ -280,6 +304,9 @@ def aggregate(
     if keys and counts:
         names = list(next(iter(counts.values())))
         total = {n: sum(c[n] or 0 for c in counts.values()) for n in names}
+        for n, pick in EXTREMES.items():  # a min or max of the groups', not a sum
+            found = [c[n] for c in counts.values() if c[n] is not None]
+            total[n] = pick(found) if found else None
         curve = [sum(x) for x in zip_longest(*curves.values(), fillvalue=0)]
         overall = summarize(total, latency_percentiles(session, b, []).get((), {}), curve)
     elif keys:  # no rows at all: the totals of nothing

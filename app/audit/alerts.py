@@ -1,6 +1,8 @@
 """The report's alerts: what an admin must look at first, found in the finished report.
 
-Kinds: ``exactness_violation`` (critical: a shadow baseline differs from its speculative answer),
+Kinds: ``exactness_violation`` (critical: a shadow baseline differs from its speculative answer at a
+clear margin, or at all in float32; near-ties within bfloat16 rounding are counted, not alerted),
+``exactness_unjudged`` (warning: a non-float32 mismatch no logits could judge, per dtype),
 ``speculation_slower`` (the measured speedup is below 1: the whole window with a 95 % interval
 entirely below 1, or a group's shadow samples), ``acceptance_falling`` (a model pair's acceptance
 in the window's second half fell by more than ``acceptance_drop`` from its first half),
@@ -15,6 +17,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+from sqlalchemy import and_, func, select
 from sqlalchemy.orm import Session
 
 import app.audit.units as units
@@ -122,17 +125,22 @@ def alerts(
     rows = [({}, report)] + [({k: g[k] for k in keys}, g) for g in report["groups"]]
     for key, row in rows:
         where = _label(row, list(key))
-        bad = row["shadow"]["exactness_violations"]
+        shadow = row["shadow"]
+        bad = shadow["exactness_violations"]
         if bad:
+            ties = f"; {shadow['near_ties']} near-tie(s) excused" if shadow["near_ties"] else ""
             found.append(
                 {
                     "kind": "exactness_violation",
                     "severity": "critical",
                     "group": key,
                     "message": f"{where}: {bad} shadow-sampled answer(s) differ from greedy "
-                    f"decoding without speculation ({row['shadow']['mismatched_tokens']} tokens)",
+                    "decoding without speculation at a clear margin (or at all in float32)"
+                    f"{ties}",
                 }
             )
+    if report["shadow"]["unjudged_mismatches"]:
+        found += _unjudged(session, window)
     prev_keys = list(keys)
     trailing = _acceptance(session, window.trailing(TRAILING), prev_keys)
     previous = _p95_total(session, window.previous(), prev_keys)
@@ -174,6 +182,27 @@ def alerts(
     for a in found:
         level = logging.ERROR if a["severity"] == "critical" else logging.WARNING
         log.log(level, "audit alert %s: %s", a["kind"], a["message"])
+    return found
+
+
+def _unjudged(session: Session, window: Window) -> list[dict[str, Any]]:
+    """One warning per dtype whose shadow mismatches no logits could judge (vLLM, bf16)."""
+    b = base(window)
+    unjudged = and_(b.c.shadow_status == "done", b.c.judgment == "unjudged")
+    stmt = select(b.c.shadow_dtype, func.count()).where(unjudged).group_by(b.c.shadow_dtype)
+    found = []
+    for dtype, n in session.execute(stmt).all():
+        named = dtype or "an unrecorded dtype"
+        found.append(
+            {
+                "kind": "exactness_unjudged",
+                "severity": "warning",
+                "group": {},
+                "message": f"{n} shadow-sampled answer(s) in {named} differ from greedy decoding "
+                "without speculation, and the engine exposes no logits to tell a near-tie from a "
+                "violation: re-check them on the torch engine, or run that worker in float32",
+            }
+        )
     return found
 
 

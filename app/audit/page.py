@@ -106,10 +106,21 @@ def group_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
             "acceptance": units.share(g["acceptance_rate"]),
             "net loss": units.share(g["net_loss_share"]),
             "speedup": units.times(g["shadow"]["speedup"]),
+            "violations": units.count(g["shadow"]["exactness_violations"]),
+            "near-ties (gap)": _near_ties(g["shadow"]),
         }
         rows.append((-(lat["total"]["p95"] or -1.0), -(g["net_loss_share"] or 0.0), row))
     rows.sort(key=lambda r: (r[0], r[1]))
     return [r for _, _, r in rows]
+
+
+def _near_ties(shadow: dict[str, Any]) -> str:
+    """Excused near-ties: their count, and the smallest and largest top-2 gap among them."""
+    n = shadow["near_ties"]
+    if not n:
+        return "0"
+    lo, hi = shadow["near_tie_gap_min"], shadow["near_tie_gap_max"]
+    return f"{n} (gap {lo:.3g}-{hi:.3g})" if lo is not None and hi is not None else str(n)
 
 
 MAX_ALERTS = 6
@@ -133,7 +144,13 @@ def html_sections(report: dict[str, Any]) -> list[Section]:
     summary = (
         f"Window {window}: {units.count(report['requests'])} requests, "
         f"{units.count(report['succeeded'])} succeeded, {units.count(report['failed'])} failed; "
-        f"exactness violations in shadow samples: {report['shadow']['exactness_violations']}."
+        f"exactness violations in shadow samples: {report['shadow']['exactness_violations']}"
+        f"; near-ties excused: {_near_ties(report['shadow'])}"
+        + (
+            f"; mismatches left unjudged (no logits): {report['shadow']['unjudged_mismatches']}."
+            if report["shadow"]["unjudged_mismatches"]
+            else "."
+        )
     )
     rows = group_rows(report)
     shown = rows[:TABLE_ROWS]

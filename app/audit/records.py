@@ -30,6 +30,9 @@ from sqlalchemy.orm import Mapped, mapped_column
 from app.db.models import Base, utcnow
 
 SHADOW_STATUSES = ("pending", "running", "done", "failed")
+JUDGMENTS = ("excused", "violation", "unjudged")
+"""``ShadowRun.judgment`` of a mismatch: a near-tie within the dtype's rounding, a divergence at a
+clear margin (or any mismatch in float32, the bit-exact mode), or one no logits could judge."""
 
 
 class ShadowRun(Base):
@@ -61,6 +64,17 @@ class ShadowRun(Base):
     mismatched_tokens: Mapped[int | None] = mapped_column(Integer)
     first_mismatch: Mapped[int | None] = mapped_column(Integer)
     error: Mapped[str | None] = mapped_column(Text)
+    # Migration 0017 (null before it). The numerics the baseline ran in (the worker engine's
+    # dtype: "float32", "bfloat16"; null where the engine did not say, e.g. vLLM's own choice).
+    dtype: Mapped[str | None] = mapped_column(String(16))
+    # A mismatch judged (app/evals/shadow.py ``judge``): one of JUDGMENTS; null with no mismatch,
+    # and on rows from before 0017 (the report counts those mismatches as violations).
+    judgment: Mapped[str | None] = mapped_column(String(16))
+    # At the first mismatch: the reference's top-1 minus top-2 logit, the largest gap excused as
+    # rounding there (generation/exactness.py), and the dtype those logits were computed in.
+    divergence_gap: Mapped[float | None] = mapped_column(Float)
+    divergence_tolerance: Mapped[float | None] = mapped_column(Float)
+    judged_dtype: Mapped[str | None] = mapped_column(String(16))
 
 
 class GoldenRun(Base):

@@ -3,9 +3,15 @@
 Speculative decoding promises that greedy output is token-identical to the target's own greedy
 decoding. A sampled query (fraction ``shadow_sample_rate`` of greedy, speculative answers) gets
 its prompt and output token ids copied into ``shadow_runs`` right after its answer is recorded;
-a task on the ``batch`` queue then decodes the same prompt with method ``none`` and stores the
-baseline output and its timing. The report turns them into a measured speedup per segment and
-counts every differing token as an exactness violation (which must never happen).
+a task on the ``batch`` queue then decodes the same prompt with method ``none`` on the worker's
+own engine and stores the baseline output and its timing. The report turns them into a measured
+speedup per segment (same engine, same dtype on both sides) and counts exactness violations.
+
+A mismatch is judged (``judge``): in float32, the bit-exact mode, any mismatch is a violation. In
+another dtype (bfloat16) a mismatch is *excused* where the reference's top-2 logit gap at the first
+differing token is within that dtype's rounding (generation/exactness.py, issue 34), and a
+violation at a clear margin; the logits are float32 ones (``shadow_dtype``) or the engine's own.
+An engine that exposes no logits (vLLM) leaves a non-float32 mismatch *unjudged*.
 
 Only temperature-0 queries are sampled: with sampling, two runs legitimately differ.
 """
@@ -13,8 +19,10 @@ Only temperature-0 queries are sampled: with sampling, two runs legitimately dif
 from __future__ import annotations
 
 import logging
+import math
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import select, update
@@ -100,13 +108,78 @@ def compare(speculative: list[int], baseline: list[int]) -> tuple[int, int | Non
     return mismatched, first
 
 
+@dataclass(frozen=True)
+class Judgment:
+    """What ``judge`` made of a mismatch (every field None where the outputs are identical)."""
+
+    verdict: str | None = None
+    """One of ``records.JUDGMENTS``: "excused", "violation" or "unjudged"."""
+    gap: float | None = None
+    """The reference's top-1 minus top-2 logit at the first mismatch (None: not computed, or the
+    speculative answer runs past the baseline's end)."""
+    tolerance: float | None = None
+    """The largest gap excused as rounding there."""
+    judged_dtype: str | None = None
+    """The dtype of the logits behind ``gap`` and ``tolerance``."""
+    note: str | None = None
+    """Why a mismatch went unjudged."""
+
+
+def judge(
+    engine: Any,
+    prompt: list[int],
+    baseline: list[int],
+    speculative: list[int],
+    shadow_dtype: str = "float32",
+) -> Judgment:
+    """Judge where ``speculative`` differs from ``baseline`` (the engine's greedy ``none`` run).
+
+    float32 engine: a violation whatever the gap (the gap is still measured where the engine can,
+    for the report). Another dtype: excused when the reference's top-2 gap at the first mismatch
+    is within the rounding (``engine.judge_greedy``), in float32 logits when ``shadow_dtype`` is
+    "float32", in the engine's own when "engine"; unjudged where the engine has no
+    ``judge_greedy`` (vLLM exposes no logits) or the judgment itself fails.
+    """
+    if baseline == speculative:
+        return Judgment()
+    dtype = getattr(engine, "dtype", None)
+    judge_greedy = getattr(engine, "judge_greedy", None)
+    bit_exact = dtype == "float32"
+    if judge_greedy is None:
+        if bit_exact:
+            return Judgment("violation")
+        named = dtype or "unknown-dtype"
+        note = f"engine {type(engine).__name__} exposes no logits to judge a {named} mismatch"
+        return Judgment("unjudged", note=note)
+    reference = None if bit_exact or shadow_dtype == "engine" else shadow_dtype
+    try:
+        div = judge_greedy(prompt, baseline, speculative, reference_dtype=reference)
+    except Exception as exc:  # the judgment is best effort; the mismatch stays on record
+        log.warning("could not judge a shadow mismatch: %s: %s", type(exc).__name__, exc)
+        if bit_exact:
+            return Judgment("violation")
+        return Judgment("unjudged", note=f"judgment failed: {type(exc).__name__}: {exc}")
+    if div is None:  # identical as far as the judgment can tell: cannot happen here
+        return Judgment("violation" if bit_exact else "unjudged", note="no divergence found")
+    gap = div.gap if math.isfinite(div.gap) else None
+    verdict = "excused" if div.excused and not bit_exact else "violation"
+    return Judgment(verdict, gap, div.tolerance, reference or dtype)
+
+
 def run_shadow(
-    session_factory: sessionmaker[Session], engine: Any, tokenizer: Any, query_id: uuid.UUID | str
+    session_factory: sessionmaker[Session],
+    engine: Any,
+    tokenizer: Any,
+    query_id: uuid.UUID | str,
+    shadow_dtype: str = "float32",
 ) -> str:
     """Decode a pending shadow run's prompt greedily with method "none" and store the baseline.
 
-    Returns "done", "violation" (outputs differ: logged as an error), "failed", or "skipped"
-    (no pending run: already taken by another delivery of the task).
+    Returns "done" (identical), "violation" (differs at a clear margin, or at all in float32:
+    logged as an error), "near_tie" (differs only within the dtype's rounding: logged as info),
+    "unjudged" (differs, and no logits could judge it: a warning), "failed", or "skipped" (no
+    pending run: already taken by another delivery of the task). ``shadow_dtype``: as the
+    setting (``judge``).
     """
     from generation import SamplingParams  # heavy: torch
 
@@ -138,6 +211,7 @@ def run_shadow(
         log.warning("shadow run of query %s failed: %s", qid, exc)
         return "failed"
     mismatched, first = compare(list(spec), baseline)
+    verdict = judge(engine, prompt, baseline, list(spec), shadow_dtype)  # Judgment() if equal
     _finish(
         session_factory,
         qid,
@@ -148,17 +222,29 @@ def run_shadow(
         baseline_ttft_ms=result.stats.ttft_ms,
         mismatched_tokens=mismatched,
         first_mismatch=first,
+        dtype=getattr(engine, "dtype", None),
+        judgment=verdict.verdict,
+        divergence_gap=verdict.gap,
+        divergence_tolerance=verdict.tolerance,
+        judged_dtype=verdict.judged_dtype,
+        error=verdict.note,
     )
-    if mismatched:
-        log.error(
-            "exactness violation: query %s speculative output differs from greedy decoding "
-            "without speculation in %d token(s), first at position %s",
-            qid,
-            mismatched,
-            first,
-        )
-        return "violation"
-    return "done"
+    if not mismatched:
+        return "done"
+    where = (
+        f"query {qid}: speculative output differs from greedy decoding without speculation in "
+        f"{mismatched} token(s), first at position {first}"
+    )
+    margin = f"top-2 gap {verdict.gap} vs tolerance {verdict.tolerance} ({verdict.judged_dtype})"
+    if verdict.verdict == "excused":
+        log.info("near-tie (excused): %s; %s", where, margin)
+        return "near_tie"
+    if verdict.verdict == "unjudged":
+        log.warning("unjudged mismatch (%s): %s; %s", getattr(engine, "dtype", None), where,
+                    verdict.note)  # fmt: skip
+        return "unjudged"
+    log.error("exactness violation: %s; %s", where, margin)
+    return "violation"
 
 
 def _finish(session_factory: sessionmaker[Session], qid: uuid.UUID, **values: Any) -> None:

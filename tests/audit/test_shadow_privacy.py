@@ -65,6 +65,10 @@ class OffByOne:
 
     def __init__(self, engine: Any) -> None:
         self.engine = engine
+        # Its numerics and the target's logits, so that the mismatch is judged (issue 34): in
+        # bfloat16 (auto, on a CPU with AVX-512 BF16) only a clear margin is a violation.
+        self.dtype = engine.dtype
+        self.judge_greedy = engine.judge_greedy
 
     def generate(self, ids: list[int], params: Any) -> Any:
         result = self.engine.generate(ids, params)
@@ -83,6 +87,10 @@ def test_a_token_mismatch_is_an_exactness_violation(
     assert any("exactness violation" in r.getMessage() for r in caplog.records)
     run = shadow_of(live, qid)
     assert run is not None and run.mismatched_tokens == 1 and run.first_mismatch == 0
+    assert run.judgment == "violation" and run.dtype == res.engine.dtype
+    if run.dtype != "float32":  # judged on the target's logits: a clear margin
+        assert run.divergence_gap is not None and run.divergence_tolerance is not None
+        assert run.divergence_gap > run.divergence_tolerance
     r = report(live)
     assert r["shadow"]["exactness_violations"] == 1
     alerts = [a for a in r["alerts"] if a["kind"] == "exactness_violation"]
