@@ -139,6 +139,20 @@ def dataset(
     help="logits: the target's distribution (target recomputed); "
     "tokens: its output tokens; auto: logits when the target's weights are here.",
 )
+@click.option(
+    "--logit-share",
+    type=float,
+    default=0.5,
+    show_default=True,
+    help="--eagle: share of the next-token KL beside the feature regression.",
+)
+@click.option(
+    "--noise",
+    type=float,
+    default=0.1,
+    show_default=True,
+    help="--eagle: uniform noise on the target features the head is fed.",
+)
 @click.option("--threads", type=int, default=None, help="torch threads (default: torch's).")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
 @click.option(
@@ -154,7 +168,8 @@ def tune_cmd(
     dataset_dir: Path, draft_dir: Path | None, eagle_dir: Path | None, target_dir: Path | None,
     out: Path,
     run_dir: Path | None, epochs: int, max_steps: int | None, time_budget: float | None,
-    lr: float, tokens_per_batch: int, loss: str, threads: int | None, no_progress: bool,
+    lr: float, tokens_per_batch: int, loss: str, logit_share: float, noise: float,
+    threads: int | None, no_progress: bool,
     on_queue: bool, as_json: bool,
 ) -> None:  # fmt: skip
     """Distil the draft (or, with --eagle, an EAGLE head) on DATASET's training split into a
@@ -172,9 +187,12 @@ def tune_cmd(
         raise CommandError("--max-steps: must be at least 1")
     if time_budget is not None and time_budget <= 0:
         raise CommandError("--time-budget: must be a positive number of seconds")
+    if logit_share < 0 or noise < 0:
+        raise CommandError("--logit-share / --noise: must not be negative")
     config = TuneConfig(
         epochs=epochs, max_steps=max_steps, time_budget=time_budget, lr=lr,
-        tokens_per_batch=tokens_per_batch, loss=loss, threads=threads,
+        tokens_per_batch=tokens_per_batch, loss=loss, threads=threads, noise=noise,
+        logit_share=logit_share,
     )  # fmt: skip
     run_dir = run_dir or out.with_name(out.name + ".run")
     if on_queue:
