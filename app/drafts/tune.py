@@ -32,6 +32,7 @@ directory's name.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -417,6 +418,26 @@ def head_match(head: Any, target: Any, rows: list[list[int]], prompt_lens: list[
     return hit / total if total else 0.0
 
 
+def _check_features(
+    run_dir: Path, target_dir: Path, rows: list[list[int]], held_rows: list[list[int]]
+) -> None:
+    """Tie ``run_dir``'s recorded features to these answers and this target: they resume by
+    count, so features of another dataset or target would be read as these."""
+    weights = [target_dir / f for f in _WEIGHT_FILES if (target_dir / f).is_file()]
+    key = json.dumps(
+        {"rows": [rows, held_rows], "target": str(target_dir.resolve()),
+         "weights": [w.stat().st_size for w in weights]}
+    )  # fmt: skip
+    digest = hashlib.sha256(key.encode()).hexdigest()
+    stamp = run_dir / "features.sha256"
+    if stamp.exists() and stamp.read_text().strip() != digest:
+        raise DatasetError(
+            f"{run_dir}: its recorded features are of other answers or another target; "
+            "give another --run-dir"
+        )
+    stamp.write_text(digest + "\n")
+
+
 def tune_eagle(
     dataset: Path,
     head_dir: Path,
@@ -470,6 +491,7 @@ def tune_eagle(
     rows, prompt_lens = _head_rows(train, max_len)
     held_rows, held_lens = _head_rows(heldout, max_len)
     run_dir.mkdir(parents=True, exist_ok=True)
+    _check_features(run_dir, target_dir, rows, held_rows)
     log(f"tune: recording the target's features of {len(rows) + len(held_rows)} answers")
     feats = record_features(target, rows, run_dir / "features.pt", run_dir)
     held_feats = record_features(target, held_rows, run_dir / "heldout-features.pt", run_dir)

@@ -345,6 +345,7 @@ def test_eagle_head_tune_resumes_writes_manifest_and_evaluate_compares(
     assert "resumed at step 2" in second.output
     m2 = json.loads((out / "manifest.json").read_text())
     assert m2["steps"] == 24 and m2["data_window"] == {"since": "a", "until": "b"}
+    assert (tmp_path / "run" / "features.sha256").is_file()
     assert m2["last_loss"] < m2["first_loss"]
     match = m2["heldout_greedy_match"]
     assert match["base"] == 0.0 and match["tuned"] >= 0.15, match  # 0.28 when written
@@ -402,3 +403,14 @@ def test_eagle_head_of_another_width_is_refused_before_training(
     )  # fmt: skip
     assert not_head.exit_code == 1 and "not an EAGLE head" in not_head.output
     assert not (tmp_path / "r").exists()
+    # A run dir whose features were recorded from other answers is not resumed on these.
+    good = _tiny_head(tiny_models, tmp_path / "eagle")
+    args = ["draft", "tune", "--eagle", str(good), "--target", str(tiny_models["target"]),
+            "--run-dir", str(tmp_path / "r"), "--max-steps", "1", "--no-progress"]  # fmt: skip
+    first = CliRunner().invoke(main, [*args, "--dataset", str(ds), "--out", str(tmp_path / "o1")])
+    assert first.exit_code == 0, first.output
+    other = _tiny_dataset(tiny_models, tmp_path / "ds2", n=7)
+    again = CliRunner().invoke(
+        main, [*args, "--dataset", str(other), "--out", str(tmp_path / "o2")]
+    )
+    assert again.exit_code == 1 and "recorded features are of other answers" in again.output
