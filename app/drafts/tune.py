@@ -32,12 +32,14 @@ directory's name.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
 import os
 import random
 import shutil
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -493,8 +495,9 @@ def tune_eagle(
     run_dir.mkdir(parents=True, exist_ok=True)
     _check_features(run_dir, target_dir, rows, held_rows)
     log(f"tune: recording the target's features of {len(rows) + len(held_rows)} answers")
-    feats = record_features(target, rows, run_dir / "features.pt", run_dir)
-    held_feats = record_features(target, held_rows, run_dir / "heldout-features.pt", run_dir)
+    with contextlib.redirect_stdout(sys.stderr):  # its progress lines: not into --json's stdout
+        feats = record_features(target, rows, run_dir / "features.pt", run_dir)
+        held_feats = record_features(target, held_rows, run_dir / "heldout-features.pt", run_dir)
     lengths = [len(r) for r in rows]
     plan = [
         g

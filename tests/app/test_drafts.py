@@ -336,7 +336,7 @@ def test_eagle_head_tune_resumes_writes_manifest_and_evaluate_compares(
             "--no-progress"]  # fmt: skip
     first = CliRunner().invoke(main, [*base, "--max-steps", "2", "--json"])
     assert first.exit_code == 0, first.output
-    m1 = json.loads(first.output.strip().splitlines()[-1])
+    m1 = json.loads(first.stdout)  # the manifest alone: progress goes to stderr
     assert m1["steps"] == 2 and m1["kind"] == "eagle" and m1["base_head"].endswith("eagle")
     assert (tmp_path / "run" / "features.pt").is_file()
     shutil.rmtree(out)
