@@ -56,6 +56,8 @@ class EagleHeadModule(nn.Module):
         self.layers = nn.ModuleList([LlamaDecoderLayer(config, layer_idx=0)])
         self.layers[0].input_layernorm = nn.Identity()  # EAGLE-1: no input norm
         self.rotary = LlamaRotaryEmbedding(config)
+        self.name: str | None = None
+        """The checkpoint directory's name (``load_head``): the head's label in ``model_pair``."""
 
     def forward(
         self,
@@ -139,7 +141,17 @@ def load_head(head_dir: str | Path, target: Any) -> EagleHeadModule:
             f"EAGLE head {str(path)!r}: not an EAGLE-1 head (missing {missing}, "
             f"unexpected {unexpected})"
         )
+    head.name = path.resolve().name
     return head.to(device=param.device, dtype=param.dtype).eval()
+
+
+def is_eagle_head(path: str | Path) -> bool:
+    """Whether ``path`` holds an EAGLE head (its config.json names vLLM's EAGLE architecture)."""
+    try:
+        raw = json.loads((Path(path) / "config.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return False
+    return ARCHITECTURE in (raw.get("architectures") or [])
 
 
 class EagleHead:

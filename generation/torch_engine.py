@@ -95,6 +95,10 @@ class SpeculativeEngine:
         self.eos_token_ids = list(eos)
         """Every id that ends an answer (generation config's, then the model config's)."""
         self.model_pair = _label(target) + (f"+{_label(draft)}" if draft else "")
+        if self.eagle_head is not None and self.eagle_head.module.name:
+            # The head's directory too: a tuned head is a pair of its own (vLLM's engine labels
+            # its speculator, draft or head, the same way).
+            self.model_pair += f"+{self.eagle_head.module.name}"
         self.methods: tuple[str, ...] = ("none", "ngram")
         """The methods this engine serves (draft_model with a draft, eagle with a head)."""
         self.methods += ("draft_model",) if draft is not None else ()

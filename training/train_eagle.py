@@ -103,6 +103,31 @@ def batches(lengths: list[int], tokens: int, rng: random.Random) -> list[list[in
     return groups
 
 
+def pack(
+    group: list[int],
+    rows: list[list[int]],
+    prompt_lens: list[int],
+    feats: list[torch.Tensor],
+    hidden: int,
+    answer_weight: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One batch of ``group``'s rows, right-padded: ids [B, n], features [B, n, hidden] and the
+    loss weight [B, n - 1] of each position (answer positions ``answer_weight``, the prompt's
+    the rest, padding 0), as ``head_loss`` takes them."""
+    width = max(len(rows[i]) for i in group)
+    ids = torch.zeros((len(group), width), dtype=torch.long)
+    f = torch.zeros((len(group), width, hidden))
+    weight = torch.zeros((len(group), width - 1))
+    for b, i in enumerate(group):
+        n = len(rows[i])
+        ids[b, :n] = torch.tensor(rows[i])
+        f[b, :n] = feats[i].float()
+        # Position t predicts x_{t+2}: an answer token from t = prompt_len - 2 on.
+        weight[b, : n - 2] = 1.0 - answer_weight
+        weight[b, max(0, prompt_lens[i] - 2) : n - 2] = answer_weight
+    return ids, f, weight
+
+
 def head_loss(
     head: EagleHeadModule,
     target: LlamaForCausalLM,
@@ -211,17 +236,7 @@ def main(argv: list[str] | None = None) -> None:
         t0 = time.perf_counter()
         step = state["step"]
         group = plan[step]
-        width = max(lengths[i] for i in group)
-        ids = torch.zeros((len(group), width), dtype=torch.long)
-        f = torch.zeros((len(group), width, hidden))
-        weight = torch.zeros((len(group), width - 1))
-        for b, i in enumerate(group):
-            n = lengths[i]
-            ids[b, :n] = torch.tensor(rows[i])
-            f[b, :n] = feats[i].float()
-            # Position t predicts x_{t+2}: an answer token from t = prompt_len - 2 on.
-            weight[b, : n - 2] = 1.0 - args.answer_weight
-            weight[b, max(0, prompt_lens[i] - 2) : n - 2] = args.answer_weight
+        ids, f, weight = pack(group, rows, prompt_lens, feats, hidden, args.answer_weight)
         for g in opt.param_groups:
             g["lr"] = lr_at(step, len(plan), args.lr, warmup=10)
         with torch.autocast("cpu", dtype=amp, enabled=amp != torch.float32):

@@ -26,8 +26,9 @@ def register(app: Celery) -> None:
 
     @app.task(name=TaskName.DRAFT_TUNE.value, bind=True, shared=False, acks_late=True)
     def draft_tune(self: Task, job: dict[str, Any]) -> dict[str, Any]:
-        """Tune a draft as ``specrag draft tune`` would; returns the new draft's manifest."""
-        from app.drafts.tune import TuneConfig, tune
+        """Tune a draft (or, with ``job["eagle"]``, an EAGLE head) as ``specrag draft tune``
+        would; returns the new checkpoint's out and steps."""
+        from app.drafts.tune import TuneConfig, tune, tune_eagle
 
         data_dir = Path(self.app.settings.data_dir)  # type: ignore[attr-defined]
         data_dir.mkdir(parents=True, exist_ok=True)
@@ -37,8 +38,9 @@ def register(app: Celery) -> None:
             except BlockingIOError:
                 log.info("a draft tune already runs on this host; %s waits", job.get("out"))
                 raise self.retry(countdown=60, max_retries=None) from None
-            manifest = tune(
-                Path(job["dataset"]), Path(job["draft"]), Path(job["target"]), Path(job["out"]),
+            run_tune, base = (tune_eagle, job["eagle"]) if "eagle" in job else (tune, job["draft"])
+            manifest = run_tune(
+                Path(job["dataset"]), Path(base), Path(job["target"]), Path(job["out"]),
                 Path(job["run_dir"]), TuneConfig(**job.get("config", {})), progress=False,
                 log=log.info,
             )  # fmt: skip

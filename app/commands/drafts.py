@@ -99,6 +99,13 @@ def dataset(
     help="The draft to start from (default: SPECRAG_DRAFT_MODEL).",
 )
 @click.option(
+    "--eagle",
+    "eagle_dir",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Tune this EAGLE head (vLLM's EAGLE format) instead of the draft model.",
+)
+@click.option(
     "--target",
     "target_dir",
     type=click.Path(path_type=Path),
@@ -132,6 +139,20 @@ def dataset(
     help="logits: the target's distribution (target recomputed); "
     "tokens: its output tokens; auto: logits when the target's weights are here.",
 )
+@click.option(
+    "--logit-share",
+    type=float,
+    default=0.5,
+    show_default=True,
+    help="--eagle: share of the next-token KL beside the feature regression.",
+)
+@click.option(
+    "--noise",
+    type=float,
+    default=0.1,
+    show_default=True,
+    help="--eagle: uniform noise on the target features the head is fed.",
+)
 @click.option("--threads", type=int, default=None, help="torch threads (default: torch's).")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
 @click.option(
@@ -144,26 +165,34 @@ def dataset(
 @json_option
 @one_line_errors
 def tune_cmd(
-    dataset_dir: Path, draft_dir: Path | None, target_dir: Path | None, out: Path,
+    dataset_dir: Path, draft_dir: Path | None, eagle_dir: Path | None, target_dir: Path | None,
+    out: Path,
     run_dir: Path | None, epochs: int, max_steps: int | None, time_budget: float | None,
-    lr: float, tokens_per_batch: int, loss: str, threads: int | None, no_progress: bool,
+    lr: float, tokens_per_batch: int, loss: str, logit_share: float, noise: float,
+    threads: int | None, no_progress: bool,
     on_queue: bool, as_json: bool,
 ) -> None:  # fmt: skip
-    """Distil the draft on DATASET's training split into a new checkpoint directory OUT."""
-    from app.drafts.tune import TuneConfig, check_pair, tune
+    """Distil the draft (or, with --eagle, an EAGLE head) on DATASET's training split into a
+    new checkpoint directory OUT."""
+    from app.drafts.tune import TuneConfig, check_head_pair, check_pair, tune, tune_eagle
 
     settings = get_settings()
-    draft_dir = draft_dir or settings.draft_model
+    if eagle_dir is not None and draft_dir is not None:
+        raise CommandError("--eagle / --draft: give one (a head or a draft model is tuned)")
+    draft_dir = draft_dir or (settings.draft_model if eagle_dir is None else None)
     target_dir = target_dir or settings.target_model
-    if draft_dir is None or target_dir is None:
+    if (draft_dir is None and eagle_dir is None) or target_dir is None:
         raise CommandError("--draft / --target: no model given and none configured")
     if max_steps is not None and max_steps < 1:
         raise CommandError("--max-steps: must be at least 1")
     if time_budget is not None and time_budget <= 0:
         raise CommandError("--time-budget: must be a positive number of seconds")
+    if logit_share < 0 or noise < 0:
+        raise CommandError("--logit-share / --noise: must not be negative")
     config = TuneConfig(
         epochs=epochs, max_steps=max_steps, time_budget=time_budget, lr=lr,
-        tokens_per_batch=tokens_per_batch, loss=loss, threads=threads,
+        tokens_per_batch=tokens_per_batch, loss=loss, threads=threads, noise=noise,
+        logit_share=logit_share,
     )  # fmt: skip
     run_dir = run_dir or out.with_name(out.name + ".run")
     if on_queue:
@@ -172,21 +201,31 @@ def tune_cmd(
         from app.drafts.dataset import read_manifest
 
         read_manifest(dataset_dir)  # a bad dataset fails here, not hours later on a worker
-        check_pair(Path(target_dir), Path(draft_dir))
+        if eagle_dir is not None:
+            check_head_pair(Path(target_dir), Path(eagle_dir))
+            model = {"eagle": str(Path(eagle_dir).resolve())}
+        else:
+            assert draft_dir is not None
+            check_pair(Path(target_dir), Path(draft_dir))
+            model = {"draft": str(Path(draft_dir).resolve())}
         job = {
-            "dataset": str(dataset_dir.resolve()), "draft": str(Path(draft_dir).resolve()),
+            "dataset": str(dataset_dir.resolve()), **model,
             "target": str(Path(target_dir).resolve()), "out": str(out.resolve()),
             "run_dir": str(run_dir.resolve()), "config": asdict(config),
         }  # fmt: skip
         get_dispatcher(settings).send_tune(job)
         emit(job, as_json, f"queued the tune of {out} on the train queue")
         return
-    manifest = tune(
-        dataset_dir, Path(draft_dir), Path(target_dir), out,
+    run_tune = tune_eagle if eagle_dir is not None else tune
+    base = eagle_dir if eagle_dir is not None else draft_dir
+    assert base is not None
+    manifest = run_tune(
+        dataset_dir, Path(base), Path(target_dir), out,
         run_dir, config,
         progress=not no_progress, log=lambda m: click.echo(m, err=True),
     )  # fmt: skip
-    emit(manifest, as_json, f"tuned draft: {out} ({manifest['steps']} steps)")
+    what = "EAGLE head" if eagle_dir is not None else "draft"
+    emit(manifest, as_json, f"tuned {what}: {out} ({manifest['steps']} steps)")
 
 
 def _named_file(value: str) -> tuple[str, Path]:
@@ -236,7 +275,9 @@ def evaluate_cmd(
     old: Path, new: Path, dataset_dir: Path | None, items: tuple[str, ...],
     target_dir: Path | None, k: int, chart_path: Path | None, force: bool, as_json: bool,
 ) -> None:  # fmt: skip
-    """Replay held-out prompts with the OLD and the NEW draft on one target, side by side."""
+    """Replay held-out prompts with the OLD and the NEW draft on one target, side by side.
+
+    Two EAGLE heads (told by their config.json) are compared the same way, with method eagle."""
     from app.drafts.evaluate import chart, evaluate, load_sets, record, render_text, verdict
 
     settings = get_settings()
@@ -248,11 +289,21 @@ def evaluate_cmd(
     if k < 1:
         raise CommandError("-k: must be at least 1")
     sets = load_sets(dataset_dir, [_named_file(v) for v in items])
-    from app.drafts.tune import check_pair
+    from app.drafts.tune import check_head_pair, check_pair
+    from generation.eagle import is_eagle_head
 
-    check_pair(Path(target_dir), old)
-    check_pair(Path(target_dir), new)
+    heads = (is_eagle_head(old), is_eagle_head(new))
+    if heads[0] != heads[1]:
+        which = old if heads[0] else new
+        raise CommandError(
+            f"OLD / NEW: {which} is an EAGLE head and the other a draft model; compare two "
+            "heads or two drafts"
+        )
+    check = check_head_pair if heads[0] else check_pair
+    check(Path(target_dir), old)
+    check(Path(target_dir), new)
     report = evaluate(old, new, Path(target_dir), sets, k=k, dtype=settings.dtype,
+                      method="eagle" if heads[0] else "draft_model",
                       log=lambda m: click.echo(m, err=True))  # fmt: skip
     if chart_path is not None:
         chart(report).savefig(chart_path, dpi=110)

@@ -1,7 +1,8 @@
 """``specrag draft evaluate OLD NEW``: both drafts on the same target, on the same held-out prompts.
 
 Every prompt (a dataset's held-out split, plus any ``--items`` files of the same shape) is
-decoded greedily with ``draft_model`` twice, once per draft, on one target; the order of the two
+decoded greedily with ``draft_model`` (or ``eagle``, when OLD and NEW are EAGLE heads) twice,
+once per draft, on one target; the order of the two
 alternates per prompt so that a load change on the host falls on both alike. Per set and draft:
 
 - acceptance rate: accepted draft tokens / drafted tokens (summed over the set);
@@ -76,24 +77,33 @@ def evaluate(
     k: int = 4,
     device: str = "cpu",
     dtype: str = "float32",
+    method: str = "draft_model",
     log: Any = print,
 ) -> dict[str, Any]:
-    """Decode every set's prompts with both drafts on ``target``; the side-by-side report."""
+    """Decode every set's prompts with both drafts on ``target``; the side-by-side report.
+
+    ``method="eagle"``: OLD and NEW are EAGLE heads, each served with the target alone."""
     from generation import SamplingParams, load_engine
 
     if not any(sets.values()):
         raise DatasetError("nothing to evaluate: every set of prompts is empty")
-    engines = {
-        "old": load_engine("torch", target, old, device=device, dtype=dtype),
-        "new": load_engine("torch", target, new, device=device, dtype=dtype),
-    }
+    if method not in ("draft_model", "eagle"):
+        raise DatasetError(f"method: {method!r}; choose draft_model or eagle")
+
+    def engine(path: Path) -> Any:
+        if method == "eagle":
+            return load_engine("torch", target, device=device, dtype=dtype, eagle_dir=path)
+        return load_engine("torch", target, path, device=device, dtype=dtype)
+
+    engines = {"old": engine(old), "new": engine(new)}
     report: dict[str, Any] = {
         "old": str(old), "new": str(new), "target": str(target), "k": k, "dtype": dtype,
-        "model_pairs": {n: e.model_pair for n, e in engines.items()}, "sets": {},
+        "method": method, "model_pairs": {n: e.model_pair for n, e in engines.items()},
+        "sets": {},
     }  # fmt: skip
     for e in engines.values():  # warm-up: kernels and allocators, not measured
         first = next(it for items in sets.values() for it in items)
-        e.generate(first["prompt_ids"], SamplingParams(max_new_tokens=8, method="draft_model",
+        e.generate(first["prompt_ids"], SamplingParams(max_new_tokens=8, method=method,
                                                        num_speculative_tokens=k))  # fmt: skip
     started = time.monotonic()
     done = 0
@@ -104,7 +114,7 @@ def evaluate(
         checked = 0
         for i, it in enumerate(items):
             params = SamplingParams(max_new_tokens=int(it["max_tokens"]), temperature=0.0,
-                                    method="draft_model", num_speculative_tokens=k)  # fmt: skip
+                                    method=method, num_speculative_tokens=k)  # fmt: skip
             outs: dict[str, list[int]] = {}
             for which in ("old", "new") if i % 2 == 0 else ("new", "old"):
                 result = engines[which].generate(list(it["prompt_ids"]), params)

@@ -22,15 +22,24 @@ per-token acceptance of greedy decoding). ``specrag draft evaluate`` adds measur
 
 The directory's name becomes the draft's label in ``model_pair`` (generation/torch_engine.py
 labels a model by its directory), so name it apart from the base draft's.
+
+``tune_eagle`` (``specrag draft tune --eagle HEAD``) tunes an EAGLE head (generation/eagle.py)
+instead, in the same loop (``_train``: the same bounds, checkpoint, autocast, progress bar and
+manifest): the target's features of each item are recorded once into ``<run-dir>``, and the
+loss is training/train_eagle.py's. A tuned head, too, is labelled in ``model_pair`` by its
+directory's name.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import math
 import os
 import random
 import shutil
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -58,6 +67,10 @@ class TuneConfig:
     ckpt_every: int = 20
     threads: int | None = None
     seed: int = 0
+    noise: float = 0.1
+    """EAGLE head only: uniform noise on the fed features (training/train_eagle.py's)."""
+    logit_share: float = 0.5
+    """EAGLE head only: the share of the next-token KL in the loss (beside the regression)."""
 
 
 def check_pair(target_dir: Path, draft_dir: Path) -> None:
@@ -107,6 +120,160 @@ def greedy_match(model: Any, items: list[dict[str, Any]], pad_id: int, batch: in
     return hit / total if total else 0.0
 
 
+@dataclass
+class _Run:
+    """What the shared loop needs of one kind of tune (a draft model, an EAGLE head)."""
+
+    module: Any  # the torch module trained (its parameters, its state_dict in the checkpoint)
+    key: str  # its name in ckpt.pt ("draft", "head")
+    plan: list[Any]  # one entry per step (a batch's rows)
+    step: Callable[[Any], tuple[Any, int]]  # a plan entry -> (loss tensor, real tokens)
+    weight_decay: float
+    describe: str  # the first log line's middle: what is trained, on what, with which loss
+
+
+def _train(
+    run: _Run,
+    dataset: Path,
+    run_dir: Path,
+    config: TuneConfig,
+    progress: bool,
+    log: Callable[[str], None],
+) -> tuple[dict[str, Any], str, str]:
+    """The loop both tunes share: AdamW, warm-up and cosine on the nearer of the step and time
+    bounds, bf16 autocast where native, clipping, ``ckpt.pt`` every ``ckpt_every`` steps and at
+    the end (resumed when there), a progress bar. Returns the counters, what stopped it, and
+    the autocast dtype's name."""
+    import torch
+    from tqdm import tqdm
+
+    from training.model import autocast_dtype
+
+    total = min(len(run.plan), config.max_steps) if config.max_steps else len(run.plan)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    params = [p for p in run.module.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=config.lr, betas=(0.9, 0.95), weight_decay=run.weight_decay)
+    state: dict[str, Any] = {"step": 0, "seconds": 0.0, "tokens": 0, "losses": []}
+    ckpt = run_dir / "ckpt.pt"
+    if ckpt.exists():
+        saved = torch.load(ckpt, weights_only=False)
+        if saved.get("dataset") != str(dataset.resolve()) or run.key not in saved:
+            what = "a head" if "head" in saved else "a draft"
+            raise DatasetError(
+                f"{run_dir}: holds a run of {what} on {saved.get('dataset')}, not this "
+                f"{run.key}'s on {dataset.resolve()}; give another --run-dir"
+            )
+        run.module.load_state_dict(saved[run.key])
+        opt.load_state_dict(saved["opt"])
+        state = saved["state"]
+        log(f"resumed at step {state['step']} ({state['seconds']:.0f} s trained)")
+
+    def save() -> None:
+        tmp = ckpt.with_suffix(".tmp")
+        torch.save(
+            {run.key: run.module.state_dict(), "opt": opt.state_dict(), "state": state,
+             "dataset": str(dataset.resolve())},
+            tmp,
+        )  # fmt: skip
+        os.replace(tmp, ckpt)
+
+    amp = autocast_dtype()
+    amp_name = str(amp).split(".")[-1]
+    budget = config.time_budget
+    log(
+        f"tune: {run.describe}, up to {total} steps ({config.epochs} epochs of "
+        f"{len(run.plan) // max(1, config.epochs)}), autocast {amp_name}"
+        + (f", budget {budget:.0f} s" if budget else "")
+    )
+    run.module.train()
+    bar = tqdm(total=total, initial=state["step"], disable=not progress, unit="step",
+               desc="tune", dynamic_ncols=True)  # fmt: skip
+    reason = "steps"
+    try:
+        while state["step"] < total:
+            if budget is not None and state["seconds"] >= budget:
+                reason = "time budget"
+                break
+            t0 = time.perf_counter()
+            step = state["step"]
+            frac = step / total
+            if budget:
+                frac = max(frac, state["seconds"] / budget)
+            for g in opt.param_groups:
+                g["lr"] = _lr(step, frac, config.lr)
+            with torch.autocast("cpu", dtype=amp, enabled=amp != torch.float32):
+                loss, tokens = run.step(run.plan[step])
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            state["step"] += 1
+            state["seconds"] += time.perf_counter() - t0
+            state["tokens"] += tokens
+            state["losses"].append(round(float(loss.item()), 4))
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss.item():.3f}", min=f"{state['seconds'] / 60:.1f}")
+            if state["step"] % config.ckpt_every == 0:
+                save()
+        save()
+    finally:
+        bar.close()
+    run.module.eval()
+    log(f"trained {state['step']} steps in {state['seconds']:.0f} s (stopped by {reason})")
+    return state, reason, amp_name
+
+
+def _summary(
+    dataset: Path,
+    target_dir: Path,
+    manifest: dict[str, Any],
+    state: dict[str, Any],
+    reason: str,
+    amp_name: str,
+    config: TuneConfig,
+) -> dict[str, Any]:
+    """The manifest fields both tunes write."""
+    return {
+        "format": DRAFT_FORMAT,
+        "created_at": datetime.now(UTC).isoformat(),
+        "target": str(target_dir.resolve()),
+        "dataset": str(dataset.resolve()),
+        "data_window": manifest["window"],
+        "data_filters": manifest["filters"],
+        "steps": state["step"],
+        "epochs_planned": config.epochs,
+        "stopped_by": reason,
+        "train_seconds": round(state["seconds"], 1),
+        "train_tokens": state["tokens"],
+        "lr": config.lr,
+        "answer_weight": config.answer_weight,
+        "autocast": amp_name,
+        "first_loss": state["losses"][0] if state["losses"] else None,
+        "last_loss": state["losses"][-1] if state["losses"] else None,
+        "heldout_acceptance": None,
+    }
+
+
+def _publish(out: Path, write: Callable[[Path], None], result: dict[str, Any]) -> None:
+    """Write the output into ``OUT.partial`` with ``write``, add the manifest, move it to OUT."""
+    tmp_out = out.with_name(out.name + ".partial")
+    if tmp_out.exists():
+        shutil.rmtree(tmp_out)
+    write(tmp_out)
+    write_json(tmp_out / "manifest.json", result)
+    if out.exists():
+        shutil.rmtree(out)
+    os.replace(tmp_out, out)
+
+
+def _done(out: Path, log: Callable[[str], None]) -> dict[str, Any] | None:
+    if (out / "manifest.json").is_file():
+        done: dict[str, Any] = json.loads((out / "manifest.json").read_text())
+        log(f"{out} is tuned already; nothing to do")
+        return done
+    return None
+
+
 def tune(
     dataset: Path,
     draft_dir: Path,
@@ -122,9 +289,8 @@ def tune(
 
     Running it again after it finished returns the manifest and does nothing else.
     """
-    if (out / "manifest.json").is_file():
-        done: dict[str, Any] = json.loads((out / "manifest.json").read_text())
-        log(f"{out} is tuned already; nothing to do")
+    done = _done(out, log)
+    if done is not None:
         return done
     manifest = read_manifest(dataset)
     check_pair(target_dir, draft_dir)
@@ -136,11 +302,9 @@ def tune(
         raise DatasetError(f"{dataset}: the training split is empty")
 
     import torch
-    from tqdm import tqdm
     from transformers import AutoModelForCausalLM
 
     from training.data import bucket, collate
-    from training.model import autocast_dtype
     from training.train_demo import kl_losses, token_losses, weighted
 
     if config.threads:
@@ -166,129 +330,208 @@ def tune(
         for e in range(config.epochs)
         for b in bucket(rows, config.tokens_per_batch, random.Random(config.seed * 1000 + e))
     ]
-    total = min(len(plan), config.max_steps) if config.max_steps else len(plan)
 
-    run_dir.mkdir(parents=True, exist_ok=True)
-    opt = torch.optim.AdamW(draft.parameters(), lr=config.lr, betas=(0.9, 0.95), weight_decay=0.1)
-    state: dict[str, Any] = {"step": 0, "seconds": 0.0, "tokens": 0, "losses": []}
-    ckpt = run_dir / "ckpt.pt"
-    if ckpt.exists():
-        saved = torch.load(ckpt, weights_only=False)
-        if saved.get("dataset") != str(dataset.resolve()):
-            raise DatasetError(
-                f"{run_dir}: holds a run on {saved.get('dataset')}, not {dataset.resolve()}; "
-                "give another --run-dir"
-            )
-        draft.load_state_dict(saved["draft"])
-        opt.load_state_dict(saved["opt"])
-        state = saved["state"]
-        log(f"resumed at step {state['step']} ({state['seconds']:.0f} s trained)")
+    def step(rows_of_batch: Any) -> tuple[Any, int]:
+        b = collate(rows_of_batch, pad)
+        student = draft(b.input_ids).logits
+        if target is not None:
+            with torch.no_grad():
+                teacher = target(b.input_ids).logits
+            values = kl_losses(student, teacher)
+        else:
+            values = token_losses(student, b.input_ids)
+        return weighted(values, b, config.answer_weight), int(b.is_real.sum())
 
-    def save() -> None:
-        tmp = ckpt.with_suffix(".tmp")
-        torch.save(
-            {"draft": draft.state_dict(), "opt": opt.state_dict(), "state": state,
-             "dataset": str(dataset.resolve())},
-            tmp,
-        )  # fmt: skip
-        os.replace(tmp, ckpt)
+    run = _Run(draft, "draft", plan, step, 0.1, f"{len(rows)} answers, loss {kind}")
+    state, reason, amp_name = _train(run, dataset, run_dir, config, progress, log)
 
-    amp = autocast_dtype()
-    budget = config.time_budget
-    log(
-        f"tune: {len(rows)} answers, up to {total} steps ({config.epochs} epochs of "
-        f"{len(plan) // max(1, config.epochs)}), loss {kind}, autocast {str(amp).split('.')[-1]}"
-        + (f", budget {budget:.0f} s" if budget else "")
-    )
-    draft.train()
-    bar = tqdm(total=total, initial=state["step"], disable=not progress, unit="step",
-               desc="tune", dynamic_ncols=True)  # fmt: skip
-    reason = "steps"
-    try:
-        while state["step"] < total:
-            if budget is not None and state["seconds"] >= budget:
-                reason = "time budget"
-                break
-            t0 = time.perf_counter()
-            step = state["step"]
-            b = collate(plan[step], pad)
-            frac = step / total
-            if budget:
-                frac = max(frac, state["seconds"] / budget)
-            for g in opt.param_groups:
-                g["lr"] = _lr(step, frac, config.lr)
-            with torch.autocast("cpu", dtype=amp, enabled=amp != torch.float32):
-                student = draft(b.input_ids).logits
-                if target is not None:
-                    with torch.no_grad():
-                        teacher = target(b.input_ids).logits
-                    values = kl_losses(student, teacher)
-                else:
-                    values = token_losses(student, b.input_ids)
-                loss = weighted(values, b, config.answer_weight)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            state["step"] += 1
-            state["seconds"] += time.perf_counter() - t0
-            state["tokens"] += int(b.is_real.sum())
-            state["losses"].append(round(float(loss.item()), 4))
-            bar.update(1)
-            bar.set_postfix(loss=f"{loss.item():.3f}", min=f"{state['seconds'] / 60:.1f}")
-            if state["step"] % config.ckpt_every == 0:
-                save()
-        save()
-    finally:
-        bar.close()
-    log(f"trained {state['step']} steps in {state['seconds']:.0f} s (stopped by {reason})")
-
-    draft.eval()
     base = AutoModelForCausalLM.from_pretrained(str(draft_dir), dtype=torch.float32).eval()
     match_before = greedy_match(base, heldout, pad)
     match_after = greedy_match(draft, heldout, pad)
     del base
     log(f"held-out greedy match: base {match_before:.3f}, tuned {match_after:.3f}")
 
-    tmp_out = out.with_name(out.name + ".partial")
-    if tmp_out.exists():
-        shutil.rmtree(tmp_out)
-    shutil.copytree(
-        draft_dir, tmp_out, ignore=shutil.ignore_patterns(*_WEIGHT_FILES, "manifest.json")
-    )
-    if isinstance(base_dtype, str):
-        base_dtype = getattr(torch, base_dtype, None)
-    if isinstance(base_dtype, torch.dtype):
-        for param in draft.parameters():  # the weights as the base draft shipped them
-            param.data = param.data.to(base_dtype)
-    draft.save_pretrained(str(tmp_out), safe_serialization=True)
+    def write(tmp_out: Path) -> None:
+        shutil.copytree(
+            draft_dir, tmp_out, ignore=shutil.ignore_patterns(*_WEIGHT_FILES, "manifest.json")
+        )
+        dtype = getattr(torch, base_dtype, None) if isinstance(base_dtype, str) else base_dtype
+        if isinstance(dtype, torch.dtype):
+            for param in draft.parameters():  # the weights as the base draft shipped them
+                param.data = param.data.to(dtype)
+        draft.save_pretrained(str(tmp_out), safe_serialization=True)
+
     result = {
-        "format": DRAFT_FORMAT,
-        "created_at": datetime.now(UTC).isoformat(),
+        **_summary(dataset, target_dir, manifest, state, reason, amp_name, config),
+        "kind": "draft",
         "base_draft": str(draft_dir.resolve()),
-        "target": str(target_dir.resolve()),
-        "dataset": str(dataset.resolve()),
-        "data_window": manifest["window"],
-        "data_filters": manifest["filters"],
         "train_items": len(rows),
         "heldout_items": len(heldout),
-        "steps": state["step"],
-        "epochs_planned": config.epochs,
-        "stopped_by": reason,
-        "train_seconds": round(state["seconds"], 1),
-        "train_tokens": state["tokens"],
         "loss": kind,
-        "lr": config.lr,
-        "answer_weight": config.answer_weight,
-        "autocast": str(amp).split(".")[-1],
-        "first_loss": state["losses"][0] if state["losses"] else None,
-        "last_loss": state["losses"][-1] if state["losses"] else None,
         "heldout_greedy_match": {"base": round(match_before, 4), "tuned": round(match_after, 4)},
-        "heldout_acceptance": None,
     }
-    write_json(tmp_out / "manifest.json", result)
-    if out.exists():
-        shutil.rmtree(out)
-    os.replace(tmp_out, out)
+    _publish(out, write, result)
     log(f"wrote the tuned draft to {out}")
+    return result
+
+
+def check_head_pair(target_dir: Path, head_dir: Path) -> None:
+    """Refuse an EAGLE head whose width, attention shape or vocabulary is not the target's
+    (the error names both sizes), before anything is loaded."""
+    from transformers import AutoConfig, LlamaConfig
+
+    from generation.eagle import check_head_config, is_eagle_head
+
+    if not (target_dir / "config.json").is_file():
+        raise DatasetError(
+            f"target {str(target_dir)!r}: no config.json (not a checkpoint directory)"
+        )
+    if not is_eagle_head(head_dir):
+        raise DatasetError(
+            f"--eagle {str(head_dir)!r}: not an EAGLE head (its config.json must name "
+            "EagleLlamaForCausalLM; generation/eagle.py)"
+        )
+    raw = json.loads((head_dir / "config.json").read_text())
+    raw.pop("architectures", None)
+    target = AutoConfig.from_pretrained(str(target_dir), local_files_only=True)
+    check_head_config(LlamaConfig(**raw), target, head_dir)
+
+
+def _head_rows(items: list[dict[str, Any]], max_len: int) -> tuple[list[list[int]], list[int]]:
+    rows = _rows(items, max_len)
+    return [r for r, _ in rows], [p for _, p in rows]
+
+
+def head_match(head: Any, target: Any, rows: list[list[int]], prompt_lens: list[int],
+               feats: list[Any]) -> float:  # fmt: skip
+    """Share of answer tokens the head predicts as the target's next token, teacher-forced on
+    the target's true features: the head's per-token acceptance of greedy decoding."""
+    import torch
+
+    hit = total = 0
+    with torch.inference_mode():
+        for row, plen, f in zip(rows, prompt_lens, feats, strict=True):
+            ids = torch.tensor([row])
+            g = head(target.model.embed_tokens(ids[:, 1:]), f[None, :-1].float())
+            pred = target.lm_head(g)[0].argmax(-1)  # position t predicts x_{t+2}
+            lo = max(0, plen - 2)
+            hit += int((pred[lo : len(row) - 2] == ids[0, lo + 2 :]).sum())
+            total += len(row) - 2 - lo
+    return hit / total if total else 0.0
+
+
+def _check_features(
+    run_dir: Path, target_dir: Path, rows: list[list[int]], held_rows: list[list[int]]
+) -> None:
+    """Tie ``run_dir``'s recorded features to these answers and this target: they resume by
+    count, so features of another dataset or target would be read as these."""
+    weights = [target_dir / f for f in _WEIGHT_FILES if (target_dir / f).is_file()]
+    key = json.dumps(
+        {"rows": [rows, held_rows], "target": str(target_dir.resolve()),
+         "weights": [w.stat().st_size for w in weights]}
+    )  # fmt: skip
+    digest = hashlib.sha256(key.encode()).hexdigest()
+    stamp = run_dir / "features.sha256"
+    if stamp.exists() and stamp.read_text().strip() != digest:
+        raise DatasetError(
+            f"{run_dir}: its recorded features are of other answers or another target; "
+            "give another --run-dir"
+        )
+    stamp.write_text(digest + "\n")
+
+
+def tune_eagle(
+    dataset: Path,
+    head_dir: Path,
+    target_dir: Path,
+    out: Path,
+    run_dir: Path,
+    config: TuneConfig = TuneConfig(),
+    *,
+    progress: bool = True,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Tune the EAGLE head in ``head_dir`` on ``dataset``'s training split into ``out``.
+
+    The target's features for each item's prompt + answer are recorded once into
+    ``<run-dir>/features.pt`` (resumable), then the head is trained from its current weights
+    with training/train_eagle.py's loss (feature regression plus ``logit_share`` of the KL to
+    the target's next-token distribution, ``noise`` on the fed features) in the loop the draft
+    tune uses. The output is a head in vLLM's EAGLE format with ``manifest.json``.
+    """
+    done = _done(out, log)
+    if done is not None:
+        return done
+    manifest = read_manifest(dataset)
+    check_head_pair(target_dir, head_dir)
+    if out.resolve() == head_dir.resolve():
+        raise DatasetError("--out: must not be the base head's directory (write a new one)")
+    if config.loss == "tokens":
+        raise DatasetError("--loss tokens: an EAGLE head learns the target's features; it needs "
+                           "the target's weights (--loss auto or logits)")  # fmt: skip
+    if not any((target_dir / f).exists() for f in _WEIGHT_FILES):
+        raise DatasetError(f"target {str(target_dir)!r}: no weights here; an EAGLE head is "
+                           "tuned on the target's own features")  # fmt: skip
+    train = load_items(dataset / "train.jsonl")
+    heldout = load_items(dataset / "heldout.jsonl")
+    if not train:
+        raise DatasetError(f"{dataset}: the training split is empty")
+
+    import torch
+    from transformers import LlamaForCausalLM
+
+    from generation.eagle import load_head, save_head
+    from training.train_eagle import batches, head_loss, pack, record_features
+
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    target = LlamaForCausalLM.from_pretrained(str(target_dir), dtype=torch.float32).eval()
+    for p in target.parameters():
+        p.requires_grad_(False)
+    head = load_head(head_dir, target)
+    max_len = int(getattr(target.config, "max_position_embeddings", 4096) or 4096)
+    rows, prompt_lens = _head_rows(train, max_len)
+    held_rows, held_lens = _head_rows(heldout, max_len)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    _check_features(run_dir, target_dir, rows, held_rows)
+    log(f"tune: recording the target's features of {len(rows) + len(held_rows)} answers")
+    with contextlib.redirect_stdout(sys.stderr):  # its progress lines: not into --json's stdout
+        feats = record_features(target, rows, run_dir / "features.pt", run_dir)
+        held_feats = record_features(target, held_rows, run_dir / "heldout-features.pt", run_dir)
+    lengths = [len(r) for r in rows]
+    plan = [
+        g
+        for e in range(config.epochs)
+        for g in batches(lengths, config.tokens_per_batch, random.Random(config.seed * 1000 + e))
+    ]
+    hidden = int(target.config.hidden_size)
+
+    def step(group: list[int]) -> tuple[Any, int]:
+        ids, f, weight = pack(group, rows, prompt_lens, feats, hidden, config.answer_weight)
+        loss, _parts = head_loss(head, target, ids, f, weight, config.noise, config.logit_share)
+        return loss, sum(lengths[i] for i in group)
+
+    describe = f"{len(rows)} answers, EAGLE head (logit share {config.logit_share})"
+    run = _Run(head, "head", plan, step, 0.0, describe)
+    state, reason, amp_name = _train(run, dataset, run_dir, config, progress, log)
+
+    base = load_head(head_dir, target)
+    match_before = head_match(base, target, held_rows, held_lens, held_feats)
+    match_after = head_match(head, target, held_rows, held_lens, held_feats)
+    del base
+    log(f"held-out greedy match: base head {match_before:.3f}, tuned {match_after:.3f}")
+
+    result = {
+        **_summary(dataset, target_dir, manifest, state, reason, amp_name, config),
+        "kind": "eagle",
+        "base_head": str(head_dir.resolve()),
+        "train_items": len(rows),
+        "heldout_items": len(held_rows),
+        "loss": "eagle",
+        "logit_share": config.logit_share,
+        "noise": config.noise,
+        "heldout_greedy_match": {"base": round(match_before, 4), "tuned": round(match_after, 4)},
+    }
+    _publish(out, lambda tmp: save_head(head, tmp), result)
+    log(f"wrote the tuned EAGLE head to {out}")
     return result

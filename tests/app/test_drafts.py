@@ -296,3 +296,121 @@ def test_tune_on_the_target_tokens_alone(tiny_models: dict[str, Path], tmp_path:
     assert result.exit_code == 0, result.output
     manifest = json.loads((tmp_path / "o" / "manifest.json").read_text())
     assert manifest["loss"] == "tokens" and manifest["steps"] == 1
+
+
+def _tiny_head(tiny: dict[str, Path], out: Path, **overrides: Any) -> Path:
+    """A seeded random EAGLE head for the tiny target (``overrides``: config fields changed)."""
+    import torch
+    from transformers import AutoConfig
+
+    from generation.eagle import EagleHeadModule, head_config, save_head
+
+    config = head_config(AutoConfig.from_pretrained(str(tiny["target"])))
+    for name, value in overrides.items():
+        setattr(config, name, value)
+    torch.manual_seed(3)
+    save_head(EagleHeadModule(config), out)
+    return out
+
+
+def test_eagle_head_tune_resumes_writes_manifest_and_evaluate_compares(
+    tiny_models: dict[str, Path], tmp_path: Path
+) -> None:
+    """``draft tune --eagle``: the shared loop on a head (features recorded once, resumable,
+    loss falls), a head of its own name in model_pair, and ``draft evaluate`` telling heads by
+    their config and decoding with method eagle: the target's answers, identical."""
+    import shutil
+
+    ds = _tiny_dataset(tiny_models, tmp_path / "ds")
+    # The random target's answers are random tokens: 12 of them teach nothing that carries to
+    # unseen prompts, so the "held-out" split here repeats four training items. The match
+    # then shows the head learnt, through the lm_head at the offsets decoding uses, what it
+    # was trained on (0 for the random base head).
+    train = (ds / "train.jsonl").read_text().splitlines()
+    (ds / "heldout.jsonl").write_text("".join(line + "\n" for line in train[:4]))
+    head = _tiny_head(tiny_models, tmp_path / "eagle")
+    out = tmp_path / "eagle-tuned"
+    base = ["draft", "tune", "--dataset", str(ds), "--eagle", str(head),
+            "--target", str(tiny_models["target"]), "--out", str(out), "--run-dir",
+            str(tmp_path / "run"), "--tokens-per-batch", "64", "--lr", "1e-2", "--epochs", "8",
+            "--no-progress"]  # fmt: skip
+    first = CliRunner().invoke(main, [*base, "--max-steps", "2", "--json"])
+    assert first.exit_code == 0, first.output
+    m1 = json.loads(first.stdout)  # the manifest alone: progress goes to stderr
+    assert m1["steps"] == 2 and m1["kind"] == "eagle" and m1["base_head"].endswith("eagle")
+    assert (tmp_path / "run" / "features.pt").is_file()
+    shutil.rmtree(out)
+    second = CliRunner().invoke(main, [*base, "--max-steps", "24", "--json"])
+    assert second.exit_code == 0, second.output
+    assert "resumed at step 2" in second.output
+    m2 = json.loads((out / "manifest.json").read_text())
+    assert m2["steps"] == 24 and m2["data_window"] == {"since": "a", "until": "b"}
+    assert (tmp_path / "run" / "features.sha256").is_file()
+    assert m2["last_loss"] < m2["first_loss"]
+    match = m2["heldout_greedy_match"]
+    assert match["base"] == 0.0 and match["tuned"] >= 0.15, match  # 0.28 when written
+
+    from generation import load_engine
+    from generation.eagle import ARCHITECTURE
+
+    assert json.loads((out / "config.json").read_text())["architectures"] == [ARCHITECTURE]
+    engine = load_engine("torch", tiny_models["target"], device="cpu", eagle_dir=out)
+    assert engine.model_pair == "target+eagle-tuned"  # a distinct pair label, by directory
+    assert load_engine("torch", tiny_models["target"], device="cpu", eagle_dir=head).model_pair == (
+        "target+eagle"
+    )
+
+    result = CliRunner().invoke(
+        main,
+        ["draft", "evaluate", str(head), str(out), "--dataset", str(ds),
+         "--target", str(tiny_models["target"]), "--json", "--force"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output.strip().splitlines()[-1])
+    assert report["method"] == "eagle"
+    held = report["sets"]["heldout"]
+    assert held["identical"] and held["checked_against_target"] == 4
+    assert held["old"]["answers"] == held["new"]["answers"] == 4
+    assert held["new"]["acceptance_rate"] is not None
+    assert json.loads((out / "manifest.json").read_text())["heldout_acceptance"] is not None
+    # A head beside a draft is not a comparison.
+    mixed = CliRunner().invoke(
+        main,
+        ["draft", "evaluate", str(head), str(tiny_models["draft"]), "--dataset", str(ds),
+         "--target", str(tiny_models["target"])],
+    )  # fmt: skip
+    assert mixed.exit_code == 1 and "is an EAGLE head and the other a draft" in mixed.output
+
+
+def test_eagle_head_of_another_width_is_refused_before_training(
+    tiny_models: dict[str, Path], tmp_path: Path
+) -> None:
+    ds = _tiny_dataset(tiny_models, tmp_path / "ds", n=6)
+    head = _tiny_head(tiny_models, tmp_path / "wide", hidden_size=96, intermediate_size=128)
+    result = CliRunner().invoke(
+        main,
+        ["draft", "tune", "--dataset", str(ds), "--eagle", str(head), "--target",
+         str(tiny_models["target"]), "--out", str(tmp_path / "o"), "--run-dir", str(tmp_path / "r")],
+    )  # fmt: skip
+    assert result.exit_code == 1
+    assert "hidden size 96, the target has 64" in result.output
+    assert not (tmp_path / "r").exists() and not (tmp_path / "o").exists()
+    # A draft model given as a head is named as such, also before anything runs.
+    not_head = CliRunner().invoke(
+        main,
+        ["draft", "tune", "--dataset", str(ds), "--eagle", str(tiny_models["draft"]), "--target",
+         str(tiny_models["target"]), "--out", str(tmp_path / "o"), "--run-dir", str(tmp_path / "r")],
+    )  # fmt: skip
+    assert not_head.exit_code == 1 and "not an EAGLE head" in not_head.output
+    assert not (tmp_path / "r").exists()
+    # A run dir whose features were recorded from other answers is not resumed on these.
+    good = _tiny_head(tiny_models, tmp_path / "eagle")
+    args = ["draft", "tune", "--eagle", str(good), "--target", str(tiny_models["target"]),
+            "--run-dir", str(tmp_path / "r"), "--max-steps", "1", "--no-progress"]  # fmt: skip
+    first = CliRunner().invoke(main, [*args, "--dataset", str(ds), "--out", str(tmp_path / "o1")])
+    assert first.exit_code == 0, first.output
+    other = _tiny_dataset(tiny_models, tmp_path / "ds2", n=7)
+    again = CliRunner().invoke(
+        main, [*args, "--dataset", str(other), "--out", str(tmp_path / "o2")]
+    )
+    assert again.exit_code == 1 and "recorded features are of other answers" in again.output

@@ -12,7 +12,7 @@ from typing import Any
 from click.testing import CliRunner
 
 from app.settings import Settings
-from tests.app.test_drafts import _tiny_dataset
+from tests.app.test_drafts import _tiny_dataset, _tiny_head
 
 
 def test_tune_sent_to_the_train_queue_runs_on_a_train_worker(
@@ -51,3 +51,21 @@ def test_tune_sent_to_the_train_queue_runs_on_a_train_worker(
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["steps"] == 2 and manifest["loss"] == "logits"
     assert (settings.data_dir / "draft-tune.lock").exists()  # the per-host lock it held
+    # An EAGLE head's tune goes the same way (the job names the head instead of a draft).
+    head = _tiny_head(tiny_models, tmp_path / "eagle")
+    head_out = tmp_path / "eagle-queued"
+    sent = CliRunner().invoke(
+        main,
+        ["draft", "tune", "--dataset", str(ds), "--eagle", str(head), "--out", str(head_out),
+         "--max-steps", "2", "--tokens-per-batch", "64", "--queue", "--json"],
+        env={k: v for k, v in env.items() if k != "SPECRAG_DRAFT_MODEL"},
+    )  # fmt: skip
+    assert sent.exit_code == 0, sent.output
+    job = json.loads(sent.output.strip().splitlines()[-1])
+    assert job["eagle"] == str(head.resolve()) and "draft" not in job
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and not (head_out / "manifest.json").exists():
+        time.sleep(0.5)
+    assert (head_out / "manifest.json").exists(), worker.tail()
+    manifest = json.loads((head_out / "manifest.json").read_text())
+    assert manifest["steps"] == 2 and manifest["kind"] == "eagle"
