@@ -30,7 +30,7 @@ import os
 import random
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from transformers import AutoTokenizer, LlamaForCausalLM, PreTrainedTokenizerFast
@@ -171,7 +171,7 @@ def main(argv: list[str] | None = None) -> None:
         _log(args.run_dir, f"{args.run_dir} is done; nothing to do")
         return
     tdir, ddir = args.models / "target", args.models / "draft"
-    tok = AutoTokenizer.from_pretrained(str(tdir))
+    tok = cast(PreTrainedTokenizerFast, AutoTokenizer.from_pretrained(str(tdir)))  # tokenizer.json
     target = LlamaForCausalLM.from_pretrained(str(tdir), dtype=torch.float32).eval()
 
     if args.phase in ("all", "generate"):

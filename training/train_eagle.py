@@ -29,11 +29,11 @@ import os
 import random
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
-from transformers import AutoTokenizer, LlamaForCausalLM
+from transformers import AutoTokenizer, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from generation.eagle import EagleHeadModule, head_config, save_head
 from training.corpus import REPO_ROOT
@@ -89,7 +89,9 @@ def record_features(
 def batches(lengths: list[int], tokens: int, rng: random.Random) -> list[list[int]]:
     """Row indices grouped by similar length, each group at most ``tokens`` padded tokens."""
     order = sorted(range(len(lengths)), key=lambda i: lengths[i])
-    groups, group, width = [], [], 0
+    groups: list[list[int]] = []
+    group: list[int] = []
+    width = 0
     for i in order:
         width_then = max(width, lengths[i])
         if group and width_then * (len(group) + 1) > tokens:
@@ -193,7 +195,7 @@ def main(argv: list[str] | None = None) -> None:
         _log(args.run_dir, f"{args.run_dir} is done; nothing to do")
         return
     tdir = args.models / "target"
-    tok = AutoTokenizer.from_pretrained(str(tdir))
+    tok = cast(PreTrainedTokenizerFast, AutoTokenizer.from_pretrained(str(tdir)))  # tokenizer.json
     target = LlamaForCausalLM.from_pretrained(str(tdir), dtype=torch.float32).eval()
     for p in target.parameters():
         p.requires_grad_(False)
