@@ -53,6 +53,19 @@ DRAFT_FORMAT = "specrag-tuned-draft/1"
 _WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "model.safetensors.index.json")
 
 
+def _splits(dataset: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """A dataset's (train, held-out) items; an empty training split is refused."""
+    train = load_items(dataset / "train.jsonl")
+    if not train:
+        raise DatasetError(f"{dataset}: the training split is empty")
+    return train, load_items(dataset / "heldout.jsonl")
+
+
+def _has_weights(model_dir: Path) -> bool:
+    """Whether ``model_dir`` holds a checkpoint's weights (so its logits can be recomputed)."""
+    return any((model_dir / f).exists() for f in _WEIGHT_FILES)
+
+
 @dataclass(frozen=True)
 class TuneConfig:
     """How a tune runs (``specrag draft tune``'s options)."""
@@ -296,10 +309,7 @@ def tune(
     check_pair(target_dir, draft_dir)
     if out.resolve() == draft_dir.resolve():
         raise DatasetError("--out: must not be the base draft's directory (write a new one)")
-    train = load_items(dataset / "train.jsonl")
-    heldout = load_items(dataset / "heldout.jsonl")
-    if not train:
-        raise DatasetError(f"{dataset}: the training split is empty")
+    train, heldout = _splits(dataset)
 
     import torch
     from transformers import AutoModelForCausalLM
@@ -311,7 +321,7 @@ def tune(
         torch.set_num_threads(config.threads)
     kind = config.loss
     if kind == "auto":
-        kind = "logits" if any((target_dir / f).exists() for f in _WEIGHT_FILES) else "tokens"
+        kind = "logits" if _has_weights(target_dir) else "tokens"
     if kind not in ("logits", "tokens"):
         raise DatasetError(f"--loss: {config.loss!r}; choose auto, logits or tokens")
     draft = AutoModelForCausalLM.from_pretrained(str(draft_dir), dtype=torch.float32)
@@ -469,13 +479,10 @@ def tune_eagle(
     if config.loss == "tokens":
         raise DatasetError("--loss tokens: an EAGLE head learns the target's features; it needs "
                            "the target's weights (--loss auto or logits)")  # fmt: skip
-    if not any((target_dir / f).exists() for f in _WEIGHT_FILES):
+    if not _has_weights(target_dir):
         raise DatasetError(f"target {str(target_dir)!r}: no weights here; an EAGLE head is "
                            "tuned on the target's own features")  # fmt: skip
-    train = load_items(dataset / "train.jsonl")
-    heldout = load_items(dataset / "heldout.jsonl")
-    if not train:
-        raise DatasetError(f"{dataset}: the training split is empty")
+    train, heldout = _splits(dataset)
 
     import torch
     from transformers import LlamaForCausalLM
