@@ -178,6 +178,7 @@ class Resources:
                     approx_index_threshold=s.approx_index_threshold,
                     max_query_chars=s.max_question_chars,
                     search_mode=s.search_mode,
+                    all_terms_bonus=s.all_terms_bonus,
                 )
             return self._retrieval
 

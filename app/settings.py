@@ -13,6 +13,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from app.enums import Method
+from retrieval.fusion import ALL_TERMS_BONUS
 from retrieval.prompt import DEFAULT_SYSTEM_PROMPT, check_system_prompt
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -148,6 +149,14 @@ class Settings(BaseSettings):
         description=(
             "Retrieval of the worker pipeline (and of `specrag search` without --mode): hybrid "
             "(dense and lexical legs fused), dense (FAISS only) or lexical (BM25 only)."
+        ),
+    )
+    all_terms_bonus: float = Field(
+        default=ALL_TERMS_BONUS,
+        ge=0,
+        description=(
+            "Hybrid search: added to the fused score (0 to 2) of a passage that holds every "
+            "term of the question, so it ranks above passages matching only some (0: off)."
         ),
     )
     max_question_tokens: int = Field(

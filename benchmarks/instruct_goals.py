@@ -36,6 +36,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -58,14 +59,32 @@ METHODS = [
 def held_out_questions(count: int, seed: int = 0) -> list[dict[str, str]]:
     """``count`` seeded questions about held-out demo topics: question, file, reference quote."""
     from training.corpus import build_corpus
-    from training.qa import chunk_documents, question_and_quote
 
     docs = [d for d in build_corpus(seed).heldout if d.source.startswith("demo/corpus/")]
-    rng = random.Random(1234 + seed)
+    return generated_questions(docs, count, random.Random(1234 + seed))
+
+
+def demo_questions(count: int, seed: int, exclude: Iterable[str] = ()) -> list[dict[str, str]]:
+    """``count`` questions built the same way over every demo-corpus document (trained-on
+    topics too), none of them in ``exclude``: a larger set beside the held-out 30."""
+    from training.corpus import build_corpus
+
+    corpus = build_corpus(0)
+    docs = [d for d in corpus.train + corpus.heldout if d.source.startswith("demo/corpus/")]
+    return generated_questions(docs, count, random.Random(seed), exclude)
+
+
+def generated_questions(
+    docs: Sequence[Any], count: int, rng: random.Random, exclude: Iterable[str] = ()
+) -> list[dict[str, str]]:
+    """``count`` distinct questions from training/qa.py's generator over ``docs`` (220-word
+    chunks), each with its document's file name and the verbatim span that answers it."""
+    from training.qa import chunk_documents, question_and_quote
+
     chunks = chunk_documents(docs, 220)
     by_doc = {d.title: Path(d.source).name for d in docs}
     out: list[dict[str, str]] = []
-    seen: set[str] = set()
+    seen: set[str] = set(exclude)
     while len(out) < count:
         chunk = rng.choice(chunks)
         qa = question_and_quote(rng, chunk)
@@ -87,24 +106,27 @@ def cites_answer(
     answer: str, sources: list[dict[str, Any]], file: str, quote: str
 ) -> tuple[bool, bool]:
     """(cites a chunk of the question's document, and that chunk holds the reference's start)."""
-    start = " ".join(quote.split()[:6])
     loose = strict = False
     for n in {int(m) for m in re.findall(r"\[(\d+)\]", answer)}:
         if 1 <= n <= len(sources) and sources[n - 1]["document"].endswith(file):
             loose = True
-            strict = strict or start in " ".join(sources[n - 1]["text"].split())
+            strict = strict or holds_quote(sources[n - 1]["text"], quote)
     return loose, strict
+
+
+def holds_quote(text: str, quote: str) -> bool:
+    """Whether a passage holds the reference's start (its first six words, spacing ignored)."""
+    return " ".join(quote.split()[:6]) in " ".join(text.split())
 
 
 def retrieved_answer(sources: list[dict[str, Any]], file: str, quote: str) -> tuple[bool, bool]:
     """(some retrieved source is a chunk of the question's document, some holds the reference's
     start): the ceiling of ``cites_answer`` that retrieval sets before the model writes a word."""
-    start = " ".join(quote.split()[:6])
     loose = strict = False
     for src in sources:
         if src["document"].endswith(file):
             loose = True
-            strict = strict or start in " ".join(src["text"].split())
+            strict = strict or holds_quote(src["text"], quote)
     return loose, strict
 
 

@@ -199,6 +199,21 @@ class LexicalIndex:
         hits = [(int(i or 0), float(score)) for (score, _), i in zip(found, ids, strict=True)]
         return sorted(hits, key=lambda hit: (-hit[1], hit[0]))
 
+    def holding_all(self, terms: Sequence[str], chunk_ids: Sequence[int]) -> set[int]:
+        """Those of ``chunk_ids`` whose stored terms include every one of ``terms`` (one
+        Tantivy query: every term required, the chunk id among the given ones)."""
+        if not terms or not chunk_ids or self.ntotal == 0:
+            return set()
+        schema = self._schema
+        required = [tantivy.Query.term_query(schema, "terms", t) for t in terms]
+        required.append(
+            tantivy.Query.term_set_query(schema, "chunk_id", [int(i) for i in chunk_ids])
+        )
+        query = tantivy.Query.boolean_query([(tantivy.Occur.Must, q) for q in required])
+        found = self._searcher.search(query, len(chunk_ids), count=False).hits
+        ids = self._searcher.fast_field_values("chunk_id", [address for _, address in found])
+        return {int(i) for i in ids if i is not None}
+
 
 def _document(chunk_id: int, terms: str) -> tantivy.Document:
     doc = tantivy.Document()

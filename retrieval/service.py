@@ -33,7 +33,15 @@ from retrieval.errors import (
     check_name,
     public_reason,
 )
-from retrieval.fusion import SEARCH_MODES, Fused, SearchMode, fuse, single
+from retrieval.fusion import (
+    ALL_TERMS_BONUS,
+    SEARCH_MODES,
+    Fused,
+    SearchMode,
+    fuse,
+    reward_all_terms,
+    single,
+)
 from retrieval.host_indexes import HostIndexes
 from retrieval.index_store import IndexStore
 from retrieval.loaders import load_document
@@ -74,14 +82,20 @@ class RetrievalService:
         search_mode: SearchMode = "hybrid",
         max_held: int = 0,
         max_collections: int | Callable[[str], int] = 0,
+        all_terms_bonus: float = ALL_TERMS_BONUS,
     ) -> None:
         """``indexes``: this host's indexes when already opened (``open_retrieval`` warms them
         while the embedding model loads); by default opened here on ``index_dir``, holding at
         most ``max_held`` collections in memory (0: no limit).
         ``search_mode``: what ``search`` runs when not told (retrieval.fusion).
         ``max_collections``: collections one tenant may have (0: no limit; a callable gives a
-        tenant's own); an ingest that would create one more is refused (CollectionLimitError)."""
+        tenant's own); an ingest that would create one more is refused (CollectionLimitError).
+        ``all_terms_bonus``: hybrid mode adds this to the fused score of a passage holding every
+        term of the question (retrieval.fusion.reward_all_terms; 0: off)."""
         self.search_mode = _check_mode(search_mode)
+        if not all_terms_bonus >= 0:  # also refuses NaN
+            raise ValueError(f"all_terms_bonus must be 0 or more, got {all_terms_bonus}")
+        self.all_terms_bonus = all_terms_bonus
         self.session_factory = session_factory
         self.embedder = embedder
         self.max_file_bytes = max_file_bytes
@@ -293,10 +307,10 @@ class RetrievalService:
     ) -> list[SearchHit]:
         """The ``top_k`` best passages of the tenant's collection, best first.
 
-        ``mode``: "hybrid" (both legs, fused by RRF), "dense" (FAISS only, cosine scores) or
-        "lexical" (BM25 only); default the service's ``search_mode``. A question with no
-        lexical term (punctuation, function words) gets the dense leg's ranking in hybrid
-        mode and no hits in lexical mode."""
+        ``mode``: "hybrid" (both legs fused, passages holding every term lifted), "dense"
+        (FAISS only, cosine scores) or "lexical" (BM25 only); default the service's
+        ``search_mode``. A question with no lexical term (punctuation, function words) gets
+        the dense leg's ranking in hybrid mode and no hits in lexical mode."""
         mode = self.search_mode if mode is None else _check_mode(mode)
         if not isinstance(question, str) or not question.strip():
             raise QueryError("question is empty")
@@ -325,6 +339,9 @@ class RetrievalService:
         sparse = lexical.search(words, depth) if words else []
         if mode == "hybrid":
             ranked = fuse(dense, sparse)
+            if self.all_terms_bonus and words and ranked:
+                holding = lexical.holding_all(words, [f.chunk_id for f in ranked])
+                ranked = reward_all_terms(ranked, holding, self.all_terms_bonus)
         else:
             ranked = single(dense if mode == "dense" else sparse, mode)
         # Only the passages that can make the top k are read (a margin for rows the tenant

@@ -48,6 +48,7 @@ def _service(tenant: str, collection: str) -> RetrievalService:
         approx_index_threshold=settings.approx_index_threshold,
         max_query_chars=settings.max_question_chars,
         max_collections=collection_limit(session_factory, settings),
+        all_terms_bonus=settings.all_terms_bonus,
     )
 
 

@@ -164,6 +164,56 @@ def test_a_huge_token_in_a_passage_is_bounded_and_still_found(
     assert names_of(hits) == ["blob.md"]
 
 
+# A passage about descaling that never says "vinegar", beside a long one that holds all three
+# words once: both legs rank the first higher.
+KETTLE_DOCS = {
+    "descaling.md": "# Descaling a kettle\n\nDescaling a kettle removes the scale that hard "
+    "water leaves. Descaling the kettle every month keeps it quiet and fast; descaling tablets "
+    "dissolve the scale in the kettle overnight.",
+    "kitchen.md": "# Kitchen cleaning\n\nWipe the counters daily and clean the oven racks in "
+    "hot soapy water. The fridge shelves come out for washing, and the sink drain wants baking "
+    "soda once a week. For the kettle, descaling with white vinegar works as well as any "
+    "tablet. Floors last: sweep, then mop with warm water.",
+    "vinegar.md": "# Vinegar\n\nWhite vinegar is dilute acetic acid, made by fermenting "
+    "alcohol; it pickles vegetables and dresses salads.",
+    "tea.md": "# Tea\n\nBoil fresh water, warm the pot, and steep black tea for four minutes.",
+}
+
+
+def test_a_passage_holding_every_term_of_the_question_is_lifted_by_the_bonus(
+    make_service: ServiceFactory, names: dict[str, str], tmp_path: Path
+) -> None:
+    c, t = names["collection"], names["a"]
+    plain = make_service(all_terms_bonus=0.0)
+    paths = [write(tmp_path / name, text) for name, text in KETTLE_DOCS.items()]
+    assert plain.ingest(paths, collection=c, tenant=t).ok
+    lifted = make_service()  # the default bonus, on the same database and index files
+    question = "What about kettle descaling vinegar?"
+    before = plain.search(question, collection=c, tenant=t, top_k=4)
+    after = lifted.search(question, collection=c, tenant=t, top_k=4)
+    assert names_of(before)[:2] == ["descaling.md", "kitchen.md"]  # best in both legs
+    assert before[0].dense_rank == 1 and before[0].lexical_rank == 1
+    assert names_of(after)[:2] == ["kitchen.md", "descaling.md"]
+    old = {h.chunk_id: h.score for h in before}
+    assert after[0].score == pytest.approx(old[after[0].chunk_id] + lifted.all_terms_bonus)
+    assert all(h.score == old[h.chunk_id] for h in after[1:])  # the others keep their scores
+    # No passage holds "descale" (no stemming): nothing is lifted, the ranking is the fusion's.
+    other = "How do I descale a kettle with vinegar?"
+    assert plain.search(other, collection=c, tenant=t) == lifted.search(other, collection=c,
+                                                                         tenant=t)  # fmt: skip
+    # Dense and lexical modes are left as they were.
+    for mode in ("dense", "lexical"):
+        assert plain.search(question, collection=c, tenant=t, mode=mode) == lifted.search(
+            question, collection=c, tenant=t, mode=mode
+        )
+
+
+def test_a_negative_all_terms_bonus_is_refused_by_name(make_service: ServiceFactory) -> None:
+    for bad in (-0.5, float("nan")):
+        with pytest.raises(ValueError, match="all_terms_bonus must be 0 or more"):
+            make_service(all_terms_bonus=bad)
+
+
 def test_unknown_mode_is_refused_by_name(make_service: ServiceFactory, tmp_path: Path) -> None:
     service = make_service()
     service.ingest([write(tmp_path / "fruit.md", FRUIT)], collection="kb")

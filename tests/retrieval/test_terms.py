@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from retrieval.fusion import RRF_K, fuse, rrf, single
+from retrieval.fusion import RRF_K, fuse, reward_all_terms, rrf, single
 from retrieval.terms import MAX_QUERY_TERMS, MAX_TERM_CHARS, chunk_terms, query_terms, terms
 
 
@@ -75,6 +75,19 @@ def test_fuse_adds_min_max_normalised_scores() -> None:
     assert [f.chunk_id for f in fuse(dense, lexical)] == [1, 3, 2, 4, 5]  # 1 and 3 tie: id order
     assert [f.chunk_id for f in fuse(dense, [(9, 3.0)])][:2] == [1, 9]  # a lone hit counts 1
     assert [f.chunk_id for f in fuse(dense, [])] == [1, 2, 3]  # no terms: the dense ranking
+
+
+def test_reward_all_terms_lifts_only_the_chunks_holding_every_term() -> None:
+    fused = fuse([(1, 0.9), (2, 0.8), (3, 0.5)], [(3, 12.0), (4, 8.0), (5, 2.0)])
+    before = {f.chunk_id: f for f in fused}
+    lifted = reward_all_terms(fused, {4, 5}, 1.0)
+    assert [f.chunk_id for f in lifted] == [4, 1, 3, 5, 2]  # 4: 0.6 + 1; 5: 0 + 1 ties 1 and 3
+    after = {f.chunk_id: f for f in lifted}
+    assert after[4].score == pytest.approx(before[4].score + 1.0)
+    assert all(after[c] == before[c] for c in (1, 2, 3))  # the others untouched
+    assert (after[4].dense_rank, after[4].lexical_rank) == (None, 2)  # ranks kept for the audit
+    assert reward_all_terms(fused, set(), 1.0) == fused  # no chunk holds every term
+    assert reward_all_terms(fused, {4, 5}, 0.0) == fused  # off
 
 
 def test_rrf_adds_reciprocal_ranks_and_breaks_ties_by_chunk_id() -> None:
