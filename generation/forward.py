@@ -160,40 +160,55 @@ class Linear:
     """One projection, ``x @ weight.T + bias``: F.linear on the module's weight, or oneDNN on a
     copy of it packed once (``packed``; the module's weight stays, so memory holds both).
 
+    Several modules (``modules`` a list) make one projection whose output is theirs side by
+    side: packed, one GEMM on their weights stacked (fewer, wider calls: a decode step is bound
+    by per-call cost); unpacked, each module's F.linear as transformers runs it, concatenated.
+
     ``dtype``: run in this dtype on a copy of the weights (None: the module's); the input is
     cast to it."""
 
-    def __init__(self, module: Any, packed: bool, dtype: torch.dtype | None = None) -> None:
-        self.weight, self.bias = module.weight, module.bias
-        if dtype is not None and dtype != self.weight.dtype:
-            self.weight = self.weight.detach().to(dtype)
-            self.bias = None if self.bias is None else self.bias.detach().to(dtype)
+    def __init__(self, modules: Any, packed: bool, dtype: torch.dtype | None = None) -> None:
+        parts = list(modules) if isinstance(modules, (list, tuple)) else [modules]
+        weights = [m.weight for m in parts]
+        biases = [m.bias for m in parts]
+        self.dtype = dtype or weights[0].dtype
+        if dtype is not None and dtype != weights[0].dtype:
+            weights = [w.detach().to(dtype) for w in weights]
+            biases = [None if b is None else b.detach().to(dtype) for b in biases]
+        if any(b is not None for b in biases):  # a part without bias adds zeros
+            biases = [w.new_zeros(w.shape[0]) if b is None else b for w, b in zip(weights, biases)]
+        # Unpacked: each part as transformers runs it (bit-identical); packed: one GEMM.
+        self.parts = list(zip(weights, biases, strict=True))
+        self.bias = None if biases[0] is None else torch.cat(biases).detach()
         self.packed = (
-            torch.ops.mkldnn._reorder_linear_weight(self.weight.detach()) if packed else None
+            torch.ops.mkldnn._reorder_linear_weight(torch.cat(weights).detach()) if packed else None
         )
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        x = x.to(self.weight.dtype)
-        if self.packed is None:
-            return F.linear(x, self.weight, self.bias)
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+        x = x.to(self.dtype)
+        if self.packed is not None:
+            return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+        if len(self.parts) == 1:
+            return F.linear(x, *self.parts[0])
+        return torch.cat([F.linear(x, w, b) for w, b in self.parts], dim=-1)
 
 
 class _Layer:
-    """The projections and norms of one decoder layer (the module's own tensors)."""
+    """The projections and norms of one decoder layer (the module's own tensors): q, k and v
+    as one projection, gate and up as another."""
 
     def __init__(self, layer: Any, packed: bool, input_norm: bool = True) -> None:
         """``input_norm``: False for an EAGLE head's layer, whose input is not normalised."""
         attn, mlp = layer.self_attn, layer.mlp
-        self.q, self.k, self.v, self.o = (
-            Linear(m, packed) for m in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj)
-        )
-        self.gate, self.up, self.down = (
-            Linear(m, packed) for m in (mlp.gate_proj, mlp.up_proj, mlp.down_proj)
-        )
+        self.qkv = Linear([attn.q_proj, attn.k_proj, attn.v_proj], packed)
+        self.o = Linear(attn.o_proj, packed)
+        self.gate_up = Linear([mlp.gate_proj, mlp.up_proj], packed)
+        self.down = Linear(mlp.down_proj, packed)
         self.in_norm = layer.input_layernorm if input_norm else None
         self.post_norm = layer.post_attention_layernorm
         self.q_size = attn.q_proj.weight.shape[0]
+        self.kv_size = attn.k_proj.weight.shape[0]
+        self.inter = mlp.gate_proj.weight.shape[0]
         self.scaling = attn.scaling
 
 
@@ -336,11 +351,11 @@ class FastLlamaForward:
         for i, layer in enumerate(layers):
             # An EAGLE head's first layer has no input norm (vLLM's llama_eagle.py).
             h = x if layer.in_norm is None else rms_norm(x, layer.in_norm)
-            q = layer.q(h).view(batch, n, self.heads, -1)
-            k = layer.k(h).view(batch, n, self.kv_heads, -1)
-            v = layer.v(h).view(batch, n, self.kv_heads, -1)
-            q = rotate(q.transpose(1, 2), cos, sin)  # [B, heads, n, head_dim]
-            k = rotate(k.transpose(1, 2), cos, sin)  # [B, kv_heads, n, head_dim]
+            qkv = layer.qkv(h)  # [B * n, q | k | v]
+            qk = qkv[:, : layer.q_size + layer.kv_size].view(batch, n, -1, self.head_dim)
+            qk = rotate(qk.transpose(1, 2), cos, sin)  # [B, heads + kv_heads, n, head_dim]
+            q, k = qk[:, : self.heads], qk[:, self.heads :]
+            v = qkv[:, layer.q_size + layer.kv_size :].view(batch, n, self.kv_heads, -1)
             keys, values = store.keys[i], store.values[i]  # [slots, kv, capacity, head_dim]
             keys[write] = k[0] if batch == 1 else k.transpose(1, 2)
             values[write] = v[0].transpose(0, 1) if batch == 1 else v
@@ -356,9 +371,10 @@ class FastLlamaForward:
                 enable_gqa=gqa,
             )  # [B, heads, n, head_dim]  # fmt: skip
             attn = attn.transpose(1, 2).reshape(batch * n, layer.q_size)
-            x = x + layer.o(attn)
+            x = x + layer.o(attn)  # a new tensor: the caller's x (an EAGLE head's input) stays
             h = rms_norm(x, layer.post_norm)
-            x = x + layer.down(F.silu(layer.gate(h)) * layer.up(h))
+            gate_up = layer.gate_up(h)  # [B * n, gate | up]
+            x.add_(layer.down(F.silu(gate_up[:, : layer.inter]) * gate_up[:, layer.inter :]))
         return x
 
 
