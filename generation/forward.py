@@ -169,17 +169,18 @@ class Linear:
 
     def __init__(self, modules: Any, packed: bool, dtype: torch.dtype | None = None) -> None:
         parts = list(modules) if isinstance(modules, (list, tuple)) else [modules]
-        weights = [m.weight for m in parts]
-        biases = [m.bias for m in parts]
-        self.dtype = dtype or weights[0].dtype
-        if dtype is not None and dtype != weights[0].dtype:
-            weights = [w.detach().to(dtype) for w in weights]
-            biases = [None if b is None else b.detach().to(dtype) for b in biases]
-        if any(b is not None for b in biases):  # a part without bias adds zeros
-            biases = [w.new_zeros(w.shape[0]) if b is None else b for w, b in zip(weights, biases)]
-        # Unpacked: each part as transformers runs it (bit-identical); packed: one GEMM.
-        self.parts = list(zip(weights, biases, strict=True))
-        self.bias = None if biases[0] is None else torch.cat(biases).detach()
+        self.dtype = dtype or parts[0].weight.dtype
+        with_bias = any(m.bias is not None for m in parts)
+        # (weight, bias) per part: the module's own tensors, or copies in ``dtype``; a part
+        # without bias beside one with adds zeros.
+        self.parts = [
+            (_as(m.weight, self.dtype), _as(m.bias, self.dtype) if m.bias is not None else None)
+            for m in parts
+        ]
+        if with_bias:
+            self.parts = [(w, w.new_zeros(w.shape[0]) if b is None else b) for w, b in self.parts]
+        self.bias = torch.cat([b for _, b in self.parts]).detach() if with_bias else None
+        weights = [w for w, _ in self.parts]
         self.packed = (
             torch.ops.mkldnn._reorder_linear_weight(torch.cat(weights).detach()) if packed else None
         )
@@ -192,6 +193,11 @@ class Linear:
         if len(self.parts) == 1:
             return F.linear(x, *self.parts[0])
         return torch.cat([F.linear(x, w, b) for w, b in self.parts], dim=-1)
+
+
+def _as(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``tensor`` itself in its dtype, else a detached copy in ``dtype``."""
+    return tensor if tensor.dtype == dtype else tensor.detach().to(dtype)
 
 
 class _Layer:
