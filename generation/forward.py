@@ -14,6 +14,9 @@ On a CPU the projections run on weights packed once for oneDNN (``Linear``), as 
 build does: a verification pass of a few tokens is then priced about as one token, where the
 default GEMM repacks every weight on every call. Its rounding differs from transformers' in the
 last bits; unpacked (``packed=False``), a lone request is bit-identical to transformers.
+Packed, a layer's q/k/v projections run as one GEMM on their stacked weights, and gate/up as
+another (fewer, wider calls). Rotary embedding and RMSNorm are transformers' operations to the
+bit, in fewer passes (see ``rotate``); no rule here depends on the dtype.
 """
 
 from __future__ import annotations
