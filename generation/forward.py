@@ -180,9 +180,11 @@ class Linear:
             (_as(m.weight, self.dtype), _as(m.bias, self.dtype) if m.bias is not None else None)
             for m in parts
         ]
+        self.bias: torch.Tensor | None = None
         if with_bias:
-            self.parts = [(w, w.new_zeros(w.shape[0]) if b is None else b) for w, b in self.parts]
-        self.bias = torch.cat([b for _, b in self.parts]).detach() if with_bias else None
+            biases = [w.new_zeros(w.shape[0]) if b is None else b for w, b in self.parts]
+            self.parts = [(w, b) for (w, _), b in zip(self.parts, biases, strict=True)]
+            self.bias = torch.cat(biases).detach()
         weights = [w for w, _ in self.parts]
         self.packed = (
             torch.ops.mkldnn._reorder_linear_weight(torch.cat(weights).detach()) if packed else None
