@@ -14,6 +14,9 @@ On a CPU the projections run on weights packed once for oneDNN (``Linear``), as 
 build does: a verification pass of a few tokens is then priced about as one token, where the
 default GEMM repacks every weight on every call. Its rounding differs from transformers' in the
 last bits; unpacked (``packed=False``), a lone request is bit-identical to transformers.
+Packed, a layer's q/k/v projections run as one GEMM on their stacked weights, and gate/up as
+another (fewer, wider calls). Rotary embedding and RMSNorm are transformers' operations to the
+bit, in fewer passes (see ``rotate``); no rule here depends on the dtype.
 """
 
 from __future__ import annotations
@@ -160,57 +163,90 @@ class Linear:
     """One projection, ``x @ weight.T + bias``: F.linear on the module's weight, or oneDNN on a
     copy of it packed once (``packed``; the module's weight stays, so memory holds both).
 
+    Several modules (``modules`` a list) make one projection whose output is theirs side by
+    side: packed, one GEMM on their weights stacked (fewer, wider calls: a decode step is bound
+    by per-call cost); unpacked, each module's F.linear as transformers runs it, concatenated.
+
     ``dtype``: run in this dtype on a copy of the weights (None: the module's); the input is
     cast to it."""
 
-    def __init__(self, module: Any, packed: bool, dtype: torch.dtype | None = None) -> None:
-        self.weight, self.bias = module.weight, module.bias
-        if dtype is not None and dtype != self.weight.dtype:
-            self.weight = self.weight.detach().to(dtype)
-            self.bias = None if self.bias is None else self.bias.detach().to(dtype)
+    def __init__(self, modules: Any, packed: bool, dtype: torch.dtype | None = None) -> None:
+        parts = list(modules) if isinstance(modules, (list, tuple)) else [modules]
+        self.dtype = dtype or parts[0].weight.dtype
+        with_bias = any(m.bias is not None for m in parts)
+        # (weight, bias) per part: the module's own tensors, or copies in ``dtype``; a part
+        # without bias beside one with adds zeros.
+        self.parts = [
+            (_as(m.weight, self.dtype), _as(m.bias, self.dtype) if m.bias is not None else None)
+            for m in parts
+        ]
+        self.bias: torch.Tensor | None = None
+        if with_bias:
+            biases = [w.new_zeros(w.shape[0]) if b is None else b for w, b in self.parts]
+            self.parts = [(w, b) for (w, _), b in zip(self.parts, biases, strict=True)]
+            self.bias = torch.cat(biases).detach()
+        weights = [w for w, _ in self.parts]
         self.packed = (
-            torch.ops.mkldnn._reorder_linear_weight(self.weight.detach()) if packed else None
+            torch.ops.mkldnn._reorder_linear_weight(torch.cat(weights).detach()) if packed else None
         )
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        x = x.to(self.weight.dtype)
-        if self.packed is None:
-            return F.linear(x, self.weight, self.bias)
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+        if x.dtype != self.dtype:
+            x = x.to(self.dtype)
+        if self.packed is not None:
+            return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+        if len(self.parts) == 1:
+            return F.linear(x, *self.parts[0])
+        return torch.cat([F.linear(x, w, b) for w, b in self.parts], dim=-1)
+
+
+def _as(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``tensor`` itself in its dtype, else a detached copy in ``dtype``."""
+    return tensor if tensor.dtype == dtype else tensor.detach().to(dtype)
 
 
 class _Layer:
-    """The projections and norms of one decoder layer (the module's own tensors)."""
+    """The projections and norms of one decoder layer (the module's own tensors): q, k and v
+    as one projection, gate and up as another."""
 
     def __init__(self, layer: Any, packed: bool, input_norm: bool = True) -> None:
         """``input_norm``: False for an EAGLE head's layer, whose input is not normalised."""
         attn, mlp = layer.self_attn, layer.mlp
-        self.q, self.k, self.v, self.o = (
-            Linear(m, packed) for m in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj)
-        )
-        self.gate, self.up, self.down = (
-            Linear(m, packed) for m in (mlp.gate_proj, mlp.up_proj, mlp.down_proj)
-        )
+        self.qkv = Linear([attn.q_proj, attn.k_proj, attn.v_proj], packed)
+        self.o = Linear(attn.o_proj, packed)
+        self.gate_up = Linear([mlp.gate_proj, mlp.up_proj], packed)
+        self.down = Linear(mlp.down_proj, packed)
         self.in_norm = layer.input_layernorm if input_norm else None
         self.post_norm = layer.post_attention_layernorm
         self.q_size = attn.q_proj.weight.shape[0]
+        self.kv_size = attn.k_proj.weight.shape[0]
+        self.inter = mlp.gate_proj.weight.shape[0]
         self.scaling = attn.scaling
 
 
 def rms_norm(x: torch.Tensor, norm: Any) -> torch.Tensor:
-    """transformers' RMSNorm, operation for operation (float32 statistics)."""
-    dtype = x.dtype
+    """transformers' RMSNorm, operation for operation (float32 statistics), its intermediates
+    updated in place where they are this function's own."""
     h = x.to(torch.float32)
-    variance = h.pow(2).mean(-1, keepdim=True)
-    h = h * torch.rsqrt(variance + norm.variance_epsilon)
-    return norm.weight * h.to(dtype)
+    scale = h.pow(2).mean(-1, keepdim=True).add_(norm.variance_epsilon).rsqrt_()
+    h = h * scale if h is x else h.mul_(scale)
+    return norm.weight * h.to(x.dtype)
 
 
-def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotary embedding of ``x`` [..., n, head_dim] at the positions of ``cos``/``sin``."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return (x * cos) + (rotated * sin)
+def rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding of ``x`` [..., n, head_dim] at the positions of ``cos``/``signed_sin``
+    (``signed_sin``: sin with its first half negated, ``signed``).
+
+    transformers' ``x * cos + cat(-x2, x1) * sin`` to the bit (negating a factor is exact),
+    in fewer passes: the halves swapped by one roll, the sum added in place."""
+    out = x * cos
+    return out.add_(x.roll(x.shape[-1] // 2, -1) * signed_sin)
+
+
+def signed(sin: torch.Tensor) -> torch.Tensor:
+    """``sin`` [..., head_dim] with its first half negated, as ``rotate`` takes it."""
+    half = sin.shape[-1] // 2
+    return torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
 
 
 class FastLlamaForward:
@@ -244,7 +280,8 @@ class FastLlamaForward:
         self.heads = self.layers[0].q_size // self.head_dim
         self.kv_heads = attn.k_proj.weight.shape[0] // self.head_dim
         self.rotary = inner.rotary_emb
-        self.cos = self.sin = self.embed.new_empty((0, self.head_dim))  # [positions, head_dim]
+        # [positions, head_dim]; sin with its first half negated (``rotate``)
+        self.cos = self.sin = self.embed.new_empty((0, self.head_dim))
 
     def _rope(self, end: int) -> None:
         """Make the cos/sin tables cover positions < ``end`` (the model's own rotary module)."""
@@ -253,7 +290,7 @@ class FastLlamaForward:
         positions = torch.arange(max(end, 2 * self.cos.shape[0]), device=self.device)
         with torch.no_grad():
             cos, sin = self.rotary(self.embed[:1], positions.view(1, -1))
-        self.cos, self.sin = cos[0], sin[0]
+        self.cos, self.sin = cos[0], signed(sin[0])
 
     def __call__(
         self,
@@ -336,11 +373,11 @@ class FastLlamaForward:
         for i, layer in enumerate(layers):
             # An EAGLE head's first layer has no input norm (vLLM's llama_eagle.py).
             h = x if layer.in_norm is None else rms_norm(x, layer.in_norm)
-            q = layer.q(h).view(batch, n, self.heads, -1)
-            k = layer.k(h).view(batch, n, self.kv_heads, -1)
-            v = layer.v(h).view(batch, n, self.kv_heads, -1)
-            q = rotate(q.transpose(1, 2), cos, sin)  # [B, heads, n, head_dim]
-            k = rotate(k.transpose(1, 2), cos, sin)  # [B, kv_heads, n, head_dim]
+            qkv = layer.qkv(h)  # [B * n, q | k | v]
+            qk = qkv[:, : layer.q_size + layer.kv_size].view(batch, n, -1, self.head_dim)
+            qk = rotate(qk.transpose(1, 2), cos, sin)  # [B, heads + kv_heads, n, head_dim]
+            q, k = qk[:, : self.heads], qk[:, self.heads :]
+            v = qkv[:, layer.q_size + layer.kv_size :].view(batch, n, self.kv_heads, -1)
             keys, values = store.keys[i], store.values[i]  # [slots, kv, capacity, head_dim]
             keys[write] = k[0] if batch == 1 else k.transpose(1, 2)
             values[write] = v[0].transpose(0, 1) if batch == 1 else v
@@ -356,9 +393,10 @@ class FastLlamaForward:
                 enable_gqa=gqa,
             )  # [B, heads, n, head_dim]  # fmt: skip
             attn = attn.transpose(1, 2).reshape(batch * n, layer.q_size)
-            x = x + layer.o(attn)
+            x = x + layer.o(attn)  # a new tensor: the caller's x (an EAGLE head's input) stays
             h = rms_norm(x, layer.post_norm)
-            x = x + layer.down(F.silu(layer.gate(h)) * layer.up(h))
+            gate_up = layer.gate_up(h)  # [B * n, gate | up]
+            x.add_(layer.down(F.silu(gate_up[:, : layer.inter]) * gate_up[:, layer.inter :]))
         return x
 
 

@@ -67,12 +67,25 @@ class ModelBlocks:
             for layer, src in enumerate(pool):
                 dst[layer][:n] = src.index_select(0, ids).flatten(0, 1)
 
-    def save(self, block: CachedBlock, index: int, slot: SlotKV) -> None:
-        """Copy the slot's block number ``index`` (positions index*size ...) into ``block``."""
-        lo, hi = index * self.block_size, (index + 1) * self.block_size
+    def save(self, blocks: Sequence[tuple[CachedBlock, int]], slot: SlotKV) -> None:
+        """Copy each slot block number ``index`` (positions index*size ...) into its ``block``
+        (pairs ``(block, index)``, indices ascending): per layer one gather of those positions
+        and one copy into the pool, not a copy per block."""
+        if not blocks:
+            return
+        size = self.block_size
+        ids = torch.tensor([b.block_id for b, _ in blocks], device=self.keys[0].device)
+        indices = [i for _, i in blocks]
+        first, count = indices[0], len(indices)
+        if indices == list(range(first, first + count)):  # a run of blocks: one slice
+            positions: Any = slice(first * size, (first + count) * size)
+        else:
+            positions = torch.tensor(
+                [i * size + j for i in indices for j in range(size)], device=ids.device
+            )
         for pool, src in ((self.keys, slot[0]), (self.values, slot[1])):
             for layer, dst in enumerate(pool):
-                dst[block.block_id] = src[layer][lo:hi]
+                dst.index_copy_(0, ids, src[layer][positions].unflatten(0, (count, size)))
 
 
 class PrefixCache:
@@ -172,7 +185,9 @@ class PrefixCache:
         """
         size, index = self.block_size, self.index
         with_draft = draft is not None and self.draft is not None
-        parent, held, new = self.root_for(salt), [], 0
+        parent, held = self.root_for(salt), []
+        to_target: list[tuple[CachedBlock, int]] = []
+        to_draft: list[tuple[CachedBlock, int]] = []
         self._lock.acquire()
         try:
             for i in range(len(prompt) // size):
@@ -181,13 +196,16 @@ class PrefixCache:
                     break
                 held.append(block)
                 if is_new:
-                    self.target.save(block, i, target)
-                    new += 1
+                    to_target.append((block, i))
                 if with_draft and DRAFT not in block.extras:
-                    assert self.draft is not None and draft is not None
-                    self.draft.save(block, i, draft)
+                    to_draft.append((block, i))
                     block.extras.add(DRAFT)
                 parent = block.block_hash
+            self.target.save(to_target, target)
+            if to_draft:
+                assert self.draft is not None and draft is not None
+                self.draft.save(to_draft, draft)
+            new = len(to_target)
         finally:
             index.release(held)
             self._lock.release()

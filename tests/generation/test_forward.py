@@ -76,7 +76,7 @@ def test_fast_path_equals_transformers_through_rollback(family: str, kv_heads: i
     assert torch.equal(expected, got)
     # The fast path reads the module's own weights and leaves the model as it was.
     assert torch.equal(transformers_with_rollbacks(model, ids), expected)
-    assert fast.layers[0].k.weight is model.model.layers[0].self_attn.k_proj.weight
+    assert fast.layers[0].qkv.parts[1][0] is model.model.layers[0].self_attn.k_proj.weight
 
 
 @pytest.mark.skipif(not can_pack(torch.ones(1)), reason="torch built without oneDNN's linear ops")
@@ -87,7 +87,7 @@ def test_packed_weights_give_transformers_logits_to_rounding(family: str) -> Non
     expected = transformers_with_rollbacks(model, ids)
     fast = forward_for(model)
     assert isinstance(fast, FastLlamaForward) and fast.packed  # the default on a CPU
-    assert fast.layers[0].q.packed is not None and fast.lm_head.packed is not None
+    assert fast.layers[0].qkv.packed is not None and fast.lm_head.packed is not None
     got = engine_with_rollbacks(ModelRunner(fast, 2, 160), ids, slot=1)
     assert not torch.equal(expected, got)  # other kernels: the last bits differ
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
