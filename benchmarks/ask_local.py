@@ -31,6 +31,7 @@ def one(mode: str, max_tokens: int) -> dict[str, Any]:
     from app.db import prepare
     from app.pipeline import answer_query
     from app.queries import create_query, get_or_create_tenant, validate_request
+    from app.requests import DEFAULT_NUM_SPECULATIVE_TOKENS
     from app.resources import Resources
     from app.settings import Settings
 
@@ -38,7 +39,7 @@ def one(mode: str, max_tokens: int) -> dict[str, Any]:
     _, factory = prepare(settings)
     resources = Resources(settings, factory)
     if mode == "warm":
-        warm_one_shot(resources)
+        warm_one_shot(resources, settings.default_method, DEFAULT_NUM_SPECULATIVE_TOKENS)
     out = {}
     for n, question in enumerate(QUESTIONS):
         req = validate_request(

@@ -23,7 +23,7 @@ from app.outbox import admit
 from app.pipeline import answer_query
 from app.queries import create_query, get_or_create_tenant, query_view, require_collection, wait_for
 from app.requests import DEFAULT_NUM_SPECULATIVE_TOKENS, validate_request
-from app.resources import Resources
+from app.resources import Resources, apply_torch_threads
 
 
 def _spec_tokens(value: str) -> int | str:
@@ -97,10 +97,11 @@ def ask(
         require_collection(session, tenant, request.collection)
     if local:
         install_hooks()
+        apply_torch_threads(settings)  # SPECRAG_TORCH_THREADS, as a worker applies it
         resources = Resources(settings, session_factory)
-        # A fresh process loads its models and measures the engine's step costs in its first
-        # batch; done before the query is stored, so its recorded times are the answer's own.
-        warm_one_shot(resources)
+        # A fresh process loads its models and makes its kernels ready in its first passes;
+        # done before the query is stored, so its recorded times are the answer's own.
+        warm_one_shot(resources, request.method, request.num_speculative_tokens)
     with session_factory() as session:
         owner = get_or_create_tenant(session, tenant)
         query, _ = create_query(session, owner, request, source="local" if local else "cli")
@@ -128,22 +129,27 @@ def ask(
         raise CommandError(f"query {view['id']} failed: {view.get('error')}")
 
 
-def warm_one_shot(resources: Resources) -> None:
-    """Load and warm what one local answer needs, so its recorded times are the answer's own.
+def warm_one_shot(resources: Resources, method: str, k: int | str) -> None:
+    """Load and warm what one local answer of ``method`` and ``k`` needs, so that its recorded
+    times are the answer's own.
 
-    A worker warms every batch size it can reach at start (``Resources.warm``); a one-shot
-    answer runs alone, so only batch size 1 is measured: the embedder's kernels, a two-token
-    decode, and the engine's step-cost tables (the torch engine measures them in its first
-    batch otherwise, inside that answer's generation time).
+    A worker warms every method and batch size it can reach at start (``Resources.warm``) and
+    keeps them for its life; a one-shot process warms only what its one answer uses, alone: the
+    embedder's kernels, the request's pass shapes and, for ``k`` "auto", its one step-cost table,
+    loaded from the data dir when an earlier process of the same engine and machine measured it
+    (``Resources.step_cost_cache``), then a two-token decode of a prompt in the target's format
+    (whose system-prompt prefix the prefix cache then holds, as a worker's warm-up leaves it).
     """
     from generation import SamplingParams  # heavy: torch
 
     resources.retrieval.embedder.encode(["warm up"])
-    ids = resources.tokenizer.encode("Passages:\nwarm up", add_special_tokens=False)
-    resources.engine.generate(ids, SamplingParams(max_new_tokens=2))
-    warmup = getattr(resources.engine, "warmup", None)
-    if callable(warmup):
-        warmup()
+    engine, fmt = resources.engine, resources.prompt_format
+    warm_request = getattr(engine, "warm_request", None)
+    if callable(warm_request):  # the torch engine; vLLM has nothing to measure
+        if k == "auto":
+            engine.use_cost_cache(resources.step_cost_cache())  # type: ignore[attr-defined]
+        warm_request(method, k)
+    engine.generate(fmt.encode("warm up", []), SamplingParams(max_new_tokens=2))
 
 
 def _human(view: dict[str, Any], with_answer: bool = True) -> str:
