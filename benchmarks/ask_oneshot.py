@@ -1,7 +1,8 @@
 """One-shot ``specrag ask --local`` per method, against the same questions through a warmed engine.
 
     PYTHONPATH=. .venv/bin/python benchmarks/ask_oneshot.py --data-dir DIR [--questions 8]
-        [--methods none,draft_model,ngram,eagle] [--max-tokens 96] [--threads 1]
+        [--methods none,draft_model,ngram,eagle[,draft_model:auto]] [--max-tokens 96]
+        [--threads 1]
 
 Every (question, method) is a fresh process running the real CLI (``workers.cli``'s ``specrag``
 entry point) with ``ask Q -c demo --local --method M --max-tokens N --json``; methods are
@@ -163,11 +164,19 @@ def ensure_corpus(env: dict[str, str]) -> None:
         )
 
 
-def one_shot(env: dict[str, str], question: str, method: str, max_tokens: int) -> dict[str, Any]:
+def split(label: str) -> tuple[str, str | None]:
+    """``"draft_model:auto"`` -> ("draft_model", "auto"); ``"ngram"`` -> ("ngram", None)."""
+    method, _, k = label.partition(":")
+    return method, k or None
+
+
+def one_shot(env: dict[str, str], question: str, label: str, max_tokens: int) -> dict[str, Any]:
     """One fresh ``specrag ask --local`` process: its stored stats, wall seconds and phases."""
+    method, k = split(label)
     with tempfile.NamedTemporaryFile(suffix=".json") as phases:
         argv = ["ask", question, "-c", "demo", "--local", "--method", method,
                 "--max-tokens", str(max_tokens), "--json"]  # fmt: skip
+        argv += ["--num-speculative-tokens", k] if k else []
         launched = time.time()
         start = time.perf_counter()
         res = subprocess.run(
@@ -213,11 +222,13 @@ def answer_warmed(questions: list[str], methods: list[str], max_tokens: int) -> 
     resources = Resources(settings, factory)
     resources.warm(answer=True, ingest=False)
 
-    def ask(question: str, method: str) -> dict[str, Any]:
+    def ask(question: str, label: str) -> dict[str, Any]:
+        method, k = split(label)
         req = validate_request(
             settings,
             {"question": question, "collection": "demo", "method": method,
-             "max_tokens": max_tokens},
+             "max_tokens": max_tokens, "num_speculative_tokens": k if k == "auto" else
+             int(k) if k else None},
         )  # fmt: skip
         with factory() as session:
             tenant = get_or_create_tenant(session, "default")
@@ -305,17 +316,23 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--data-dir", type=Path, required=True)
     ap.add_argument("--questions", type=int, default=8)
-    ap.add_argument("--methods", default="none,draft_model,ngram,eagle")
+    ap.add_argument(
+        "--methods", default="none,draft_model,ngram,eagle", help="method[:k],... (none first)"
+    )
     ap.add_argument("--max-tokens", type=int, default=96)
-    ap.add_argument("--threads", type=int, default=1, help="SPECRAG_TORCH_THREADS")
+    ap.add_argument(
+        "--threads", type=int, default=1, help="SPECRAG_TORCH_THREADS (0: unset, torch's default)"
+    )
     ap.add_argument("--no-warmed", action="store_true", help="skip the warmed-engine reference")
     ap.add_argument("--out", type=Path, default=None, help="every row and summary as JSON")
     args = ap.parse_args()
     from benchmarks.instruct_goals import held_out_questions
 
     env = {**os.environ, "SPECRAG_DATA_DIR": str(args.data_dir.resolve()), "HF_HUB_OFFLINE": "1",
-           "SPECRAG_TORCH_THREADS": str(args.threads),
            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}  # fmt: skip
+    env.pop("SPECRAG_TORCH_THREADS", None)
+    if args.threads:
+        env["SPECRAG_TORCH_THREADS"] = str(args.threads)
     ensure_corpus(env)
     methods = args.methods.split(",")
     questions = [q["question"] for q in held_out_questions(args.questions)]
@@ -327,8 +344,9 @@ def main() -> None:
             rows.append(row)
             s = row["view"]["stats"]
             print(f"[{time.strftime('%H:%M:%S')}] q{i + 1} {method}: generation "
-                  f"{s['generation_ms']:,.0f} ms, {s['num_output_tokens']} tokens, wall "
-                  f"{row['wall_s']:.1f} s", file=sys.stderr, flush=True)  # fmt: skip
+                  f"{s['generation_ms']:,.0f} ms, {s['num_output_tokens']} tokens, acceptance "
+                  f"{s.get('acceptance_rate')}, wall {row['wall_s']:.1f} s",
+                  file=sys.stderr, flush=True)  # fmt: skip
     one = summarise(rows, methods)
     result: dict[str, Any] = {"one_shot": one, "rows": rows}
     same = sum(len({r["view"]["answer"] for r in rows if r["question"] == q}) == 1
