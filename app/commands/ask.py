@@ -138,7 +138,7 @@ def warm_one_shot(resources: Resources, method: str, k: int | str) -> None:
     embedder's kernels, the request's pass shapes and, for ``k`` "auto", its one step-cost table,
     loaded from the data dir when an earlier process of the same engine and machine measured it
     (``Resources.step_cost_cache``), then a two-token decode of a prompt in the target's format
-    (whose system-prompt prefix the prefix cache then holds, as a worker's warm-up leaves it).
+    (its prefix-cache blocks carry no tenant's salt: the answer reuses none of them).
     """
     from generation import SamplingParams  # heavy: torch
 
