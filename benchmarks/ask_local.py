@@ -31,15 +31,19 @@ def one(mode: str, max_tokens: int) -> dict[str, Any]:
     from app.db import prepare
     from app.pipeline import answer_query
     from app.queries import create_query, get_or_create_tenant, validate_request
-    from app.requests import DEFAULT_NUM_SPECULATIVE_TOKENS
     from app.resources import Resources
     from app.settings import Settings
 
     settings = Settings()
     _, factory = prepare(settings)
     resources = Resources(settings, factory)
-    if mode == "warm":
-        warm_one_shot(resources, settings.default_method, DEFAULT_NUM_SPECULATIVE_TOKENS)
+    if mode == "warm":  # as ask --local warms for its question (here: the first)
+        first = validate_request(
+            settings, {"question": QUESTIONS[0], "collection": "demo", "max_tokens": max_tokens}
+        )
+        with factory() as session:
+            tenant_id = get_or_create_tenant(session, "default").id
+        warm_one_shot(resources, first, tenant_id)
     out = {}
     for n, question in enumerate(QUESTIONS):
         req = validate_request(

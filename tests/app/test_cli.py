@@ -127,6 +127,9 @@ def test_ask_local_keeps_its_step_costs_and_applies_torch_threads(
         assert fixed.exit_code == 0, fixed.output
         assert torch.get_num_threads() == 1  # SPECRAG_TORCH_THREADS, as a worker applies it
         assert timed == []  # a fixed k prices no step
+        # The warm-up ran this very prompt under a salt of its own: the answer reuses no KV.
+        stats = json.loads(fixed.output.strip().splitlines()[-1])["stats"]
+        assert stats["num_cached_prompt_tokens"] == 0
         for expected in (1, 1):  # the first process measures its table, the second loads it
             auto = runner.invoke(main, [*ask, "--num-speculative-tokens", "auto"], env=env)
             assert auto.exit_code == 0, auto.output
