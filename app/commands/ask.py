@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import threading
 from typing import Any
 
@@ -26,6 +27,8 @@ from app.pipeline import answer_query, build_request, retrieve
 from app.queries import create_query, get_or_create_tenant, query_view, require_collection, wait_for
 from app.requests import DEFAULT_NUM_SPECULATIVE_TOKENS, QueryRequest, QueueName, validate_request
 from app.resources import Resources, apply_torch_threads
+
+log = logging.getLogger(__name__)
 
 
 def _spec_tokens(value: str) -> int | str:
@@ -155,7 +158,11 @@ def warm_one_shot(resources: Resources, request: QueryRequest, tenant_id: int) -
     now = utcnow()
     claimed = Claimed(0, tenant_id, request.question, request.collection, request.params(),
                       now, now, QueueName.ANSWER)  # fmt: skip
-    built = build_request(resources, claimed, retrieve(resources, claimed).hits)
+    try:
+        built = build_request(resources, claimed, retrieve(resources, claimed).hits)
+    except Exception as exc:  # noqa: BLE001 - the answer meets it again, and records it
+        log.info("one-shot warm-up: no prompt to warm (%s)", exc)
+        return
     warm = dataclasses.replace(built.sampling, max_new_tokens=2, cache_salt=WARM_UP_SALT)
     engine.generate(built.prompt_ids, warm)
 

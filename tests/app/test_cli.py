@@ -140,6 +140,30 @@ def test_ask_local_keeps_its_step_costs_and_applies_torch_threads(
     assert list(json.loads(stored.read_text())["tables"]) == ["1:True"]
 
 
+def test_ask_local_answers_when_its_warm_up_cannot_build_the_prompt(
+    tmp_path: Path,
+    tiny_models: dict[str, Path],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    import app.commands.ask as ask_command
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("index unreadable")
+
+    monkeypatch.setattr(ask_command, "retrieve", broken)  # the warm-up's, not the answer's
+    runner = CliRunner()
+    env = _env(tmp_path, tiny_models)
+    doc = str(ROOT / "demo" / "corpus" / "pass.md")
+    assert runner.invoke(main, ["ingest", doc, "--collection", "c"], env=env).exit_code == 0
+    with caplog.at_level("INFO", logger="app.commands.ask"):
+        result = runner.invoke(
+            main, ["ask", "What is pass?", "-c", "c", "--local", "--max-tokens", "3"], env=env
+        )
+    assert result.exit_code == 0, result.output
+    assert "no prompt to warm (index unreadable)" in caplog.text
+
+
 def test_collections_system_prompt_is_shown_set_checked_and_cleared(tmp_path: Path) -> None:
     from retrieval.records import CollectionIndex
 
