@@ -20,6 +20,7 @@ from app.settings import Settings
 if TYPE_CHECKING:  # both import torch; they load with the models, not with this module
     from generation import Engine
     from generation.config import EngineConfig
+    from generation.cost_cache import StepCostCache
     from generation.interface import GenerationLoop
     from retrieval import RetrievalService
     from retrieval.chat import PromptFormat
@@ -182,6 +183,22 @@ class Resources:
                 )
             return self._retrieval
 
+    def step_cost_cache(self) -> StepCostCache:
+        """Where this engine's measured step-cost tables are kept between processes: one file
+        per identity (checkpoint files, engine numerics and kernels, CPU, torch threads) under
+        ``data_dir/step_costs`` (generation/cost_cache.py)."""
+        from generation.cost_cache import StepCostCache, files_identity, machine_identity
+
+        s, engine = self.settings, self.engine
+        cost_identity = getattr(engine, "cost_identity", None)
+        models = [s.target_model, s.draft_model, s.eagle_model]
+        identity = {
+            "models": [None if m is None else files_identity(m) for m in models],
+            "machine": machine_identity(),
+            "engine": cost_identity() if callable(cost_identity) else type(engine).__name__,
+        }
+        return StepCostCache(s.data_dir / "step_costs", identity)
+
     def tenant_name(self, tenant_id: int) -> str:
         """The name of tenant ``tenant_id`` (cached: tenants are never renamed)."""
         name = self._tenants.get(tenant_id)
@@ -245,6 +262,15 @@ def engine_config(settings: Settings) -> EngineConfig:
     if settings.packed_weights is not None:
         fields["packed_weights"] = settings.packed_weights
     return EngineConfig(**fields)
+
+
+def apply_torch_threads(settings: Settings) -> None:
+    """Give torch ``settings.torch_threads`` intra-op threads (unset: torch's default, one per
+    core); every process that generates (a worker, a one-shot ``ask --local``) calls this first."""
+    if settings.torch_threads:
+        import torch  # heavy; the engine loads it next anyway
+
+        torch.set_num_threads(settings.torch_threads)
 
 
 def _engine_device(settings: Settings) -> str:

@@ -37,8 +37,13 @@ def one(mode: str, max_tokens: int) -> dict[str, Any]:
     settings = Settings()
     _, factory = prepare(settings)
     resources = Resources(settings, factory)
-    if mode == "warm":
-        warm_one_shot(resources)
+    if mode == "warm":  # as ask --local warms for its question (here: the first)
+        first = validate_request(
+            settings, {"question": QUESTIONS[0], "collection": "demo", "max_tokens": max_tokens}
+        )
+        with factory() as session:
+            tenant_id = get_or_create_tenant(session, "default").id
+        warm_one_shot(resources, first, tenant_id)
     out = {}
     for n, question in enumerate(QUESTIONS):
         req = validate_request(

@@ -160,10 +160,13 @@ class BatchEngine:
             seq.stats.record_round(num_draft, min(accepted, kept), kept)
             seq.batch_size_sum += len(rows)
             seq.chosen_k_sum += ks[b]
-        table = self.core.costs.table(
-            len(rows), any(p.uses_draft_model for p in plans), any(p.uses_eagle for p in plans)
+        self.core.costs.observe(
+            len(rows),
+            any(p.uses_draft_model for p in plans),
+            any(p.uses_eagle for p in plans),
+            max(ks),
+            time.perf_counter() - started,
         )
-        table.observe(max(ks), time.perf_counter() - started)
         self._release_finished()
 
     def _schedule(self) -> list[tuple[Sequence, int]]:

@@ -20,6 +20,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from generation.cost_cache import StepCostCache
 
 
 def expected_tokens(alpha: float, k: int) -> float:
@@ -174,21 +178,46 @@ class StepCosts:
     eagle_timer: Callable[[int, list[int]], dict[int, float]] | None = None
     """(batch_size, ks) -> seconds of a step whose drafts are an EAGLE head's passes."""
 
-    def table(self, batch_size: int, with_draft: bool, with_eagle: bool = False) -> CostModel:
-        """Return the cost table of the bucket of ``batch_size`` (measuring it the first time).
+    cache: StepCostCache | None = None
+    """Tables measured earlier for this engine (a one-shot process loads them instead of timing;
+    generation/cost_cache.py); None: always measured."""
 
-        ``with_eagle``: steps drafting with an EAGLE head, priced by ``eagle_timer`` (a batch
-        with draft-model rows too is priced by the draft's table)."""
+    def key(
+        self, batch_size: int, with_draft: bool, with_eagle: bool = False
+    ) -> tuple[int, bool | str]:
+        """The table of steps of ``batch_size`` rows: (bucket, with_draft), or (bucket, "eagle")
+        for steps drafting with an EAGLE head (a batch with draft-model rows too is priced by
+        the draft's table)."""
         eagle = with_eagle and not with_draft and self.eagle_timer is not None
-        key = (bucket(batch_size), with_draft) if not eagle else (bucket(batch_size), "eagle")
+        return (bucket(batch_size), "eagle") if eagle else (bucket(batch_size), with_draft)
+
+    def table(self, batch_size: int, with_draft: bool, with_eagle: bool = False) -> CostModel:
+        """Return the cost table of the bucket of ``batch_size`` (loaded from ``cache``, else
+        measured, the first time)."""
+        key = self.key(batch_size, with_draft, with_eagle)
         if key not in self.tables:
-            if eagle:
-                assert self.eagle_timer is not None
-                points = self.eagle_timer(key[0], measured_ks(self.k_max))
-            else:
-                points = self.timer(key[0], measured_ks(self.k_max), with_draft)
-            self.tables[key] = CostModel(interpolate(points, self.k_max))
+            name = f"{key[0]}:{key[1]}"
+            measured = self.cache.load(name, self.k_max + 1) if self.cache else None
+            if measured is None:
+                if key[1] == "eagle":
+                    assert self.eagle_timer is not None
+                    points = self.eagle_timer(key[0], measured_ks(self.k_max))
+                else:
+                    points = self.timer(key[0], measured_ks(self.k_max), with_draft)
+                measured = interpolate(points, self.k_max)
+                if self.cache is not None:
+                    self.cache.save(name, measured)
+            self.tables[key] = CostModel(measured)
         return self.tables[key]
+
+    def observe(
+        self, batch_size: int, with_draft: bool, with_eagle: bool, k: int, seconds: float
+    ) -> None:
+        """Record a step's wall time in its table, if that table is in use (a batch of fixed-k
+        rows never needs one, and is not made to measure one just to record its steps)."""
+        table = self.tables.get(self.key(batch_size, with_draft, with_eagle))
+        if table is not None:
+            table.observe(k, seconds)
 
 
 @dataclass

@@ -144,7 +144,8 @@ def time_batch_steps(
     """Return the median seconds of a batch step of ``batch_size`` rows for each k in ``ks``:
     a target pass over ``[batch_size, k + 1]`` and, with a draft, ``k`` draft passes over
     ``[batch_size, 1]`` (with an EAGLE ``head`` instead: ``k`` head passes over
-    ``[batch_size, 1]`` and their features), on scratch slots holding ``context_len`` tokens."""
+    ``[batch_size, 1]`` and their features), on scratch slots holding ``context_len`` tokens.
+    ``repeats`` 0: each step runs once, untimed (its kernels made ready; returns {})."""
     if head is not None:
         draft = head
     capacity = context_len + max(ks) + 2
@@ -185,4 +186,4 @@ def time_batch_steps(
                 for runner in runners:
                     for slot in slots:
                         runner.set_length(slot, context_len)
-    return {k: statistics.median(t) for k, t in times.items()}
+    return {k: statistics.median(t) for k, t in times.items() if t}

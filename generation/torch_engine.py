@@ -18,13 +18,14 @@ from typing import Any
 import torch
 
 from generation.config import EngineConfig
+from generation.cost_cache import StepCostCache
 from generation.dtypes import TORCH_DTYPES, dtype_name, resolve_dtype
 from generation.eagle import EagleHead, EagleHeadModule, check_head_config, load_head
 from generation.engine_core import BatchEngine, EngineCore
 from generation.engine_loop import EngineLoop, run_many
 from generation.exactness import Divergence, check_greedy
 from generation.forward import FastLlamaForward, Forward, forward_for
-from generation.goodput import RecentAcceptance, StepCosts
+from generation.goodput import RecentAcceptance, StepCosts, measured_ks
 from generation.interface import GenerationResult
 from generation.loading import (
     check_vocab_compatible,
@@ -215,6 +216,48 @@ class SpeculativeEngine:
                 self._core.costs.table(size, with_draft)
             if self.eagle_head is not None:
                 self._core.costs.table(size, False, with_eagle=True)
+
+    def warm_request(self, method: str, num_speculative_tokens: int | str) -> None:
+        """Make ready what one request of ``method`` and k needs, alone, and nothing else: the KV
+        stores; its step-cost table only for ``"auto"`` (from ``use_cost_cache``'s file when it
+        holds one, else measured); and one pass of each shape its steps run (the target over
+        1 + k tokens, k draft or head passes), so their kernels are made before it is timed.
+        A one-shot answer's warm-up; a worker warms every table (``warmup``)."""
+        if method not in self.methods:
+            raise ValueError(f"method: {method!r}; this engine serves {', '.join(self.methods)}")
+        with torch.inference_mode():
+            self.kv_stores  # noqa: B018 - allocated here, not in the request
+        with_draft, with_eagle = method == "draft_model", method == "eagle"
+        k = num_speculative_tokens
+        if method == "none":
+            ks = [0]
+        elif k == "auto":
+            self._core.costs.table(1, with_draft, with_eagle)
+            ks = measured_ks(self.max_speculative_tokens)
+        else:
+            ks = [0, int(k)]
+        draft = self.draft_forward if with_draft else None
+        head = self.eagle_head if with_eagle else None
+        time_batch_steps(self.target_forward, draft, 1, ks, repeats=0, head=head)
+
+    def use_cost_cache(self, cache: StepCostCache | None) -> None:
+        """Load step-cost tables from ``cache`` (and store measured ones there) from now on."""
+        self._core.costs.cache = cache
+
+    def cost_identity(self) -> dict[str, Any]:
+        """What this engine's step costs depend on besides the checkpoints' files and the
+        machine (generation/cost_cache.py): numerics, kernels, forwards, k_max, device."""
+        forwards = [self.target_forward, self.draft_forward, self.eagle_head]
+        return {
+            "dtype": self.dtype,
+            "device": str(self.device),
+            "k_max": self.max_speculative_tokens,
+            "forwards": [
+                None if f is None else [type(f).__name__, getattr(f, "packed", None)]
+                for f in forwards
+            ],
+            "model_pair": self.model_pair,
+        }
 
     def start_loop(
         self,

@@ -200,6 +200,7 @@ MODEL_FIXTURES = {"tiny_models", "chat_models", "embedder", "demo_dirs", "live"}
 """Fixtures that load real weights: tiny random model pairs, MiniLM, the shipped demo pair."""
 ENGINE_LOGIC = {
     "test_config.py",
+    "test_cost_cache.py",
     "test_goodput.py",
     "test_prefix_cache.py",
     "test_proposers_adaptive.py",

@@ -16,7 +16,7 @@ from celery.signals import worker_init, worker_process_init, worker_ready, worke
 from app.db import prepare
 from app.outbox import Sweeper
 from app.requests import QueueName
-from app.resources import Resources
+from app.resources import Resources, apply_torch_threads
 from workers.broker_epoch import BrokerEpoch
 from workers.dispatcher import send_query
 from workers.engine_guard import EngineGuard
@@ -47,11 +47,7 @@ def warm(app: Celery) -> None:
     if key in _warmed:
         return
     _warmed.add(key)
-    threads = app.settings.torch_threads  # type: ignore[attr-defined]
-    if threads:
-        import torch  # heavy
-
-        torch.set_num_threads(threads)
+    apply_torch_threads(app.settings)  # type: ignore[attr-defined]
     kinds = getattr(app, "warm", {QueueName.ANSWER: True, QueueName.INGEST: True})
     log.info("loading worker resources (%s)", ", ".join(k for k, v in kinds.items() if v))
     resources(app).warm(

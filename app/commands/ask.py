@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import logging
 import threading
 from typing import Any
 
@@ -17,13 +19,16 @@ from app.commands.common import (
     json_option,
     one_line_errors,
 )
-from app.db import prepare
+from app.db import prepare, utcnow
 from app.evals.hooks import install_hooks
+from app.lease import Claimed
 from app.outbox import admit
-from app.pipeline import answer_query
+from app.pipeline import answer_query, build_request, retrieve
 from app.queries import create_query, get_or_create_tenant, query_view, require_collection, wait_for
-from app.requests import DEFAULT_NUM_SPECULATIVE_TOKENS, validate_request
-from app.resources import Resources
+from app.requests import DEFAULT_NUM_SPECULATIVE_TOKENS, QueryRequest, QueueName, validate_request
+from app.resources import Resources, apply_torch_threads
+
+log = logging.getLogger(__name__)
 
 
 def _spec_tokens(value: str) -> int | str:
@@ -97,10 +102,13 @@ def ask(
         require_collection(session, tenant, request.collection)
     if local:
         install_hooks()
+        apply_torch_threads(settings)  # SPECRAG_TORCH_THREADS, as a worker applies it
         resources = Resources(settings, session_factory)
-        # A fresh process loads its models and measures the engine's step costs in its first
-        # batch; done before the query is stored, so its recorded times are the answer's own.
-        warm_one_shot(resources)
+        # A fresh process loads its models and makes its kernels ready in its first passes;
+        # done before the query is stored (below), so its recorded times are the answer's own.
+        with session_factory() as session:
+            tenant_id = get_or_create_tenant(session, tenant).id
+        warm_one_shot(resources, request, tenant_id)
     with session_factory() as session:
         owner = get_or_create_tenant(session, tenant)
         query, _ = create_query(session, owner, request, source="local" if local else "cli")
@@ -128,22 +136,39 @@ def ask(
         raise CommandError(f"query {view['id']} failed: {view.get('error')}")
 
 
-def warm_one_shot(resources: Resources) -> None:
-    """Load and warm what one local answer needs, so its recorded times are the answer's own.
+def warm_one_shot(resources: Resources, request: QueryRequest, tenant_id: int) -> None:
+    """Load and warm what one local answer to ``request`` needs, so that its recorded times
+    are the answer's own.
 
-    A worker warms every batch size it can reach at start (``Resources.warm``); a one-shot
-    answer runs alone, so only batch size 1 is measured: the embedder's kernels, a two-token
-    decode, and the engine's step-cost tables (the torch engine measures them in its first
-    batch otherwise, inside that answer's generation time).
+    A worker warms every method and batch size it can reach at start (``Resources.warm``) and
+    keeps them for its life; a one-shot process warms only what its one answer uses, alone: the
+    request's pass shapes and, for k "auto", its one step-cost table, loaded from the data dir
+    when an earlier process of the same engine and machine measured it
+    (``Resources.step_cost_cache``); then the answer's own prompt, retrieved and built as the
+    pipeline will, decoded for two tokens under a prefix-cache salt of its own, so that the
+    prefill's kernels at that length are made while the answer reuses none of its KV.
     """
-    from generation import SamplingParams  # heavy: torch
+    engine = resources.engine
+    warm_request = getattr(engine, "warm_request", None)
+    if callable(warm_request):  # the torch engine; vLLM has nothing to measure
+        k = request.num_speculative_tokens
+        if k == "auto":
+            engine.use_cost_cache(resources.step_cost_cache())  # type: ignore[attr-defined]
+        warm_request(request.method, k)
+    now = utcnow()
+    claimed = Claimed(0, tenant_id, request.question, request.collection, request.params(),
+                      now, now, QueueName.ANSWER)  # fmt: skip
+    try:
+        built = build_request(resources, claimed, retrieve(resources, claimed).hits)
+    except Exception as exc:  # noqa: BLE001 - the answer meets it again, and records it
+        log.info("one-shot warm-up: no prompt to warm (%s)", exc)
+        return
+    warm = dataclasses.replace(built.sampling, max_new_tokens=2, cache_salt=WARM_UP_SALT)
+    engine.generate(built.prompt_ids, warm)
 
-    resources.retrieval.embedder.encode(["warm up"])
-    ids = resources.tokenizer.encode("Passages:\nwarm up", add_special_tokens=False)
-    resources.engine.generate(ids, SamplingParams(max_new_tokens=2))
-    warmup = getattr(resources.engine, "warmup", None)
-    if callable(warmup):
-        warmup()
+
+WARM_UP_SALT = "one-shot warm-up"
+"""The prefix-cache salt of ``warm_one_shot``'s prompt: no tenant's answer reuses its blocks."""
 
 
 def _human(view: dict[str, Any], with_answer: bool = True) -> str:

@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import uuid
 from pathlib import Path
+from typing import Any
 
+import pytest
 from click.testing import CliRunner
 from sqlalchemy import func, select
 
@@ -95,6 +97,71 @@ def test_ask_local_prints_the_contract_json(tmp_path: Path, tiny_models: dict[st
     assert [(n["source"], n["requests"]) for n in data["non_traffic"]] == [("local", 1)]
 
     assert view["stats"]["prompt_format"] == "raw"  # the tiny pair's tokenizer has no template
+
+
+def test_ask_local_keeps_its_step_costs_and_applies_torch_threads(
+    tmp_path: Path, tiny_models: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import torch
+
+    import generation.torch_engine as torch_engine
+
+    timed: list[int] = []
+    real = torch_engine.time_batch_steps
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("repeats", 2):  # repeats 0 makes passes ready and times nothing
+            timed.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(torch_engine, "time_batch_steps", spy)
+    runner = CliRunner()
+    env = _env(tmp_path, tiny_models) | {"SPECRAG_TORCH_THREADS": "1"}
+    doc = str(ROOT / "demo" / "corpus" / "pass.md")
+    assert runner.invoke(main, ["ingest", doc, "--collection", "c"], env=env).exit_code == 0
+    ask = ["ask", "What is pass?", "-c", "c", "--local", "--max-tokens", "3", "--json"]
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        fixed = runner.invoke(main, [*ask, "--num-speculative-tokens", "4"], env=env)
+        assert fixed.exit_code == 0, fixed.output
+        assert torch.get_num_threads() == 1  # SPECRAG_TORCH_THREADS, as a worker applies it
+        assert timed == []  # a fixed k prices no step
+        # The warm-up ran this very prompt under a salt of its own: the answer reuses no KV.
+        stats = json.loads(fixed.output.strip().splitlines()[-1])["stats"]
+        assert stats["num_cached_prompt_tokens"] == 0
+        for expected in (1, 1):  # the first process measures its table, the second loads it
+            auto = runner.invoke(main, [*ask, "--num-speculative-tokens", "auto"], env=env)
+            assert auto.exit_code == 0, auto.output
+            assert len(timed) == expected
+    finally:
+        torch.set_num_threads(threads)
+    [stored] = (tmp_path / "step_costs").glob("*.json")
+    assert list(json.loads(stored.read_text())["tables"]) == ["1:True"]
+
+
+def test_ask_local_answers_when_its_warm_up_cannot_build_the_prompt(
+    tmp_path: Path,
+    tiny_models: dict[str, Path],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    import app.commands.ask as ask_command
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("index unreadable")
+
+    monkeypatch.setattr(ask_command, "retrieve", broken)  # the warm-up's, not the answer's
+    runner = CliRunner()
+    env = _env(tmp_path, tiny_models)
+    doc = str(ROOT / "demo" / "corpus" / "pass.md")
+    assert runner.invoke(main, ["ingest", doc, "--collection", "c"], env=env).exit_code == 0
+    with caplog.at_level("INFO", logger="app.commands.ask"):
+        result = runner.invoke(
+            main, ["ask", "What is pass?", "-c", "c", "--local", "--max-tokens", "3"], env=env
+        )
+    assert result.exit_code == 0, result.output
+    assert "no prompt to warm (index unreadable)" in caplog.text
 
 
 def test_collections_system_prompt_is_shown_set_checked_and_cleared(tmp_path: Path) -> None:

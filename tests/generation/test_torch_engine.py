@@ -145,6 +145,68 @@ def test_warmup_allocates_the_kv_store_and_measures_step_costs_once() -> None:
     assert engine.step_costs().tables[(1, True)] is tables[(1, True)]
 
 
+def _timed_tables(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, bool]]:
+    """Every step-cost table the engine times from now on: (batch size, with a draft)."""
+    import generation.torch_engine as torch_engine
+
+    timed: list[tuple[int, bool]] = []
+    real = torch_engine.time_batch_steps
+
+    def spy(target: Any, draft: Any, batch_size: int, ks: list[int], *a: Any, **kw: Any) -> Any:
+        if kw.get("repeats", 2):  # repeats 0: passes made ready, nothing timed
+            timed.append((batch_size, draft is not None))
+        return real(target, draft, batch_size, ks, *a, **kw)
+
+    monkeypatch.setattr(torch_engine, "time_batch_steps", spy)
+    return timed
+
+
+def test_a_one_shot_warm_up_makes_ready_only_what_its_request_uses(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    from generation.cost_cache import StepCostCache
+
+    timed = _timed_tables(monkeypatch)
+    target = build_model("llama", vocab_size=VOCAB, seed=2)
+    draft = perturbed_copy(target, noise=0.2)
+    engine = SpeculativeEngine(target, draft, config=EngineConfig(max_batch_size=2))
+    # A fixed k needs no cost table, before or during its answer.
+    engine.warm_request("draft_model", 4)
+    engine.generate([1, 2, 3], SamplingParams(max_new_tokens=6, num_speculative_tokens=4))
+    assert timed == [] and engine.step_costs().tables == {}
+    assert [s.num_slots for s in engine.kv_stores] == [2, 2]
+    # "auto" needs its method's table only, measured once and kept in the cache ...
+    cache = StepCostCache(tmp_path, {"engine": engine.cost_identity()})
+    engine.use_cost_cache(cache)
+    engine.warm_request("draft_model", "auto")
+    assert timed == [(1, True)] and set(engine.step_costs().tables) == {(1, True)}
+    # ... where a later engine of the same identity finds it, and times nothing.
+    later = SpeculativeEngine(target, draft, config=EngineConfig(max_batch_size=2))
+    later.use_cost_cache(StepCostCache(tmp_path, {"engine": later.cost_identity()}))
+    later.warm_request("draft_model", "auto")
+    assert timed == [(1, True)]
+    assert (
+        later.step_costs().tables[(1, True)].measured
+        == engine.step_costs().tables[(1, True)].measured
+    )
+    with pytest.raises(ValueError, match="method: 'eagle'"):
+        later.warm_request("eagle", 4)
+
+
+def test_the_cost_identity_follows_dtype_and_pair() -> None:
+    target = build_model("llama", vocab_size=VOCAB, seed=2)
+    draft = perturbed_copy(target, noise=0.2)
+    plain = SpeculativeEngine(target, draft).cost_identity()
+    assert plain["dtype"] == "float32"
+    assert SpeculativeEngine(target, draft).cost_identity() == plain
+    assert SpeculativeEngine(target).cost_identity() != plain  # no draft
+    halved = SpeculativeEngine(
+        build_model("llama", vocab_size=VOCAB, seed=2).to(torch.bfloat16),
+        perturbed_copy(target, noise=0.2).to(torch.bfloat16),
+    )
+    assert halved.cost_identity()["dtype"] == "bfloat16" != plain["dtype"]
+
+
 def test_a_fixed_k_above_k_max_beside_an_auto_row_is_served() -> None:
     target = build_model("llama", vocab_size=VOCAB, seed=2)
     engine = SpeculativeEngine(target, target, config=EngineConfig(max_speculative_tokens=3))
