@@ -6,8 +6,10 @@ import random
 from pathlib import Path
 
 import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
 
-from training.train_eagle import batches, check_same_target
+from training.train_eagle import batches, check_same_target, record_features, target_features
 
 
 def test_batches_cover_every_row_once_within_the_token_budget() -> None:
@@ -30,3 +32,36 @@ def test_a_run_dir_recorded_from_another_target_is_refused(tmp_path: Path) -> No
     check_same_target(first, run, run / "answers.jsonl")  # the same target resumes
     with pytest.raises(SystemExit, match="recorded from another target"):
         check_same_target(second, run, run / "answers.jsonl")
+
+
+def _tiny_target() -> LlamaForCausalLM:
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=128,
+    )
+    return LlamaForCausalLM(config).eval()
+
+
+def test_batched_features_are_each_rows_own_and_resume(tmp_path: Path) -> None:
+    """Rows of different lengths recorded several per padded pass give the features each row
+    gets alone (float32), and an interrupted recording resumes where its file ends."""
+    target = _tiny_target()
+    rng = random.Random(0)
+    rows = [[rng.randrange(64) for _ in range(rng.randrange(3, 40))] for _ in range(9)]
+    alone = [target_features(target, [r], torch.float32)[0] for r in rows]
+    out = tmp_path / "features.pt"
+    # 120 padded tokens a pass: several rows share each pass; saved after every pass.
+    first = record_features(target, rows[:5], out, tmp_path, 120, chunk=1, amp=torch.float32)
+    assert len(torch.load(out)) == 5
+    every = record_features(target, rows, out, tmp_path, 120, chunk=1, amp=torch.float32)
+    assert len(every) == len(rows) and all(torch.equal(a, b) for a, b in zip(first, every, strict=False))
+    for a, b, r in zip(alone, every, rows, strict=True):
+        assert b.shape == (len(r), 32) and b.dtype == torch.float16
+        torch.testing.assert_close(a.float(), b.float(), atol=2e-3, rtol=0)
+    assert "features 9/9 sequences" in (tmp_path / "eagle.log").read_text()
