@@ -135,7 +135,8 @@ def record_features(
     """Each row's final hidden states [len, hidden] (float16), computed once into ``out``:
     rows of similar length share a target pass of at most ``batch_tokens`` padded tokens
     (``target_features``); saved every ``chunk`` rows, so an interrupted run resumes."""
-    feats: list[torch.Tensor] = torch.load(out) if out.exists() else []
+    # A file of more rows (a run with more prompts) serves a prefix: the rows keep their order.
+    feats: list[torch.Tensor] = (torch.load(out) if out.exists() else [])[: len(rows)]
     if len(feats) < len(rows):
         _log(run_dir, f"features: {len(feats)}/{len(rows)} sequences recorded, resuming")
     t0 = time.perf_counter()

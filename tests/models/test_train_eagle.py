@@ -65,3 +65,5 @@ def test_batched_features_are_each_rows_own_and_resume(tmp_path: Path) -> None:
         assert b.shape == (len(r), 32) and b.dtype == torch.float16
         torch.testing.assert_close(a.float(), b.float(), atol=2e-3, rtol=0)
     assert "features 9/9 sequences" in (tmp_path / "eagle.log").read_text()
+    fewer = record_features(target, rows[:3], out, tmp_path, 120, amp=torch.float32)
+    assert len(fewer) == 3  # a shorter run reads a prefix of the file
