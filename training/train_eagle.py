@@ -290,6 +290,9 @@ def main(argv: list[str] | None = None) -> None:
         help="also train on this many more training-split prompts with their reference answers",
     )
     ap.add_argument("--epochs", type=int, default=8)
+    ap.add_argument(
+        "--max-steps", type=int, default=0, help="stop the plan after this many steps (0: all)"
+    )
     ap.add_argument("--tokens-per-batch", type=int, default=4096)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--answer-weight", type=float, default=0.9)
@@ -356,6 +359,8 @@ def main(argv: list[str] | None = None) -> None:
         for e in range(args.epochs)
         for g in batches(lengths, args.tokens_per_batch, random.Random(args.seed * 1000 + e))
     ]
+    if args.max_steps:
+        plan = plan[: args.max_steps]  # the learning-rate schedule spans the steps taken
     state: dict[str, Any] = {"step": 0, "seconds": 0.0, "tokens": 0}
     ckpt = args.run_dir / "ckpt.pt"
     if ckpt.exists():
@@ -404,7 +409,7 @@ def main(argv: list[str] | None = None) -> None:
         "sequences": len(rows),
         "target_answers": generated,
         "reference_answers": len(rows) - generated,
-        "epochs": args.epochs,
+        "epochs": round(state["tokens"] / sum(lengths), 2),
         "steps": state["step"],
         "train_seconds": round(state["seconds"]),
         "train_tokens": state["tokens"],
@@ -413,7 +418,8 @@ def main(argv: list[str] | None = None) -> None:
         "noise": args.noise,
         "answer_weight": args.answer_weight,
         "command": f"python -m training.train_eagle --seed {args.seed} --prompts {generated} "
-        f"--reference-prompts {len(rows) - generated} --epochs {args.epochs}",
+        f"--reference-prompts {len(rows) - generated} --epochs {args.epochs}"
+        + (f" --max-steps {args.max_steps}" if args.max_steps else ""),
     }
     save_head(head.eval(), out, card)
     _log(args.run_dir, f"exported the head to {out}")
