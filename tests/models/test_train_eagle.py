@@ -60,7 +60,9 @@ def test_batched_features_are_each_rows_own_and_resume(tmp_path: Path) -> None:
     first = record_features(target, rows[:5], out, tmp_path, 120, chunk=1, amp=torch.float32)
     assert len(torch.load(out)) == 5
     every = record_features(target, rows, out, tmp_path, 120, chunk=1, amp=torch.float32)
-    assert len(every) == len(rows) and all(torch.equal(a, b) for a, b in zip(first, every, strict=False))
+    assert len(every) == len(rows) and all(
+        torch.equal(a, b) for a, b in zip(first, every, strict=False)
+    )
     for a, b, r in zip(alone, every, rows, strict=True):
         assert b.shape == (len(r), 32) and b.dtype == torch.float16
         torch.testing.assert_close(a.float(), b.float(), atol=2e-3, rtol=0)
