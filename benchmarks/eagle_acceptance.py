@@ -132,6 +132,27 @@ def main() -> None:
         }
         for label in labels
     }
+    if len(labels) > 1:  # each further head against the first, paired per prompt
+        from scipy.stats import wilcoxon
+
+        def per_prompt(label: str) -> list[float]:
+            return [
+                (len(r.token_ids) - 1) / max(1, r.stats.num_target_forwards) for r in results[label]
+            ]
+
+        first = per_prompt(labels[0])
+        for label in labels[1:]:
+            other = per_prompt(label)
+            table["ratio"][f"{label} / {labels[0]}"] = {
+                "tokens_per_target_pass": table[label]["tokens_per_target_pass"]
+                / table[labels[0]]["tokens_per_target_pass"],
+                "prompts_better_worse_equal": [
+                    sum(b > a for a, b in zip(first, other, strict=True)),
+                    sum(b < a for a, b in zip(first, other, strict=True)),
+                    sum(b == a for a, b in zip(first, other, strict=True)),
+                ],
+                "wilcoxon_p_two_sided": float(wilcoxon(other, first).pvalue),
+            }
     print(
         json.dumps({"questions": len(asked), "dtype": args.dtype, "k": args.k, **table}, indent=2)
     )

@@ -111,7 +111,7 @@ def main() -> None:
     ap.add_argument("--draft-tokens-per-pass", type=float, default=3.76)
     ap.add_argument("--vs-draft", type=float, default=1.25)
     ap.add_argument("--vs-none", type=float, default=1.8)
-    ap.add_argument("--dtypes", default="float32,bfloat16")
+    ap.add_argument("--dtypes", default="float32,bfloat16", help="empty: coverage only")
     ap.add_argument("--answers", type=Path, default=None)
     args = ap.parse_args()
     import torch
@@ -126,7 +126,7 @@ def main() -> None:
         "context": args.context,
         "draft_tokens_per_pass": args.draft_tokens_per_pass,
     }
-    for dtype in args.dtypes.split(","):
+    for dtype in filter(None, args.dtypes.split(",")):
         if dtype == "bfloat16" and not cpu_bf16_flags():
             continue
         engine = SpeculativeEngine.from_pretrained(
