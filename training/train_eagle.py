@@ -5,10 +5,14 @@ on what the target computes over its own answers (Li et al. 2024, EAGLE-1):
 
 1. ``generate``: the target answers RAG prompts of the training split (greedy; the held-out
    prompts of training/evaluate.py stay unseen) into ``--answers``, as
-   training/distill_draft.py does (the same function; resumable line by line).
-2. ``features``: one target pass over each prompt + answer records every position's final
-   hidden state (after the final norm, as vLLM hands it to a head) in float16 to
-   ``<run-dir>/features.pt`` (resumable in chunks).
+   training/distill_draft.py does (the same function, or the torch engine with
+   ``--gen-engine``; resumable line by line). ``--reference-prompts N`` adds N more
+   training-split prompts with their reference answers (no decoding needed).
+2. ``features``: target passes over the prompts + answers, several sequences per pass
+   (``--feature-batch-tokens`` padded tokens, bf16 autocast where the CPU has it), record every
+   position's final hidden state (after the final norm, as vLLM hands it to a head) in float16
+   to ``<run-dir>/features.pt`` (``features_ref.pt`` for the reference rows; resumable in
+   chunks; ``--phase features`` stops there).
 3. ``train``: for each position t the head reads (embed(x_{t+1}), f_t + noise) and is trained
    to give f_{t+1} (smooth L1, EAGLE's feature regression; answer positions weighted
    ``--answer-weight``) and, at answer positions, the target's next-token distribution through
@@ -75,8 +79,9 @@ def engine_generate(
     """Append the target's greedy answer to every prompt not yet in ``out`` (JSON lines, as
     training/distill_draft.py's ``generate`` writes them), through the torch engine: the draft
     model speculates (greedy answers are the target's own, tests/generation), continuous
-    batching, bfloat16 where the CPU has it. About 20x the throughput of transformers'
-    ``generate`` here (docs/benchmarks.md, issue 35). Resumable every ``chunk`` answers."""
+    batching, bfloat16 where the CPU has it (so answers can differ from float32's at near-ties).
+    Not shown faster than ``generate`` on the loaded machine of session 15 (0.08 against 0.11
+    answers/s, not side by side). Resumable every ``chunk`` answers."""
     from generation import SamplingParams, SpeculativeEngine
 
     done = sum(1 for _ in out.open()) if out.exists() else 0
