@@ -5,10 +5,14 @@ on what the target computes over its own answers (Li et al. 2024, EAGLE-1):
 
 1. ``generate``: the target answers RAG prompts of the training split (greedy; the held-out
    prompts of training/evaluate.py stay unseen) into ``--answers``, as
-   training/distill_draft.py does (the same function; resumable line by line).
-2. ``features``: one target pass over each prompt + answer records every position's final
-   hidden state (after the final norm, as vLLM hands it to a head) in float16 to
-   ``<run-dir>/features.pt`` (resumable in chunks).
+   training/distill_draft.py does (the same function, or the torch engine with
+   ``--gen-engine``; resumable line by line). ``--reference-prompts N`` adds N more
+   training-split prompts with their reference answers (no decoding needed).
+2. ``features``: target passes over the prompts + answers, several sequences per pass
+   (``--feature-batch-tokens`` padded tokens, bf16 autocast where the CPU has it), record every
+   position's final hidden state (after the final norm, as vLLM hands it to a head) in float16
+   to ``<run-dir>/features.pt`` (``features_ref.pt`` for the reference rows; resumable in
+   chunks; ``--phase features`` stops there).
 3. ``train``: for each position t the head reads (embed(x_{t+1}), f_t + noise) and is trained
    to give f_{t+1} (smooth L1, EAGLE's feature regression; answer positions weighted
    ``--answer-weight``) and, at answer positions, the target's next-token distribution through
@@ -36,9 +40,12 @@ import torch.nn.functional as F
 from transformers import AutoTokenizer, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from generation.eagle import EagleHeadModule, head_config, save_head
-from training.corpus import REPO_ROOT
+from retrieval.chat import PromptFormat
+from training.corpus import REPO_ROOT, build_corpus
+from training.data import encode_example
 from training.distill_draft import generate, prompt_ids, training_prompts
 from training.model import autocast_dtype
+from training.qa import make_examples
 from training.train_demo import log_line, lr_at
 
 
@@ -60,30 +67,124 @@ def check_same_target(target_dir: Path, run_dir: Path, answers: Path) -> None:
     stamp.write_text(digest + "\n")
 
 
+def engine_generate(
+    models: Path,
+    prompts: list[list[int]],
+    out: Path,
+    max_new_tokens: int,
+    batch_size: int,
+    run_dir: Path,
+    chunk: int = 32,
+) -> None:
+    """Append the target's greedy answer to every prompt not yet in ``out`` (JSON lines, as
+    training/distill_draft.py's ``generate`` writes them), through the torch engine: the draft
+    model speculates (greedy answers are the target's own, tests/generation), continuous
+    batching, bfloat16 where the CPU has it (so answers can differ from float32's at near-ties).
+    Not shown faster than ``generate`` on the loaded machine of session 15 (0.08 against 0.11
+    answers/s, not side by side). Resumable every ``chunk`` answers."""
+    from generation import SamplingParams, SpeculativeEngine
+
+    done = sum(1 for _ in out.open()) if out.exists() else 0
+    if done >= len(prompts):
+        return
+    dtype = "bfloat16" if autocast_dtype() == torch.bfloat16 else "float32"
+    engine = SpeculativeEngine.from_pretrained(
+        models / "target", models / "draft", device="cpu", dtype=dtype
+    )
+    eos = set(engine.eos_token_ids)
+    params = SamplingParams(max_new_tokens=max_new_tokens, method="draft_model")
+    t0 = time.perf_counter()
+    for lo in range(done, len(prompts), chunk):
+        part = prompts[lo : lo + chunk]
+        results = engine.generate_many(part, params, max_batch_size=batch_size)
+        with out.open("a") as f:
+            for p, r in zip(part, results, strict=True):
+                answer = list(r.token_ids)
+                ends = [i for i, t in enumerate(answer) if t in eos]
+                answer = answer[: ends[0] + 1] if ends else answer
+                f.write(json.dumps({"prompt": p, "answer": answer}) + "\n")
+        n = lo + len(part)
+        rate = (n - done) / (time.perf_counter() - t0)
+        _log(run_dir, f"generate {n}/{len(prompts)} answers ({rate:.2f}/s, {dtype} engine)")
+
+
 @torch.inference_mode()
-def record_features(
-    target: LlamaForCausalLM, rows: list[list[int]], out: Path, run_dir: Path, chunk: int = 25
+def target_features(
+    target: LlamaForCausalLM, rows: list[list[int]], amp: torch.dtype | None = None
 ) -> list[torch.Tensor]:
-    """Each row's final hidden states [len, hidden] (float16), computed once into ``out``."""
-    feats: list[torch.Tensor] = torch.load(out) if out.exists() else []
+    """Each row's final hidden states [len, hidden] (float16) from one batched target pass:
+    right-padded with an attention mask, so every row's states are its own (causal attention
+    never reads the padding after a row's end); autocast to ``amp`` (None: bf16 where the CPU
+    has it)."""
+    width = max(len(r) for r in rows)
+    ids = torch.zeros((len(rows), width), dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for b, r in enumerate(rows):
+        ids[b, : len(r)] = torch.tensor(r)
+        mask[b, : len(r)] = 1
+    amp = amp or autocast_dtype()
+    with torch.autocast("cpu", dtype=amp, enabled=amp != torch.float32):
+        hidden = target.model(input_ids=ids, attention_mask=mask).last_hidden_state
+    return [hidden[b, : len(r)].to(torch.float16) for b, r in enumerate(rows)]
+
+
+def record_features(
+    target: LlamaForCausalLM,
+    rows: list[list[int]],
+    out: Path,
+    run_dir: Path,
+    batch_tokens: int = 8192,
+    chunk: int = 50,
+    amp: torch.dtype | None = None,
+) -> list[torch.Tensor]:
+    """Each row's final hidden states [len, hidden] (float16), computed once into ``out``:
+    rows of similar length share a target pass of at most ``batch_tokens`` padded tokens
+    (``target_features``); saved every ``chunk`` rows, so an interrupted run resumes."""
+    # A file of more rows (a run with more prompts) serves a prefix: the rows keep their order.
+    feats: list[torch.Tensor] = (torch.load(out) if out.exists() else [])[: len(rows)]
     if len(feats) < len(rows):
         _log(run_dir, f"features: {len(feats)}/{len(rows)} sequences recorded, resuming")
-    amp = autocast_dtype()
     t0 = time.perf_counter()
-    for i in range(len(feats), len(rows)):
-        ids = torch.tensor([rows[i]])
-        with torch.autocast("cpu", dtype=amp, enabled=amp != torch.float32):
-            hidden = target.model(ids).last_hidden_state[0]  # after the final norm
-        feats.append(hidden.to(torch.float16))
-        if (i + 1) % chunk == 0 or i + 1 == len(rows):
+    start = len(feats)
+    saved = start
+    i = start
+    while i < len(rows):
+        # Rows in file order (resumable by count); a batch is the run of rows whose padded
+        # width times count fits batch_tokens.
+        j = i + 1
+        while j < len(rows) and max(len(r) for r in rows[i : j + 1]) * (j + 1 - i) <= batch_tokens:
+            j += 1
+        feats.extend(target_features(target, rows[i:j], amp))
+        i = j
+        if i - saved >= chunk or i == len(rows):
             tmp = out.with_suffix(".tmp")
             torch.save(feats, tmp)
             os.replace(tmp, out)
+            saved = i
             _log(
                 run_dir,
-                f"features {i + 1}/{len(rows)} sequences ({time.perf_counter() - t0:.0f} s)",
+                f"features {i}/{len(rows)} sequences "
+                f"({(time.perf_counter() - t0) / (i - start):.2f} s per sequence)",
             )
     return feats
+
+
+def reference_rows(
+    tok: PreTrainedTokenizerFast, seed: int, count: int
+) -> tuple[list[list[int]], list[int]]:
+    """``count`` more training-split RAG prompts (other draws than ``training_prompts``'), each
+    with its *reference* answer (training/qa.py) in place of one the target generated: one
+    batched target pass records their features, where an answer of the target's own costs a
+    decode of ~60 steps. The loss still follows the target (its features, its next-token
+    distribution at every position), only the text it reads is not its own."""
+    corpus = build_corpus(seed)
+    topics = [d for d in corpus.train if d.source.startswith("demo/corpus/")]
+    examples = make_examples(
+        topics, count, seed=30_000 + seed, max_words=(120, 220), n_passages=(2, 3, 3)
+    )
+    fmt = PromptFormat.for_tokenizer(tok)
+    encoded = [encode_example(tok, e, fmt) for e in examples]
+    return [ids for ids, _ in encoded], [n for _, n in encoded]
 
 
 def batches(lengths: list[int], tokens: int, rng: random.Random) -> list[list[int]]:
@@ -175,7 +276,28 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--prompts", type=int, default=400)
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--gen-batch", type=int, default=8)
+    ap.add_argument(
+        "--gen-engine",
+        action="store_true",
+        help="generate through the torch engine (speculative, continuous batching, bf16 where "
+        "the CPU has it) instead of transformers' generate",
+    )
+    ap.add_argument(
+        "--feature-batch-tokens",
+        type=int,
+        default=8192,
+        help="padded tokens per batched target pass when recording features",
+    )
+    ap.add_argument(
+        "--reference-prompts",
+        type=int,
+        default=0,
+        help="also train on this many more training-split prompts with their reference answers",
+    )
     ap.add_argument("--epochs", type=int, default=8)
+    ap.add_argument(
+        "--max-steps", type=int, default=0, help="stop the plan after this many steps (0: all)"
+    )
     ap.add_argument("--tokens-per-batch", type=int, default=4096)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--answer-weight", type=float, default=0.9)
@@ -183,7 +305,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--noise", type=float, default=0.1)
     ap.add_argument("--ckpt-every", type=int, default=20)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--phase", choices=("all", "generate", "train"), default="all")
+    ap.add_argument("--phase", choices=("all", "generate", "features", "train"), default="all")
     args = ap.parse_args(argv)
     out = args.out or args.models / "eagle"
     answers = args.answers or args.run_dir / "answers.jsonl"
@@ -202,16 +324,36 @@ def main(argv: list[str] | None = None) -> None:
 
     if args.phase in ("all", "generate"):
         prompts = prompt_ids(tok, training_prompts(args.seed, args.prompts))
-        generate(target, tok, prompts, answers, args.max_new_tokens, args.gen_batch, args.run_dir)
+        if args.gen_engine:
+            engine_generate(
+                args.models, prompts, answers, args.max_new_tokens, args.gen_batch, args.run_dir
+            )
+        else:
+            generate(
+                target, tok, prompts, answers, args.max_new_tokens, args.gen_batch, args.run_dir
+            )
         if args.phase == "generate":
             return
 
     rows, prompt_lens = [], []
-    for line in answers.read_text().splitlines()[: args.prompts]:
+    for line in (answers.read_text().splitlines() if answers.exists() else [])[: args.prompts]:
         d = json.loads(line)
         rows.append(d["prompt"] + d["answer"])
         prompt_lens.append(len(d["prompt"]))
-    feats = record_features(target, rows, args.run_dir / "features.pt", args.run_dir)
+    generated = len(rows)
+    feats = record_features(
+        target, rows, args.run_dir / "features.pt", args.run_dir, args.feature_batch_tokens
+    )
+    if args.reference_prompts:
+        ref_rows, ref_lens = reference_rows(tok, args.seed, args.reference_prompts)
+        rows += ref_rows
+        prompt_lens += ref_lens
+        feats += record_features(
+            target, ref_rows, args.run_dir / "features_ref.pt", args.run_dir,
+            args.feature_batch_tokens,
+        )  # fmt: skip
+    if args.phase == "features":
+        return
 
     torch.manual_seed(args.seed)
     head = EagleHeadModule(head_config(target.config))
@@ -222,6 +364,8 @@ def main(argv: list[str] | None = None) -> None:
         for e in range(args.epochs)
         for g in batches(lengths, args.tokens_per_batch, random.Random(args.seed * 1000 + e))
     ]
+    if args.max_steps:
+        plan = plan[: args.max_steps]  # the learning-rate schedule spans the steps taken
     state: dict[str, Any] = {"step": 0, "seconds": 0.0, "tokens": 0}
     ckpt = args.run_dir / "ckpt.pt"
     if ckpt.exists():
@@ -268,7 +412,9 @@ def main(argv: list[str] | None = None) -> None:
         "method": "EAGLE-1 head (one decoder layer, fc over [embedding, target feature])",
         "target": str(tdir.relative_to(REPO_ROOT) if tdir.is_relative_to(REPO_ROOT) else tdir),
         "sequences": len(rows),
-        "epochs": args.epochs,
+        "target_answers": generated,
+        "reference_answers": len(rows) - generated,
+        "epochs": round(state["tokens"] / sum(lengths), 2),
         "steps": state["step"],
         "train_seconds": round(state["seconds"]),
         "train_tokens": state["tokens"],
@@ -276,8 +422,9 @@ def main(argv: list[str] | None = None) -> None:
         "logit_share": args.logit_share,
         "noise": args.noise,
         "answer_weight": args.answer_weight,
-        "command": f"python -m training.train_eagle --seed {args.seed} --prompts {len(rows)} "
-        f"--epochs {args.epochs}",
+        "command": f"python -m training.train_eagle --seed {args.seed} --prompts {generated} "
+        f"--reference-prompts {len(rows) - generated} --epochs {args.epochs}"
+        + (f" --max-steps {args.max_steps}" if args.max_steps else ""),
     }
     save_head(head.eval(), out, card)
     _log(args.run_dir, f"exported the head to {out}")
