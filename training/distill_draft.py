@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import os
 import random
 import time
 from pathlib import Path
@@ -36,6 +35,7 @@ import torch
 from transformers import AutoTokenizer, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from retrieval.chat import PromptFormat
+from training.checkpoint import load_checkpoint, save_checkpoint
 from training.corpus import REPO_ROOT, build_corpus
 from training.data import Batch, bucket, collate
 from training.model import autocast_dtype, export
@@ -194,10 +194,8 @@ def main(argv: list[str] | None = None) -> None:
     ]
     state: dict[str, Any] = {"step": 0, "seconds": 0.0, "tokens": 0}
     ckpt = args.run_dir / "ckpt.pt"
-    if ckpt.exists():
-        saved = torch.load(ckpt, weights_only=False)
-        draft.load_state_dict(saved["draft"])
-        opt.load_state_dict(saved["opt"])
+    saved = load_checkpoint(ckpt, {"draft": draft}, {"opt": opt})
+    if saved is not None:
         state = saved["state"]
         _log(args.run_dir, f"resumed at step {state['step']}")
     _log(args.run_dir, f"train: {len(rows)} answers, {len(plan)} steps ({args.epochs} epochs)")
@@ -229,9 +227,7 @@ def main(argv: list[str] | None = None) -> None:
                 f"tok/s {int(b.is_real.sum()) / dt:.0f} elapsed {state['seconds'] / 60:.1f} min",
             )
         if state["step"] % args.ckpt_every == 0 or state["step"] == len(plan):
-            tmp = ckpt.with_suffix(".tmp")
-            torch.save({"draft": draft.state_dict(), "opt": opt.state_dict(), "state": state}, tmp)
-            os.replace(tmp, ckpt)
+            save_checkpoint(ckpt, {"draft": draft}, {"opt": opt}, state=state)
 
     card = json.loads((ddir / "training.json").read_text())
     # One entry per distillation round.

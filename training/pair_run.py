@@ -2,18 +2,18 @@
 
 ``training.train_demo`` (the pair from nothing) and ``training.instruct`` (the pair onto a chat
 template) train a target and a draft side by side in one loop; both resume from one checkpoint
-file, written beside the old one and moved over it so a kill never leaves half a checkpoint.
+file (training/checkpoint.py).
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from training.checkpoint import load_checkpoint, save_checkpoint
 from training.data import ANSWER_WEIGHT_SPLIT, Batch, BatchStream, induction_batch
 
 
@@ -38,29 +38,20 @@ class PairRun:
             draft.parameters(), lr=draft_lr, betas=(0.9, 0.95), weight_decay=0.1
         )
         self.state: dict[str, Any] = {"step": 0, "rnd": 0, "idx": 0, "seconds": 0.0, "tokens": 0}
-        if ckpt.exists():
-            saved = torch.load(ckpt, weights_only=False)
-            target.load_state_dict(saved["target"])
-            draft.load_state_dict(saved["draft"])
-            self.opt_t.load_state_dict(saved["opt_t"])
-            self.opt_d.load_state_dict(saved["opt_d"])
+        saved = load_checkpoint(ckpt, self._modules(), self._optimizers())
+        if saved is not None:
             self.state = saved["state"]
             log(f"resumed at step {self.state['step']}")
 
+    def _modules(self) -> dict[str, torch.nn.Module]:
+        return {"target": self.target, "draft": self.draft}
+
+    def _optimizers(self) -> dict[str, torch.optim.Optimizer]:
+        return {"opt_t": self.opt_t, "opt_d": self.opt_d}
+
     def save(self) -> None:
         """Write the checkpoint: models, optimizers and counters, atomically."""
-        tmp = self.ckpt.with_suffix(".tmp")
-        torch.save(
-            {
-                "target": self.target.state_dict(),
-                "draft": self.draft.state_dict(),
-                "opt_t": self.opt_t.state_dict(),
-                "opt_d": self.opt_d.state_dict(),
-                "state": self.state,
-            },
-            tmp,
-        )
-        os.replace(tmp, self.ckpt)
+        save_checkpoint(self.ckpt, self._modules(), self._optimizers(), state=self.state)
 
     def next_batch(
         self, stream: BatchStream, *, every: int, seed: int, vocab: int, eos: int, tokens: int

@@ -41,6 +41,7 @@ from transformers import AutoTokenizer, LlamaForCausalLM, PreTrainedTokenizerFas
 
 from generation.eagle import EagleHeadModule, head_config, save_head
 from retrieval.chat import PromptFormat
+from training.checkpoint import load_checkpoint, save_checkpoint
 from training.corpus import REPO_ROOT, build_corpus
 from training.data import encode_example
 from training.distill_draft import generate, prompt_ids, training_prompts
@@ -368,10 +369,8 @@ def main(argv: list[str] | None = None) -> None:
         plan = plan[: args.max_steps]  # the learning-rate schedule spans the steps taken
     state: dict[str, Any] = {"step": 0, "seconds": 0.0, "tokens": 0}
     ckpt = args.run_dir / "ckpt.pt"
-    if ckpt.exists():
-        saved = torch.load(ckpt, weights_only=False)
-        head.load_state_dict(saved["head"])
-        opt.load_state_dict(saved["opt"])
+    saved = load_checkpoint(ckpt, {"head": head}, {"opt": opt})
+    if saved is not None:
         state = saved["state"]
         _log(args.run_dir, f"resumed at step {state['step']}")
     _log(args.run_dir, f"train: {len(rows)} sequences, {len(plan)} steps ({args.epochs} epochs)")
@@ -404,9 +403,7 @@ def main(argv: list[str] | None = None) -> None:
                 f"elapsed {state['seconds'] / 60:.1f} min",
             )
         if state["step"] % args.ckpt_every == 0 or state["step"] == len(plan):
-            tmp = ckpt.with_suffix(".tmp")
-            torch.save({"head": head.state_dict(), "opt": opt.state_dict(), "state": state}, tmp)
-            os.replace(tmp, ckpt)
+            save_checkpoint(ckpt, {"head": head}, {"opt": opt}, state=state)
 
     card = {
         "method": "EAGLE-1 head (one decoder layer, fc over [embedding, target feature])",

@@ -160,6 +160,7 @@ def _train(
     import torch
     from tqdm import tqdm
 
+    from training.checkpoint import load_checkpoint, save_checkpoint
     from training.model import autocast_dtype
 
     total = min(len(run.plan), config.max_steps) if config.max_steps else len(run.plan)
@@ -168,27 +169,24 @@ def _train(
     opt = torch.optim.AdamW(params, lr=config.lr, betas=(0.9, 0.95), weight_decay=run.weight_decay)
     state: dict[str, Any] = {"step": 0, "seconds": 0.0, "tokens": 0, "losses": []}
     ckpt = run_dir / "ckpt.pt"
-    if ckpt.exists():
-        saved = torch.load(ckpt, weights_only=False)
+
+    def same_run(saved: dict[str, Any]) -> None:
         if saved.get("dataset") != str(dataset.resolve()) or run.key not in saved:
             what = "a head" if "head" in saved else "a draft"
             raise DatasetError(
                 f"{run_dir}: holds a run of {what} on {saved.get('dataset')}, not this "
                 f"{run.key}'s on {dataset.resolve()}; give another --run-dir"
             )
-        run.module.load_state_dict(saved[run.key])
-        opt.load_state_dict(saved["opt"])
+
+    saved = load_checkpoint(ckpt, {run.key: run.module}, {"opt": opt}, check=same_run)
+    if saved is not None:
         state = saved["state"]
         log(f"resumed at step {state['step']} ({state['seconds']:.0f} s trained)")
 
     def save() -> None:
-        tmp = ckpt.with_suffix(".tmp")
-        torch.save(
-            {run.key: run.module.state_dict(), "opt": opt.state_dict(), "state": state,
-             "dataset": str(dataset.resolve())},
-            tmp,
-        )  # fmt: skip
-        os.replace(tmp, ckpt)
+        save_checkpoint(
+            ckpt, {run.key: run.module}, {"opt": opt}, state=state, dataset=str(dataset.resolve())
+        )
 
     amp = autocast_dtype()
     amp_name = str(amp).split(".")[-1]
