@@ -12,7 +12,9 @@ KV across scenarios (and the prefill prompts one each, so none reuses any).
 
 Then exactness: the torch bf16 answers against the torch bf16 ``none`` run (divergences only at
 near-ties, generation/exactness.py) and against float32 (how often bf16 changes an answer, and
-the float32 top-2 gap where it does). The CPU's ISA heads every table.
+the float32 top-2 gap where it does). The CPU's ISA heads every table, and the timing table's
+the core binding: vLLM's EngineCore on core 0 (VLLM_CPU_OMP_THREADS_BIND, overridable), this
+process (the torch engines) on the others, each engine one dedicated core (``pin_torch``).
 
     flock /tmp/bench.lock .venv-vllm/bin/python benchmarks/dtypes.py [--prompts 16]
         [--max-tokens 64] [--k 4] [--burst 48] [--torch-threads 1]
@@ -35,6 +37,37 @@ sys.path.insert(0, str(REPO))
 from benchmarks.vllm_engines import DEMO, rag_prompts  # noqa: E402
 
 ENGINES = ("torch f32", "torch bf16", "vllm bf16", "vllm f32")
+
+
+VLLM_CORE = "0"
+"""The core vLLM's EngineCore binds its OpenMP thread to (VLLM_CPU_OMP_THREADS_BIND; its "auto"
+picks core 0 on this 2-core host too): set explicitly so the two engines never share one."""
+
+
+def pin_torch(vllm_cores: str) -> str:
+    """Bind every thread of this process (the torch engines and vLLM's front end, which never
+    run at once) to the cores vLLM's EngineCore does not use: each engine one dedicated core,
+    as vLLM pins itself, instead of the torch engine sharing both cores with everything else
+    (session 15 saw it swing 40 % between runs unpinned). Returns the binding, for the tables."""
+    try:  # "0", "0,2", "0-3": vLLM's list form (its "auto" / "nobind": unknown here)
+        taken = set()
+        for part in vllm_cores.split(","):
+            low, _, high = part.partition("-")
+            taken |= set(range(int(low), int(high or low) + 1))
+    except ValueError:
+        return f"torch engine unpinned (VLLM_CPU_OMP_THREADS_BIND={vllm_cores!r})"
+    free = sorted(os.sched_getaffinity(0) - taken)
+    if not free:
+        return f"torch engine unpinned (vLLM binds every core: {vllm_cores!r})"
+    for tid in os.listdir("/proc/self/task"):  # sched_setaffinity(0) binds the calling thread only
+        try:
+            os.sched_setaffinity(int(tid), free)
+        except OSError:  # a thread that ended meanwhile
+            pass
+    return (
+        f"torch engine pinned to core {','.join(map(str, free))}, vLLM's EngineCore to core "
+        f"{vllm_cores} (VLLM_CPU_OMP_THREADS_BIND)"
+    )
 
 
 def isa() -> str:
@@ -146,7 +179,7 @@ def table(rows: dict[str, dict[str, Any]], args: argparse.Namespace) -> None:
     names = [n for n in ENGINES if n in rows]
     ratio = [(a, b) for a, b in (("torch bf16", "torch f32"), ("torch bf16", "vllm bf16"))
              if a in names and b in names]  # fmt: skip
-    print(f"\n{isa()}")
+    print(f"\n{isa()}; {args.binding}")
     print(f"| demo pair, {args.prompts} RAG prompts, {args.max_tokens} tokens, draft_model "
           f"k={args.k} | " + " | ".join(names) + " | " + " | ".join(f"{a} / {b}" for a, b in ratio)
           + " |")  # fmt: skip
@@ -276,6 +309,7 @@ def main() -> None:
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", VLLM_CORE)
     if args.torch_threads:
         import torch
 
@@ -285,6 +319,10 @@ def main() -> None:
         ties(args)
         return
     engines = load_all(args)
+    # After loading: vLLM's EngineCore has bound itself; this process's threads (the torch
+    # engines, vLLM's front end) get the other core. Before, vLLM would inherit the mask.
+    args.binding = pin_torch(os.environ["VLLM_CPU_OMP_THREADS_BIND"])
+    print(args.binding, flush=True)
     rows = measure(engines, args)
     table(rows, args)
     exactness(engines, rows, args)
