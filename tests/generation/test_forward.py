@@ -122,6 +122,24 @@ def test_a_prefill_runs_padded_to_a_bucket_and_its_padding_is_never_read(family:
         )
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+def test_fill_writes_the_keys_and_values_prefill_writes(family: str) -> None:
+    # A draft's prompt runs without its output projection (FastLlamaForward.fill); a forward
+    # without ``fill`` (transformers') prefills. Either way the slot holds what prefill writes.
+    model = sharp(family)
+    ids = torch.randint(1, VOCAB, (27,), generator=torch.Generator().manual_seed(6)).tolist()
+    filled, prefilled = (ModelRunner(forward_for(model), 2, 160) for _ in range(2))
+    with torch.inference_mode():
+        for runner, run in ((filled, filled.fill), (prefilled, prefilled.prefill)):
+            runner.set_length(1, 0)
+            run(1, ids[:20])
+            run(1, ids[20:])  # a second chunk after cached positions
+        assert filled.length(1) == prefilled.length(1) == 27
+        for got, want in zip(slot_kv(filled.store, 1), slot_kv(prefilled.store, 1), strict=True):
+            for layer_got, layer_want in zip(got, want, strict=True):
+                assert torch.equal(layer_got[:27], layer_want[:27])
+
+
 def test_packed_weights_are_refused_where_onednn_cannot_run_them() -> None:
     model = sharp("llama").to(torch.float64)
     assert not FastLlamaForward(model).packed  # None: packed only where it can be
