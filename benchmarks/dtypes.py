@@ -13,8 +13,8 @@ KV across scenarios (and the prefill prompts one each, so none reuses any).
 Then exactness: the torch bf16 answers against the torch bf16 ``none`` run (divergences only at
 near-ties, generation/exactness.py) and against float32 (how often bf16 changes an answer, and
 the float32 top-2 gap where it does). The CPU's ISA heads every table, and the timing table's
-the core binding: vLLM's EngineCore on core 0 (VLLM_CPU_OMP_THREADS_BIND, overridable), this
-process (the torch engines) on the others, each engine one dedicated core (``pin_torch``).
+the core binding: vLLM's EngineCore processes on core 0 (VLLM_CPU_OMP_THREADS_BIND, overridable),
+this process (the torch engines) on the others, each engine one dedicated core (``pin_engines``).
 
     flock /tmp/bench.lock .venv-vllm/bin/python benchmarks/dtypes.py [--prompts 16]
         [--max-tokens 64] [--k 4] [--burst 48] [--torch-threads 1]
@@ -40,33 +40,67 @@ ENGINES = ("torch f32", "torch bf16", "vllm bf16", "vllm f32")
 
 
 VLLM_CORE = "0"
-"""The core vLLM's EngineCore binds its OpenMP thread to (VLLM_CPU_OMP_THREADS_BIND; its "auto"
-picks core 0 on this 2-core host too): set explicitly so the two engines never share one."""
+"""The core vLLM's EngineCore processes run on (VLLM_CPU_OMP_THREADS_BIND, which this host's vLLM
+only passes to OpenMP as OMP_PLACES: its threads stay allowed on every core, so ``pin_engines``
+binds them too); this process, the torch engines, gets the other cores."""
 
 
-def pin_torch(vllm_cores: str) -> str:
-    """Bind every thread of this process (the torch engines and vLLM's front end, which never
-    run at once) to the cores vLLM's EngineCore does not use: each engine one dedicated core,
-    as vLLM pins itself, instead of the torch engine sharing both cores with everything else
-    (session 15 saw it swing 40 % between runs unpinned). Returns the binding, for the tables."""
-    try:  # "0", "0,2", "0-3": vLLM's list form (its "auto" / "nobind": unknown here)
-        taken = set()
-        for part in vllm_cores.split(","):
-            low, _, high = part.partition("-")
-            taken |= set(range(int(low), int(high or low) + 1))
-    except ValueError:
-        return f"torch engine unpinned (VLLM_CPU_OMP_THREADS_BIND={vllm_cores!r})"
-    free = sorted(os.sched_getaffinity(0) - taken)
-    if not free:
-        return f"torch engine unpinned (vLLM binds every core: {vllm_cores!r})"
-    for tid in os.listdir("/proc/self/task"):  # sched_setaffinity(0) binds the calling thread only
+def _cores(spec: str) -> set[int]:
+    """ "0", "0,2", "0-3" (vLLM's list form) as a set; ValueError for "auto" / "nobind"."""
+    cores: set[int] = set()
+    for part in spec.split(","):
+        low, _, high = part.partition("-")
+        cores |= set(range(int(low), int(high or low) + 1))
+    return cores
+
+
+def _pin_threads(pid: int, cores: set[int]) -> None:
+    """Bind every thread of process ``pid`` (sched_setaffinity binds one thread id)."""
+    for tid in os.listdir(f"/proc/{pid}/task"):
         try:
-            os.sched_setaffinity(int(tid), free)
+            os.sched_setaffinity(int(tid), cores)
         except OSError:  # a thread that ended meanwhile
             pass
+
+
+def _descendants(pid: int) -> list[int]:
+    """Process ids below ``pid`` (vLLM's EngineCore processes are this process's children)."""
+    parents: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            parents.setdefault(ppid, []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        children = parents.get(todo.pop(), [])
+        found += children
+        todo += children
+    return found
+
+
+def pin_engines(vllm_cores: str) -> str:
+    """Give each engine its own core: vLLM's EngineCore processes (every thread) the cores
+    ``vllm_cores``, this process (the torch engines and vLLM's front end, which never run at
+    once) the rest. Unpinned, the torch engine shared both cores with everything else and swung
+    40 % between runs (session 15). Returns the binding, for the tables."""
+    try:
+        taken = _cores(vllm_cores)
+    except ValueError:
+        return f"engines unpinned (VLLM_CPU_OMP_THREADS_BIND={vllm_cores!r})"
+    free = os.sched_getaffinity(0) - taken
+    if not free:
+        return f"engines unpinned (vLLM's cores {vllm_cores!r} are all there are)"
+    engine_cores = _descendants(os.getpid())
+    for pid in engine_cores:
+        _pin_threads(pid, taken)
+    _pin_threads(os.getpid(), free)
     return (
-        f"torch engine pinned to core {','.join(map(str, free))}, vLLM's EngineCore to core "
-        f"{vllm_cores} (VLLM_CPU_OMP_THREADS_BIND)"
+        f"torch engines pinned to core {','.join(map(str, sorted(free)))}, vLLM's EngineCore "
+        f"({len(engine_cores)} processes) to core {vllm_cores}"
     )
 
 
@@ -319,9 +353,8 @@ def main() -> None:
         ties(args)
         return
     engines = load_all(args)
-    # After loading: vLLM's EngineCore has bound itself; this process's threads (the torch
-    # engines, vLLM's front end) get the other core. Before, vLLM would inherit the mask.
-    args.binding = pin_torch(os.environ["VLLM_CPU_OMP_THREADS_BIND"])
+    # After loading: the EngineCore processes exist (and did not inherit this process's mask).
+    args.binding = pin_engines(os.environ["VLLM_CPU_OMP_THREADS_BIND"])
     print(args.binding, flush=True)
     rows = measure(engines, args)
     table(rows, args)
