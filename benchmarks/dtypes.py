@@ -12,7 +12,9 @@ KV across scenarios (and the prefill prompts one each, so none reuses any).
 
 Then exactness: the torch bf16 answers against the torch bf16 ``none`` run (divergences only at
 near-ties, generation/exactness.py) and against float32 (how often bf16 changes an answer, and
-the float32 top-2 gap where it does). The CPU's ISA heads every table.
+the float32 top-2 gap where it does). The CPU's ISA heads every table, and the timing table's
+the core binding: vLLM's EngineCore processes on core 0 (VLLM_CPU_OMP_THREADS_BIND, overridable),
+this process (the torch engines) on the others, each engine one dedicated core (``pin_engines``).
 
     flock /tmp/bench.lock .venv-vllm/bin/python benchmarks/dtypes.py [--prompts 16]
         [--max-tokens 64] [--k 4] [--burst 48] [--torch-threads 1]
@@ -35,6 +37,71 @@ sys.path.insert(0, str(REPO))
 from benchmarks.vllm_engines import DEMO, rag_prompts  # noqa: E402
 
 ENGINES = ("torch f32", "torch bf16", "vllm bf16", "vllm f32")
+
+
+VLLM_CORE = "0"
+"""The core vLLM's EngineCore processes run on (VLLM_CPU_OMP_THREADS_BIND, which this host's vLLM
+only passes to OpenMP as OMP_PLACES: its threads stay allowed on every core, so ``pin_engines``
+binds them too); this process, the torch engines, gets the other cores."""
+
+
+def _cores(spec: str) -> set[int]:
+    """ "0", "0,2", "0-3" (vLLM's list form) as a set; ValueError for "auto" / "nobind"."""
+    cores: set[int] = set()
+    for part in spec.split(","):
+        low, _, high = part.partition("-")
+        cores |= set(range(int(low), int(high or low) + 1))
+    return cores
+
+
+def _pin_threads(pid: int, cores: set[int]) -> None:
+    """Bind every thread of process ``pid`` (sched_setaffinity binds one thread id)."""
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            os.sched_setaffinity(int(tid), cores)
+        except OSError:  # a thread that ended meanwhile
+            pass
+
+
+def _descendants(pid: int) -> list[int]:
+    """Process ids below ``pid`` (vLLM's EngineCore processes are this process's children)."""
+    parents: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            parents.setdefault(ppid, []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        children = parents.get(todo.pop(), [])
+        found += children
+        todo += children
+    return found
+
+
+def pin_engines(vllm_cores: str) -> str:
+    """Give each engine its own core: vLLM's EngineCore processes (every thread) the cores
+    ``vllm_cores``, this process (the torch engines and vLLM's front end, which never run at
+    once) the rest. Unpinned, the torch engine shared both cores with everything else and swung
+    40 % between runs (session 15). Returns the binding, for the tables."""
+    try:
+        taken = _cores(vllm_cores)
+    except ValueError:
+        return f"engines unpinned (VLLM_CPU_OMP_THREADS_BIND={vllm_cores!r})"
+    free = os.sched_getaffinity(0) - taken
+    if not free:
+        return f"engines unpinned (vLLM's cores {vllm_cores!r} are all there are)"
+    engine_cores = _descendants(os.getpid())
+    for pid in engine_cores:
+        _pin_threads(pid, taken)
+    _pin_threads(os.getpid(), free)
+    return (
+        f"torch engines pinned to core {','.join(map(str, sorted(free)))}, vLLM's EngineCore "
+        f"({len(engine_cores)} processes) to core {vllm_cores}"
+    )
 
 
 def isa() -> str:
@@ -146,7 +213,7 @@ def table(rows: dict[str, dict[str, Any]], args: argparse.Namespace) -> None:
     names = [n for n in ENGINES if n in rows]
     ratio = [(a, b) for a, b in (("torch bf16", "torch f32"), ("torch bf16", "vllm bf16"))
              if a in names and b in names]  # fmt: skip
-    print(f"\n{isa()}")
+    print(f"\n{isa()}; {args.binding}")
     print(f"| demo pair, {args.prompts} RAG prompts, {args.max_tokens} tokens, draft_model "
           f"k={args.k} | " + " | ".join(names) + " | " + " | ".join(f"{a} / {b}" for a, b in ratio)
           + " |")  # fmt: skip
@@ -276,6 +343,7 @@ def main() -> None:
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", VLLM_CORE)
     if args.torch_threads:
         import torch
 
@@ -285,6 +353,9 @@ def main() -> None:
         ties(args)
         return
     engines = load_all(args)
+    # After loading: the EngineCore processes exist (and did not inherit this process's mask).
+    args.binding = pin_engines(os.environ["VLLM_CPU_OMP_THREADS_BIND"])
+    print(args.binding, flush=True)
     rows = measure(engines, args)
     table(rows, args)
     exactness(engines, rows, args)

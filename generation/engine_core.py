@@ -205,7 +205,7 @@ class BatchEngine:
                 logits = core.target.prefill(seq.slot, chunk)
             if seq.params.method == "draft_model":
                 assert core.draft is not None
-                core.draft.prefill(seq.slot, chunk)
+                core.draft.fill(seq.slot, chunk)  # its first proposal runs next step
             seq.prefilled += count
             if seq.prefilled == len(seq.prompt):
                 if core.prefix is not None:

@@ -302,6 +302,15 @@ class FastLlamaForward:
     ) -> torch.Tensor:
         return self.run(input_ids, store, slots, starts, last)[0]
 
+    def fill(
+        self, input_ids: torch.Tensor, store: KVStore, slots: list[int], starts: list[int]
+    ) -> None:
+        """Write the rows' keys and values as ``__call__`` does, without the final norm and
+        output projection (a draft's prompt: no one reads its logits)."""
+        batch, n = input_ids.shape
+        x = F.embedding(input_ids.reshape(-1), self.embed)
+        self.decode(x, self.layers, batch, n, store, slots, starts)
+
     def run(
         self,
         input_ids: torch.Tensor,  # [B, n], right-padded

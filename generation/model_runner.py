@@ -19,6 +19,9 @@ import torch
 from generation.forward import Forward
 from generation.kv_store import KVShape, KVStore
 
+PREFILL_BUCKET = 16
+"""Prompt chunks run padded to a multiple of this many tokens (``ModelRunner._prefill_ids``)."""
+
 
 class ModelRunner:
     """A model (target or draft) with a KV slot per running request: a pass reads each row's
@@ -88,14 +91,42 @@ class ModelRunner:
 
     def prefill_hidden(self, slot: int, token_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """``prefill``, with the final hidden state of every token [n, hidden]."""
-        ids = torch.tensor([token_ids], dtype=torch.long, device=self.fwd.device)
-        logits, hidden = self.run_hidden([slot], ids, [len(token_ids)])
-        return logits[0, -1], hidden[0]
+        n = len(token_ids)
+        logits, hidden = self.run_hidden([slot], self._prefill_ids(slot, token_ids), [n])
+        return logits[0, n - 1], hidden[0, :n]
 
     def prefill(self, slot: int, token_ids: list[int]) -> torch.Tensor:
         """Append ``token_ids`` to slot ``slot``; return the logits after the last one [vocab]."""
-        ids = torch.tensor([token_ids], dtype=torch.long, device=self.fwd.device)
+        ids = self._prefill_ids(slot, token_ids)
         return self.run([slot], ids, [len(token_ids)], last_only=True)[0]
+
+    def fill(self, slot: int, token_ids: list[int]) -> None:
+        """``prefill`` without the logits, where the forward can skip them (a draft's prompt:
+        its output projection, float32 even in a bf16 engine, is ~1 ms of reading on the demo
+        draft that nobody uses)."""
+        fill = getattr(self.fwd, "fill", None)
+        if fill is None:
+            self.prefill(slot, token_ids)
+            return
+        start = self.length(slot)
+        fill(self._prefill_ids(slot, token_ids), self.store, [slot], [start])
+        self.set_length(slot, start + len(token_ids))
+
+    def _prefill_ids(self, slot: int, token_ids: list[int]) -> torch.Tensor:
+        """``token_ids`` as [1, n'], right-padded to a multiple of ``PREFILL_BUCKET`` where the
+        slot has room (the padding is written past the length, never attended).
+
+        Why: oneDNN builds a GEMM primitive per input shape; a prompt length it has not seen
+        costs ~0.7-1.4 ms a projection shape in bf16 (each model's 4, once a pass) on top of the
+        GEMM, so a prefill of fresh lengths paid for building kernels (docs/benchmarks.md,
+        "Session 15: engine prefill"). Bucketed, a few dozen lengths cover every chunk."""
+        n = len(token_ids)
+        padded = -(-n // PREFILL_BUCKET) * PREFILL_BUCKET
+        if self.length(slot) + padded > self.capacity:
+            padded = n
+        ids = torch.zeros((1, padded), dtype=torch.long, device=self.fwd.device)
+        ids[0, :n] = torch.tensor(token_ids, dtype=torch.long)
+        return ids
 
 
 def free_memory_bytes(device: torch.device) -> int | None:

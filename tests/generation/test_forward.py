@@ -15,7 +15,7 @@ from generation.forward import (
     forward_for,
 )
 from generation.kv_store import KVStore, slot_kv
-from generation.model_runner import ModelRunner
+from generation.model_runner import PREFILL_BUCKET, ModelRunner
 from tests.generation.tiny_models import FAMILIES, build_model
 
 VOCAB = 96
@@ -94,6 +94,50 @@ def test_packed_weights_give_transformers_logits_to_rounding(family: str) -> Non
     assert torch.equal(got.argmax(dim=-1), expected.argmax(dim=-1))
     # The module is untouched: transformers still gives its own logits.
     assert torch.equal(transformers_with_rollbacks(model, ids), expected)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_prefill_runs_padded_to_a_bucket_and_its_padding_is_never_read(family: str) -> None:
+    # Prompt chunks run padded to a multiple of PREFILL_BUCKET (oneDNN builds a GEMM primitive
+    # per shape: fewer shapes, fewer builds); the slot's length counts only the real tokens,
+    # and the padding's keys (token 0's) must not reach any later query.
+    model = sharp(family)
+    ids = torch.randint(1, VOCAB, (1, 40), generator=torch.Generator().manual_seed(5))
+    with torch.inference_mode():
+        expected = model(input_ids=ids).logits[0]  # [40, vocab]
+    runner = ModelRunner(forward_for(model), 1, 160)
+    assert runner._prefill_ids(0, list(range(21))).shape == (1, 32) == (1, 2 * PREFILL_BUCKET)
+    with torch.inference_mode():
+        first = runner.prefill(0, ids[0, :21].tolist())
+        assert runner.length(0) == 21
+        rest = runner.run([0], ids[:, 21:], [19])[0]  # attends positions 0-39 only
+    torch.testing.assert_close(first, expected[20], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(rest, expected[21:], rtol=1e-4, atol=1e-4)
+    # A slot without room for the padding runs the chunk as it is.
+    near_full = ModelRunner(forward_for(model), 1, 24)
+    assert near_full._prefill_ids(0, list(range(21))).shape == (1, 21)
+    with torch.inference_mode():
+        torch.testing.assert_close(
+            near_full.prefill(0, ids[0, :21].tolist()), expected[20], rtol=1e-4, atol=1e-4
+        )
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_fill_writes_the_keys_and_values_prefill_writes(family: str) -> None:
+    # A draft's prompt runs without its output projection (FastLlamaForward.fill); a forward
+    # without ``fill`` (transformers') prefills. Either way the slot holds what prefill writes.
+    model = sharp(family)
+    ids = torch.randint(1, VOCAB, (27,), generator=torch.Generator().manual_seed(6)).tolist()
+    filled, prefilled = (ModelRunner(forward_for(model), 2, 160) for _ in range(2))
+    with torch.inference_mode():
+        for runner, run in ((filled, filled.fill), (prefilled, prefilled.prefill)):
+            runner.set_length(1, 0)
+            run(1, ids[:20])
+            run(1, ids[20:])  # a second chunk after cached positions
+        assert filled.length(1) == prefilled.length(1) == 27
+        for got, want in zip(slot_kv(filled.store, 1), slot_kv(prefilled.store, 1), strict=True):
+            for layer_got, layer_want in zip(got, want, strict=True):
+                assert torch.equal(layer_got[:27], layer_want[:27])
 
 
 def test_packed_weights_are_refused_where_onednn_cannot_run_them() -> None:
