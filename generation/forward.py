@@ -318,15 +318,21 @@ class FastLlamaForward:
         slots: list[int],
         starts: list[int],
         last: list[int] | None = None,
+        all_hidden: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``__call__``'s logits with the final hidden states they were read from: after the
         final norm, as vLLM's Llama returns them to an EAGLE head ([B, n, hidden], or
-        [B, hidden] with ``last``)."""
+        [B, hidden] with ``last``). ``all_hidden`` with ``last``: logits at ``last`` only, the
+        hidden states of every position (a prompt's prefill for an EAGLE head: the output
+        projection over every prompt position would be read by no one)."""
         batch, n = input_ids.shape
         # Activations stay 2-D, [B * n, hidden]: a 2-D linear runs the same GEMM without the
         # 3-D dispatch around it (docs/benchmarks.md, issue 24).
         x = F.embedding(input_ids.reshape(-1), self.embed)  # [B * n, hidden]
         x = self.decode(x, self.layers, batch, n, store, slots, starts)
+        if all_hidden and last is not None:
+            h = rms_norm(x, self.norm)  # [B * n, hidden]
+            return self.lm_head(select_last(h, batch, n, last)), h.view(batch, n, -1)
         x = select_last(x, batch, n, last)
         h = rms_norm(x, self.norm)
         logits = self.lm_head(h)

@@ -91,9 +91,12 @@ class ModelRunner:
 
     def prefill_hidden(self, slot: int, token_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """``prefill``, with the final hidden state of every token [n, hidden]."""
-        n = len(token_ids)
-        logits, hidden = self.run_hidden([slot], self._prefill_ids(slot, token_ids), [n])
-        return logits[0, n - 1], hidden[0, :n]
+        n, start = len(token_ids), self.length(slot)
+        fwd: Any = self.fwd  # the fast Llama path: the only one an EAGLE head runs beside
+        ids = self._prefill_ids(slot, token_ids)
+        logits, hidden = fwd.run(ids, self.store, [slot], [start], [n - 1], all_hidden=True)
+        self.set_length(slot, start + n)
+        return logits[0].float(), hidden[0, :n]
 
     def prefill(self, slot: int, token_ids: list[int]) -> torch.Tensor:
         """Append ``token_ids`` to slot ``slot``; return the logits after the last one [vocab]."""

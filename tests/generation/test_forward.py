@@ -140,6 +140,39 @@ def test_fill_writes_the_keys_and_values_prefill_writes(family: str) -> None:
                 assert torch.equal(layer_got[:27], layer_want[:27])
 
 
+@pytest.mark.parametrize("family", ["llama", "qwen2"])  # the fast path's (an EAGLE head's)
+def test_prefill_hidden_gives_prefills_logits_and_every_positions_features(family: str) -> None:
+    # An EAGLE prompt's prefill: logits at the last position only (as ``prefill`` computes
+    # them, to the bit: the first token is the one ``none`` picks), the final hidden states
+    # of every position (as ``run_hidden`` returns them over the whole chunk).
+    model = sharp(family)
+    fwd = forward_for(model)
+    assert isinstance(fwd, FastLlamaForward)
+    ids = torch.randint(1, VOCAB, (27,), generator=torch.Generator().manual_seed(7)).tolist()
+    eagle, plain, full = (ModelRunner(fwd, 2, 160) for _ in range(3))
+    rows: list[int] = []  # how many rows each output projection ran on
+    lm_head = fwd.lm_head
+
+    def counted(h: torch.Tensor) -> torch.Tensor:
+        rows.append(h.shape[0])
+        return lm_head(h)
+
+    with torch.inference_mode():
+        for chunk in (ids[:20], ids[20:]):  # the second after cached positions
+            rows.clear()
+            fwd.lm_head = counted  # type: ignore[assignment]
+            logits, hidden = eagle.prefill_hidden(1, chunk)
+            fwd.lm_head = lm_head
+            assert rows == [1]  # not one per prompt position
+            want = plain.prefill(1, chunk)
+            every, features = full.run_hidden([1], torch.tensor([chunk]), [len(chunk)])
+            assert torch.equal(logits, want)
+            assert hidden.shape == (len(chunk), model.config.hidden_size)
+            torch.testing.assert_close(hidden, features[0], rtol=0, atol=1e-5)
+            assert logits.argmax() == every[0, -1].argmax()
+        assert eagle.length(1) == plain.length(1) == full.length(1) == 27
+
+
 def test_packed_weights_are_refused_where_onednn_cannot_run_them() -> None:
     model = sharp("llama").to(torch.float64)
     assert not FastLlamaForward(model).packed  # None: packed only where it can be
