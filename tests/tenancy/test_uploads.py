@@ -77,6 +77,30 @@ def test_the_ingest_time_limit_interrupts_python_work() -> None:
     assert time.monotonic() - started < 5
 
 
+def test_the_ingest_time_limit_waits_for_a_database_drivers_call_to_return() -> None:
+    # A limit raised inside psycopg's protocol code left its connection "busy" and the session's
+    # rollback then hid the limit behind "another command is already in progress" (seen in CI):
+    # inside a driver's module the limit strikes as soon as the call returns.
+    driver: dict[str, object] = {"__name__": "psycopg.fake_protocol", "time": time}
+    exec(
+        "def call(seconds):\n"
+        "    end = time.monotonic() + seconds\n"
+        "    while time.monotonic() < end:\n"
+        "        sum(range(1000))\n"
+        "    return 'answered'\n",
+        driver,
+    )
+    call = driver["call"]
+    results = []
+    started = time.monotonic()
+    with pytest.raises(IngestTimeLimit), time_limit(0.05):
+        results.append(call(0.4))  # type: ignore[operator]  # the limit falls due inside
+        while time.monotonic() - started < 10:
+            sum(range(1000))
+    assert results == ["answered"]  # the call was not cut
+    assert 0.4 <= time.monotonic() - started < 5  # and the limit struck right after
+
+
 def test_a_time_limit_anywhere_never_reports_a_stored_document_failed(
     tenancy_pg: str, tmp_path: Path
 ) -> None:
