@@ -16,6 +16,7 @@ The profiler's per-op overhead inflates small ops: read shares from 1, op splits
 
     flock /tmp/bench.lock env HF_HUB_OFFLINE=1 PYTHONPATH=$PWD .venv/bin/python \\
         benchmarks/burst_profile.py [--dtype bfloat16] [--burst 48] [--threads 1]
+        [--prefill-chunk 2048] [--ops 0]   # another prompt-token budget per step; no profile
 """
 
 from __future__ import annotations
@@ -110,31 +111,29 @@ def instrument(engine: Any, phases: Phases) -> None:
     prefill = core.target.prefill
 
     def counted_prefill(slot: int, token_ids: list[int]) -> Any:
-        phases.counts["prefill tokens run"] += len(token_ids)
+        phases.counts["prefill chunks run"] += 1
+        phases.counts["prefill tokens run"] += len(token_ids)  # after the reused prefix
         return prefill(slot, token_ids)
 
     core.target.prefill = counted_prefill
     step = BatchEngine.step
 
     def timed_step(self: Any) -> None:
-        plan = self.scheduler.prefill_plan  # what this step will prefill, seen by _schedule
-        chunks: list[int] = []
-
-        def seen() -> list[Any]:
-            got = plan()
-            chunks.extend(c for _, c in got)
-            return got
-
-        self.scheduler.prefill_plan = seen
         phases.now.clear()
         phases.rows = 0
+        chunks = phases.counts["prefill chunks run"]
+        tokens = phases.counts["prefill tokens run"]
         t = time.perf_counter()
         step(self)
         total = time.perf_counter() - t
-        del self.scheduler.prefill_plan
         row = dict(phases.now)
         row["other"] = total - sum(row.values())
-        row.update(total=total, chunks=len(chunks), prefill_tokens=sum(chunks), rows=phases.rows)
+        row.update(
+            total=total,
+            chunks=phases.counts["prefill chunks run"] - chunks,
+            prefill_tokens=phases.counts["prefill tokens run"] - tokens,
+            rows=phases.rows,
+        )
         phases.steps.append(row)
 
     BatchEngine.step = timed_step  # type: ignore[method-assign]
