@@ -1,7 +1,8 @@
 """Who runs this step: requests wait in arrival order, join free slots, leave when done.
 
 Running requests occupy slots 0 .. len(running) - 1, so the batched pass reads the batch's KV as
-one view: when a request leaves, the last running one moves into its slot (its KV copied once).
+one view: when a request leaves, the last running one moves into its slot (its KV copied once),
+or, where that one is still prefilling, the highest request whose prompt is in (``release``).
 A long prompt is prefilled in chunks of at most ``prefill_chunk`` tokens per step, so decoding
 rows are never stalled by more than one chunk's pass.
 
@@ -93,14 +94,31 @@ class Scheduler:
         return self.running
 
     def release(self, seq: Sequence) -> None:
-        """Free ``seq``'s slot (the last running request moves into it)."""
+        """Free ``seq``'s slot: the last running request moves into it, unless its prompt is
+        still being prefilled while a request above the slot has its prompt in; then that one
+        moves in and the last takes its place (two moves), so requests whose prompt is in keep
+        the lowest slots and a batched pass reads their KV as one view, not a gather of every
+        layer's (docs/benchmarks.md, "Session 15: where the torch engine's batched round goes")."""
         if seq in self.waiting:
             self.waiting.remove(seq)
             return
         slot = seq.slot
         last = self.running.pop()
         if last is not seq:
-            self._move(last.slot, slot)
-            last.slot = slot
-            self.running[slot] = last
+            if not _prompt_in(last):
+                ready = next((s for s in reversed(self.running[slot + 1 :]) if _prompt_in(s)), None)
+                if ready is not None:
+                    slot, freed = ready.slot, slot
+                    self._place(ready, freed)
+            self._place(last, slot)
         seq.slot = -1
+
+    def _place(self, seq: Sequence, slot: int) -> None:
+        """Move running request ``seq`` into the free slot ``slot``."""
+        self._move(seq.slot, slot)
+        seq.slot = slot
+        self.running[slot] = seq
+
+
+def _prompt_in(seq: Sequence) -> bool:
+    return seq.prefilled == len(seq.prompt)

@@ -74,3 +74,30 @@ def test_a_background_row_paused_too_long_takes_part_in_the_next_step() -> None:
     assert scheduler.decoding() == [foreground]  # paused: it stepped (joined) just now
     background.last_step -= 6.0  # six seconds without a step: due
     assert scheduler.decoding() == [foreground, background]
+
+
+def test_release_keeps_requests_whose_prompt_is_in_on_the_lowest_slots() -> None:
+    moves: list[tuple[int, int]] = []
+    scheduler = Scheduler(4, 512, lambda src, dst: moves.append((src, dst)))
+    a, b, c, d = (_seq(i, 10) for i in range(4))
+    for seq in (a, b, c, d):
+        scheduler.add(seq)
+    scheduler.admit()
+    a.prefilled = b.prefilled = c.prefilled = 10  # d (slot 3) is still being prefilled
+    d.prefilled = 4
+    scheduler.release(a)
+    # c (prompt in) takes slot 0, d takes c's slot 2: the decoding rows stay slots 0 .. 1.
+    assert moves == [(2, 0), (3, 2)]
+    assert scheduler.running == [c, b, d] and [s.slot for s in scheduler.running] == [0, 1, 2]
+    assert [s.slot for s in scheduler.decoding()] == [0, 1]
+    assert a.slot == -1
+    moves.clear()
+    d.prefilled = 10
+    scheduler.release(c)  # the last one has its prompt in: one move, as before
+    assert moves == [(2, 0)] and scheduler.running == [d, b]
+    moves.clear()
+    e = _seq(4, 10)
+    scheduler.add(e)
+    scheduler.admit()  # e (slot 2) prefilling, and no request above slot 2 to take it
+    scheduler.release(e)
+    assert moves == [] and scheduler.running == [d, b]
