@@ -161,7 +161,8 @@ def can_pack(weight: torch.Tensor) -> bool:
 
 class Linear:
     """One projection, ``x @ weight.T + bias``: F.linear on the module's weight, or oneDNN on a
-    copy of it packed once (``packed``; the module's weight stays, so memory holds both).
+    copy of it packed once (``packed``; the module's weight stays, so memory holds both, but
+    not a third copy in ``dtype``).
 
     Several modules (``modules`` a list) make one projection whose output is theirs side by
     side: packed, one GEMM on their weights stacked (fewer, wider calls: a decode step is bound
@@ -189,6 +190,10 @@ class Linear:
         self.packed = (
             torch.ops.mkldnn._reorder_linear_weight(torch.cat(weights).detach()) if packed else None
         )
+        if self.packed is not None:
+            # Packed, only the packed copy runs: keep no copy of the weights in ``dtype`` (a
+            # bf16 model's float32 output projection would otherwise be held twice).
+            self.parts = []
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype != self.dtype:
