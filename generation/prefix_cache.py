@@ -15,8 +15,9 @@ kernel ran the same chunking; otherwise as chunked prefill differs, ties excused
 draft model's KV rides in the same blocks: a draft-model request reuses only blocks that carry
 it (``"draft"`` extra), and fills it into a block cached by a request that ran no draft.
 
-The pools are allocated once, at their bound (``blocks_for_budget``), with ``torch.empty``: the
-operating system commits the pages as blocks fill, and the bytes held never exceed the setting.
+The pools are allocated once, at their bound (``blocks_for_budget``), and written through
+(``torch.zeros``) so the operating system commits every page at the engine's start: the bytes held
+never exceed the setting, and no prefill pays for first-touch page faults while the pool fills.
 """
 
 from __future__ import annotations
@@ -45,11 +46,13 @@ class ModelBlocks:
 
     def __init__(self, shape: KVShape, num_blocks: int, block_size: int, device: torch.device):
         size = (num_blocks, block_size, shape.kv_heads, shape.head_dim)
+        # Zeros, not empty: the pages are committed now, not by the prefills that fill them
+        # (a fault per 4 KB page inside a prefill's save; docs/benchmarks.md, session 16).
         self.keys = [
-            torch.empty(size, dtype=shape.dtype, device=device) for _ in range(shape.num_layers)
+            torch.zeros(size, dtype=shape.dtype, device=device) for _ in range(shape.num_layers)
         ]
         self.values = [
-            torch.empty(size, dtype=shape.dtype, device=device) for _ in range(shape.num_layers)
+            torch.zeros(size, dtype=shape.dtype, device=device) for _ in range(shape.num_layers)
         ]
         self.block_size = block_size
 

@@ -6,6 +6,7 @@ for the oldest release) on random traffic of recurring passages (hypothesis).
 
 from __future__ import annotations
 
+import os
 import random
 from dataclasses import dataclass, field
 
@@ -253,3 +254,21 @@ def test_the_pool_stays_at_its_bound_under_a_long_soak() -> None:
     assert cache.reuse(prompt + [1], slot, None) == 0  # invalidated: nothing is reused
     with pytest.raises(PrefixCacheBudgetError, match="at least 1 MB"):
         PrefixCache(block_bytes - 1, ROOT, TARGET, block_size=4)
+
+
+def _resident_bytes() -> int:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="needs Linux's /proc")
+def test_the_pool_is_committed_at_allocation_not_by_the_prefills_that_fill_it() -> None:
+    # A page first touched inside a prefill's save costs a fault there; the pool takes its
+    # pages when the engine starts (it is bounded by the setting either way).
+    shape = KVShape(num_layers=2, kv_heads=4, head_dim=64, dtype=torch.bfloat16)
+    budget = 64 * 2**20
+    before = _resident_bytes()
+    cache = PrefixCache(budget, ROOT, shape)
+    grown = _resident_bytes() - before
+    assert cache.nbytes() > 0.9 * budget
+    assert grown >= 0.9 * cache.nbytes(), f"only {grown} of {cache.nbytes()} bytes resident"
