@@ -235,7 +235,8 @@ def rms_norm(x: torch.Tensor, norm: Any) -> torch.Tensor:
     h = x.to(torch.float32)
     scale = h.pow(2).mean(-1, keepdim=True).add_(norm.variance_epsilon).rsqrt_()
     h = h * scale if h is x else h.mul_(scale)
-    return norm.weight * h.to(x.dtype)
+    out = h.to(x.dtype)  # ours in either dtype: the product is written into it
+    return out.mul_(norm.weight) if norm.weight.dtype == out.dtype else norm.weight * out
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
@@ -416,7 +417,8 @@ class FastLlamaForward:
             x = x + layer.o(attn)  # a new tensor: the caller's x (an EAGLE head's input) stays
             h = rms_norm(x, layer.post_norm)
             gate_up = layer.gate_up(h)  # [B * n, gate | up]
-            x.add_(layer.down(F.silu(gate_up[:, : layer.inter]) * gate_up[:, layer.inter :]))
+            act = F.silu(gate_up[:, : layer.inter]).mul_(gate_up[:, layer.inter :])
+            x.add_(layer.down(act))
         return x
 
 
