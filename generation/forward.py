@@ -230,12 +230,12 @@ class _Layer:
 
 
 def rms_norm(x: torch.Tensor, norm: Any) -> torch.Tensor:
-    """transformers' RMSNorm, operation for operation (float32 statistics), its intermediates
-    updated in place where they are this function's own."""
-    h = x.to(torch.float32)
-    scale = h.pow(2).mean(-1, keepdim=True).add_(norm.variance_epsilon).rsqrt_()
-    h = h * scale if h is x else h.mul_(scale)
-    out = h.to(x.dtype)  # ours in either dtype: the product is written into it
+    """transformers' RMSNorm to the bit: float32 statistics, the weight applied after the cast
+    back to ``x``'s dtype. ``F.rms_norm`` without a weight runs transformers' operations in one
+    call (tests/generation/test_forward.py holds it to the bit); the weight is multiplied into
+    the result, which is this function's own."""
+    h = F.rms_norm(x.to(torch.float32), (x.shape[-1],), None, norm.variance_epsilon)
+    out = h.to(x.dtype)
     return out.mul_(norm.weight) if norm.weight.dtype == out.dtype else norm.weight * out
 
 

@@ -245,3 +245,21 @@ def test_other_families_and_variants_run_on_transformers() -> None:
     llama = build_model("llama", vocab_size=VOCAB)
     assert isinstance(forward_for(llama), FastLlamaForward)
     assert isinstance(forward_for(llama, fast=False), HFForward)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rms_norm_is_transformers_rmsnorm_to_the_bit(dtype: torch.dtype) -> None:
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    from generation.forward import rms_norm
+
+    norm = LlamaRMSNorm(96, eps=1e-6).to(dtype)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(96, generator=generator) * 0.3 + 1)
+    with torch.inference_mode():
+        for rows in (1, 5, 80, 300):
+            x = (torch.randn(rows, 96, generator=generator) * 3).to(dtype)
+            kept = x.clone()
+            assert torch.equal(rms_norm(x, norm), norm(x)), rows
+            assert torch.equal(x, kept)  # the input is not written
