@@ -4,6 +4,7 @@ Each ``--revs`` revision's forward.py (``git show REV:generation/forward.py``) i
 module in ONE process and runs the demo pair in float32 and bfloat16; the sections are called in
 alternation, revision by revision, so the shared machine's drift hits them alike:
 - a 500-token prefill of the target;
+- the draft's fill of the same prompt (``ModelRunner.fill``: its keys and values, no logits);
 - a one-stream speculative round: 4 one-token draft passes and a 5-token target verification;
 - a batch of 16 rows, each verifying 5 tokens after 300 cached ones.
 Then the prefix cache's block save inside the engine's prefill (16 RAG prompts, one new token,
@@ -70,6 +71,10 @@ def sections(forward: ModuleType, target: object, draft: object) -> dict[str, Ca
         rt.set_length(1, 0)
         rt.prefill(1, PROMPT)
 
+    def draft_fill() -> None:
+        rd.set_length(1, 0)
+        rd.fill(1, PROMPT)
+
     def round_k4() -> None:
         rd.set_length(0, 500)
         rt.set_length(0, 500)
@@ -85,6 +90,7 @@ def sections(forward: ModuleType, target: object, draft: object) -> dict[str, Ca
 
     return {
         "prefill, 500 tokens (target)": prefill,
+        "prompt fill, 500 tokens (draft: keys and values only)": draft_fill,
         "one-stream round: 4 draft passes + a 5-token verification": round_k4,
         "batch of 16 rows x 5-token verification": batch16,
     }

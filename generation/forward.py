@@ -311,11 +311,12 @@ class FastLlamaForward:
     def fill(
         self, input_ids: torch.Tensor, store: KVStore, slots: list[int], starts: list[int]
     ) -> None:
-        """Write the rows' keys and values as ``__call__`` does, without the final norm and
-        output projection (a draft's prompt: no one reads its logits)."""
+        """Write the rows' keys and values as ``__call__`` does, without what only the logits
+        need (a draft's prompt: no one reads them): the last layer stops once its keys and
+        values are written (no attention, MLP, final norm or output projection)."""
         batch, n = input_ids.shape
         x = F.embedding(input_ids.reshape(-1), self.embed)
-        self.decode(x, self.layers, batch, n, store, slots, starts)
+        self.decode(x, self.layers, batch, n, store, slots, starts, kv_only=True)
 
     def run(
         self,
@@ -355,9 +356,12 @@ class FastLlamaForward:
         store: KVStore,
         slots: list[int],
         starts: list[int],
+        kv_only: bool = False,
     ) -> torch.Tensor:
         """Run ``layers`` (this model's, or an EAGLE head's on its own store) over ``x``,
-        writing each row's keys and values at ``starts[b]`` of its slot; return [B * n, hidden]."""
+        writing each row's keys and values at ``starts[b]`` of its slot; return [B * n, hidden].
+        ``kv_only``: the last layer stops after writing its keys and values (what it returns
+        is then that layer's input: for ``fill``, which reads nothing)."""
         device = self.device
         # Padding of a row near the end of its slot is written at the slot's last position,
         # which no real token reaches.
@@ -402,6 +406,8 @@ class FastLlamaForward:
             keys, values = store.keys[i], store.values[i]  # [slots, kv, capacity, head_dim]
             keys[write] = k[0] if batch == 1 else k.transpose(1, 2)
             values[write] = v[0].transpose(0, 1) if batch == 1 else v
+            if kv_only and i == len(layers) - 1:
+                break
             k_all = keys[rows, :, :end]  # [(B,) kv_heads, end, head_dim]
             v_all = values[rows, :, :end]
             if batch == 1:

@@ -140,6 +140,30 @@ def test_fill_writes_the_keys_and_values_prefill_writes(family: str) -> None:
                 assert torch.equal(layer_got[:27], layer_want[:27])
 
 
+def test_fill_stops_the_last_layer_at_its_keys_and_values() -> None:
+    # Nothing reads a fill's output: the last layer's attention output and MLP are not run.
+    fwd = forward_for(sharp("llama"))
+    assert isinstance(fwd, FastLlamaForward) and len(fwd.layers) >= 2
+    calls: list[str] = []
+
+    def counted(part, tag: str):
+        def call(x: torch.Tensor) -> torch.Tensor:
+            calls.append(tag)
+            return part(x)
+
+        return call
+
+    for i, layer in enumerate(fwd.layers):
+        for name in ("qkv", "o", "gate_up", "down"):
+            setattr(layer, name, counted(getattr(layer, name), f"{i}.{name}"))
+    runner = ModelRunner(fwd, 1, 160)
+    with torch.inference_mode():
+        runner.fill(0, list(range(1, 21)))
+    last = len(fwd.layers) - 1
+    assert f"{last}.qkv" in calls and f"{last - 1}.down" in calls
+    assert not {f"{last}.o", f"{last}.gate_up", f"{last}.down"} & set(calls)
+
+
 @pytest.mark.parametrize("family", ["llama", "qwen2"])  # the fast path's (an EAGLE head's)
 def test_prefill_hidden_gives_prefills_logits_and_every_positions_features(family: str) -> None:
     # An EAGLE prompt's prefill: logits at the last position only (as ``prefill`` computes
