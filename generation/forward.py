@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+from generation.attention import few_query_attention
 from generation.kv_store import KVStore
 
 
@@ -364,6 +365,8 @@ class FastLlamaForward:
         self._rope(max(starts) + n)
         groups = self.heads // self.kv_heads
         mask, is_causal, gqa = None, False, groups > 1
+        # A few queries a row in bf16: generation/attention.py's kernel (None: SDPA below).
+        attend = few_query_attention(self.dtype, device, slots, starts, n, self.head_dim)
         if batch == 1:
             # One row: the masks transformers passes to SDPA (none for one token; causal for a
             # prompt on an empty slot; a boolean causal mask after cached positions).
@@ -401,23 +404,39 @@ class FastLlamaForward:
             keys, values = store.keys[i], store.values[i]  # [slots, kv, capacity, head_dim]
             keys[write] = k[0] if batch == 1 else k.transpose(1, 2)
             values[write] = v[0].transpose(0, 1) if batch == 1 else v
-            k_all = keys[rows, :, :end]  # [(B,) kv_heads, end, head_dim]
-            v_all = values[rows, :, :end]
-            if batch == 1:
-                k_all, v_all = k_all.unsqueeze(0), v_all.unsqueeze(0)
-            if groups > 1 and not gqa:
-                k_all = k_all.repeat_interleave(groups, dim=1)
-                v_all = v_all.repeat_interleave(groups, dim=1)
-            attn = F.scaled_dot_product_attention(
-                q, k_all, v_all, attn_mask=mask, is_causal=is_causal, scale=layer.scaling,
-                enable_gqa=gqa,
-            )  # [B, heads, n, head_dim]  # fmt: skip
-            attn = attn.transpose(1, 2).reshape(batch * n, layer.q_size)
+            if attend is not None:
+                attn = attend(q, keys, values, layer.scaling)  # [B * n, q_size]
+            else:
+                attn = _sdpa(q, keys[rows, :, :end], values[rows, :, :end], batch, groups, gqa,
+                             mask, is_causal, layer.scaling)  # fmt: skip
             x = x + layer.o(attn)  # a new tensor: the caller's x (an EAGLE head's input) stays
             h = rms_norm(x, layer.post_norm)
             gate_up = layer.gate_up(h)  # [B * n, gate | up]
             x.add_(layer.down(F.silu(gate_up[:, : layer.inter]) * gate_up[:, layer.inter :]))
         return x
+
+
+def _sdpa(
+    q: torch.Tensor,  # [B, heads, n, head_dim]
+    k_all: torch.Tensor,  # [(B,) kv_heads, end, head_dim]
+    v_all: torch.Tensor,
+    batch: int,
+    groups: int,
+    gqa: bool,
+    mask: torch.Tensor | None,
+    is_causal: bool,
+    scale: float,
+) -> torch.Tensor:
+    """SDPA of ``q`` over the rows' keys and values; returns [B * n, heads * head_dim]."""
+    if batch == 1:
+        k_all, v_all = k_all.unsqueeze(0), v_all.unsqueeze(0)
+    if groups > 1 and not gqa:
+        k_all = k_all.repeat_interleave(groups, dim=1)
+        v_all = v_all.repeat_interleave(groups, dim=1)
+    attn = F.scaled_dot_product_attention(
+        q, k_all, v_all, attn_mask=mask, is_causal=is_causal, scale=scale, enable_gqa=gqa
+    )  # [B, heads, n, head_dim]
+    return attn.transpose(1, 2).reshape(batch * q.shape[2], -1)
 
 
 def select_last(x: torch.Tensor, batch: int, n: int, last: list[int] | None) -> torch.Tensor:
