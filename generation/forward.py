@@ -369,14 +369,17 @@ class FastLlamaForward:
         attend = few_query_attention(self.dtype, device, slots, starts, n, self.head_dim)
         if batch == 1:
             # One row: the masks transformers passes to SDPA (none for one token; causal for a
-            # prompt on an empty slot; a boolean causal mask after cached positions).
+            # prompt on an empty slot; a causal mask after cached positions, additive).
             slot, start = slots[0], starts[0]
             write: Any = (slot, slice(None), slice(start, start + n))
             rows: Any = slot
             cos = self.cos[start : start + n].unsqueeze(0)  # [1, n, head_dim]
             sin = self.sin[start : start + n].unsqueeze(0)
-            if n > 1 and start > 0:
-                mask = torch.ones(n, end, dtype=torch.bool, device=device).tril(start)
+            if n > 1 and start > 0 and attend is None:
+                seen = torch.ones(n, end, dtype=torch.bool, device=device).tril(start)
+                # Additive, as below (the same values SDPA would turn the boolean mask into).
+                mask = torch.zeros(seen.shape, dtype=self.dtype, device=device)
+                mask = mask.masked_fill_(~seen, float("-inf"))
                 gqa = False
             is_causal = n > 1 and start == 0
         else:
@@ -389,9 +392,10 @@ class FastLlamaForward:
             cos, sin = self.cos[pos].unsqueeze(1), self.sin[pos].unsqueeze(1)  # [B, 1, n, hd]
             # Query (b, j) sees its slot's positions up to its own. Additive, not boolean:
             # SDPA's CPU kernel converts a boolean mask on every call.
-            seen = torch.arange(end, device=device) <= pos[:, :, None]  # [B, n, end]
-            mask = torch.zeros(seen.shape, dtype=self.dtype, device=device)
-            mask = mask.masked_fill_(~seen, float("-inf")).unsqueeze(1)  # [B, 1, n, end]
+            if attend is None:
+                seen = torch.arange(end, device=device) <= pos[:, :, None]  # [B, n, end]
+                mask = torch.zeros(seen.shape, dtype=self.dtype, device=device)
+                mask = mask.masked_fill_(~seen, float("-inf")).unsqueeze(1)  # [B, 1, n, end]
             gqa = False
         for i, layer in enumerate(layers):
             # An EAGLE head's first layer has no input norm (vLLM's llama_eagle.py).
