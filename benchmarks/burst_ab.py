@@ -8,7 +8,8 @@ benchmarks/prefix.py's traffic, seed 0) in turns, alternating which goes first, 
 marker token of its own (its prefixes start cold, as dtypes.py's burst does). ``--budgets``:
 also alternate the prompt-token budget per step (``generate_many``'s ``prefill_chunk``; 0: the
 engine's default). Prints tokens/s per variant and round, medians, and each variant against
-the first; greedy float32 answers must be identical across trees (the script checks).
+the first; then every variant once more on the same prompts: greedy float32 answers must be
+identical across variants (the script checks; bf16 ones may differ at near-ties: counted).
 
     git worktree add /tmp/burst-old main
     flock /tmp/bench.lock env HF_HUB_OFFLINE=1 PYTHONPATH=$PWD .venv/bin/python \\
@@ -120,10 +121,17 @@ def main() -> None:
             proc.stdin.flush()
             out = json.loads(proc.stdout.readline())
             rates[(tree, budget)].append(out["tokens"] / out["secs"])
-            answers.setdefault((tree, budget), out["answers"])
             print(f"round {r + 1} {tree} budget {budget or 'default'}: "
                   f"{out['tokens'] / out['secs']:.0f} tokens/s (load {os.getloadavg()[0]:.1f})",
                   flush=True)  # fmt: skip
+    # Answers: every variant once more on the same prompts (one marker for all; timed runs
+    # each had their own, so their answers are not comparable).
+    for tree, budget in variants:
+        proc = procs[tree]
+        assert proc.stdin is not None and proc.stdout is not None
+        proc.stdin.write(json.dumps({"budget": budget, "marker": 900}) + "\n")
+        proc.stdin.flush()
+        answers[(tree, budget)] = json.loads(proc.stdout.readline())["answers"]
     for proc in procs.values():
         assert proc.stdin is not None
         proc.stdin.close()
