@@ -230,7 +230,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--ops", type=int, default=8, help="top ops per phase (0: no profile)")
     parser.add_argument(
-        "--prefill-chunk", type=int, default=0, help="prompt tokens per step (0: the config's)"
+        "--prefill-chunk", type=int, default=0, help="prompt tokens per step (0: generate_many's)"
     )
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -242,8 +242,8 @@ def main() -> None:
     name = {"float32": "torch f32", "bfloat16": "torch bf16"}[args.dtype]
     engine = load_all(argparse.Namespace(engines=name, max_batch=args.max_batch, k=args.k))[name]
     if args.prefill_chunk:  # generate_many's batch engine reads it from the engine's config
-        engine._core.config = dataclasses.replace(
-            engine._core.config, prefill_chunk=args.prefill_chunk
+        engine._core.config = engine.config = dataclasses.replace(
+            engine._core.config, batch_prefill_chunk=args.prefill_chunk
         )
     params = SamplingParams(max_new_tokens=args.max_tokens, num_speculative_tokens=args.k)
     prompts = burst_prompts(args)
@@ -255,7 +255,7 @@ def main() -> None:
     secs = time.perf_counter() - t
     hit = sum(r.stats.num_cached_prompt_tokens for r in results) / sum(len(p) + 1 for p in prompts)
     print(f"torch {args.dtype}, {torch.get_num_threads()} thread(s), burst of {args.burst}, "
-          f"prefill chunk {engine._core.config.prefill_chunk}, "
+          f"prefill chunk {engine.config.batch_prefill_chunk or engine.config.prefill_chunk}, "
           f"prefix hit rate {hit:.0%}, load {os.getloadavg()[0]:.1f}")  # fmt: skip
     report(phases.steps, sum(len(r.token_ids) for r in results), secs)
     print("counts: " + ", ".join(f"{k} {v}" for k, v in sorted(phases.counts.items())))

@@ -17,7 +17,7 @@ the core binding: vLLM's EngineCore processes on core 0 (VLLM_CPU_OMP_THREADS_BI
 this process (the torch engines) on the others, each engine one dedicated core (``pin_engines``).
 
     flock /tmp/bench.lock .venv-vllm/bin/python benchmarks/dtypes.py [--prompts 16]
-        [--max-tokens 64] [--k 4] [--burst 48] [--torch-threads 1]
+        [--max-tokens 64] [--k 4] [--burst 48] [--torch-threads 1] [--only burst]
     .venv/bin/python benchmarks/dtypes.py --ties 96   # only how often bf16 changes answers
 """
 
@@ -160,8 +160,7 @@ def marked(prompts: list[list[int]], marker: int) -> list[list[int]]:
 
 
 def measure(engines: dict[str, Any], args: argparse.Namespace) -> dict[str, dict[str, Any]]:
-    from benchmarks.prefix_traffic import build_traffic
-    from generation import SamplingParams, load_tokenizer
+    from generation import SamplingParams
 
     prompts = rag_prompts(args.prompts)
     params = SamplingParams(max_new_tokens=args.max_tokens, num_speculative_tokens=args.k)
@@ -169,6 +168,20 @@ def measure(engines: dict[str, Any], args: argparse.Namespace) -> dict[str, dict
     rows: dict[str, dict[str, Any]] = {n: {"prefill": [], "stream": []} for n in engines}
     for engine in engines.values():  # kernels of every shape once, outside the timings
         engine.generate(marked(prompts[:1], 7)[0], params)
+    if args.only != "burst":
+        rows["_prompts"] = rows_of_prompts(engines, rows, prompts, params, one)
+    burst_rows(engines, rows, args, params)
+    return rows
+
+
+def rows_of_prompts(
+    engines: dict[str, Any],
+    rows: dict[str, dict[str, Any]],
+    prompts: list[list[int]],
+    params: Any,
+    one: Any,
+) -> dict[str, list[list[int]]]:
+    """Scenarios 1-3 into ``rows``; returns the prompts the exactness table replays."""
     for i, prompt in enumerate(marked(prompts, 0)):
         prompt[0] = 100 + i  # one marker per prompt: nothing to reuse
         for name in engines if i % 2 == 0 else list(engines)[::-1]:
@@ -190,7 +203,17 @@ def measure(engines: dict[str, Any], args: argparse.Namespace) -> dict[str, dict
         results = engines[name].generate_many(batch, params)
         rows[name]["many"] = (sum(len(r.token_ids) for r in results), time.perf_counter() - t)
         rows[name]["many_answers"] = [r.token_ids for r in results]
+    return {"stream": stream, "many": batch}
+
+
+def burst_rows(
+    engines: dict[str, Any], rows: dict[str, dict[str, Any]], args: Any, params: Any
+) -> None:
+    """Scenario 4 into ``rows``: ``args.burst_rounds`` times, the engines' order alternating,
+    each run behind a marker of its own (cold prefixes)."""
     from app.settings import Settings
+    from benchmarks.prefix_traffic import build_traffic
+    from generation import load_tokenizer
 
     tokenizer = load_tokenizer(str(DEMO / "target"))
     traffic = build_traffic(
@@ -198,15 +221,18 @@ def measure(engines: dict[str, Any], args: argparse.Namespace) -> dict[str, dict
         cache=REPO / "var" / "bench" / f"prefix_traffic_{0}.json",
     )  # fmt: skip
     burst = [r.prompt for r in traffic[args.burst : 2 * args.burst]]
-    for j, name in enumerate(engines):
-        t = time.perf_counter()
-        results = engines[name].generate_many(marked(burst, 400 + j), params)
-        secs = time.perf_counter() - t
-        cached = sum(r.stats.num_cached_prompt_tokens for r in results)
-        rows[name]["burst"] = (sum(len(r.token_ids) for r in results), secs)
-        rows[name]["burst_hit"] = cached / sum(len(p) + 1 for p in burst)
-    rows["_prompts"] = {"stream": stream, "many": batch}
-    return rows
+    marker = 400
+    for r in range(args.burst_rounds):
+        for name in engines if r % 2 == 0 else list(engines)[::-1]:
+            t = time.perf_counter()
+            results = engines[name].generate_many(marked(burst, marker), params)
+            secs = time.perf_counter() - t
+            marker += 1
+            cached = sum(r.stats.num_cached_prompt_tokens for r in results)
+            rows[name].setdefault("burst", []).append(
+                (sum(len(r.token_ids) for r in results), secs)
+            )
+            rows[name]["burst_hit"] = cached / sum(len(p) + 1 for p in burst)
 
 
 def table(rows: dict[str, dict[str, Any]], args: argparse.Namespace) -> None:
@@ -218,22 +244,28 @@ def table(rows: dict[str, dict[str, Any]], args: argparse.Namespace) -> None:
           f"k={args.k} | " + " | ".join(names) + " | " + " | ".join(f"{a} / {b}" for a, b in ratio)
           + " |")  # fmt: skip
     print("|---" * (1 + len(names) + len(ratio)) + "|")
-    prefill = {n: sum(x[0] for x in r["prefill"]) / sum(x[1] for x in r["prefill"])
-               for n, r in rows.items() if n in names}  # fmt: skip
-    stream = {n: sum(x[0] for x in r["stream"]) / sum(x[1] for x in r["stream"])
-              for n, r in rows.items() if n in names}  # fmt: skip
-    ttft = {n: statistics.median(x[2] for x in rows[n]["stream"]) for n in names}
-    many = {n: rows[n]["many"][0] / rows[n]["many"][1] for n in names}
-    burst = {n: rows[n]["burst"][0] / rows[n]["burst"][1] for n in names}
+    burst = {n: statistics.median(t / s for t, s in rows[n]["burst"]) for n in names}
     hit = {n: rows[n]["burst_hit"] for n in names}
-    for label, values, fmt in (
-        ("prefill, prompt tokens/s", prefill, "{:.0f}"),
-        ("one stream, tokens/s", stream, "{:.0f}"),
-        ("one stream, TTFT p50 ms", ttft, "{:.1f}"),
-        (f"generate_many({args.prompts}), tokens/s", many, "{:.0f}"),
-        (f"burst of {args.burst} (recurring passages), tokens/s", burst, "{:.0f}"),
+    lines: list[tuple[str, dict[str, float], str]] = []
+    if args.only != "burst":
+        prefill = {n: sum(x[0] for x in r["prefill"]) / sum(x[1] for x in r["prefill"])
+                   for n, r in rows.items() if n in names}  # fmt: skip
+        stream = {n: sum(x[0] for x in r["stream"]) / sum(x[1] for x in r["stream"])
+                  for n, r in rows.items() if n in names}  # fmt: skip
+        ttft = {n: statistics.median(x[2] for x in rows[n]["stream"]) for n in names}
+        many = {n: rows[n]["many"][0] / rows[n]["many"][1] for n in names}
+        lines += [
+            ("prefill, prompt tokens/s", prefill, "{:.0f}"),
+            ("one stream, tokens/s", stream, "{:.0f}"),
+            ("one stream, TTFT p50 ms", ttft, "{:.1f}"),
+            (f"generate_many({args.prompts}), tokens/s", many, "{:.0f}"),
+        ]
+    rounds = f", median of {args.burst_rounds}" if args.burst_rounds > 1 else ""
+    lines += [
+        (f"burst of {args.burst} (recurring passages), tokens/s{rounds}", burst, "{:.0f}"),
         ("burst prefix hit rate", hit, "{:.0%}"),
-    ):
+    ]
+    for label, values, fmt in lines:
         cells = [fmt.format(values[n]) for n in names]
         cells += [f"{values[a] / values[b]:.2f}x" if values[b] else "-" for a, b in ratio]
         print(f"| {label} | " + " | ".join(cells) + " |")
@@ -340,6 +372,8 @@ def main() -> None:
     parser.add_argument("--torch-threads", type=int, default=1, help="0: torch's default")
     parser.add_argument("--engines", default=",".join(ENGINES), help="a subset, for a dry run")
     parser.add_argument("--ties", type=int, default=0, help="only: bf16 vs f32 answers of N")
+    parser.add_argument("--only", default="", choices=("", "burst"), help="burst: scenario 4 only")
+    parser.add_argument("--burst-rounds", type=int, default=1, help="burst runs per engine")
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
@@ -358,7 +392,8 @@ def main() -> None:
     print(args.binding, flush=True)
     rows = measure(engines, args)
     table(rows, args)
-    exactness(engines, rows, args)
+    if args.only != "burst":
+        exactness(engines, rows, args)
     for engine in engines.values():
         close = getattr(engine, "close", None)
         if callable(close):

@@ -18,6 +18,10 @@ class EngineConfig:
     """k_max: the largest fixed k a request may ask for, and the longest draft of ``"auto"``."""
     prefill_chunk: int = 512
     """Most prompt tokens prefilled in one step while other requests decode."""
+    batch_prefill_chunk: int | None = 2048
+    """The same for ``generate_many`` outside a running loop (None: ``prefill_chunk``): no one
+    streams its answers, so a wider step (fuller decode rounds, fewer steps) costs no one a
+    stall; vLLM's offline ``LLM`` likewise takes a larger token budget than its server."""
     background_prefill_chunk: int = 128
     """Most prompt tokens of a background (batch-job) request prefilled in one step, where
     background requests pause for foreground ones."""
@@ -61,6 +65,13 @@ class EngineConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not ok(value):
                 raise ValueError(f"engine config: {name} must be {want}, got {value!r}")
+        chunk = self.batch_prefill_chunk
+        if chunk is not None and (
+            isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1
+        ):
+            raise ValueError(
+                f"engine config: batch_prefill_chunk must be an int >= 1 or None, got {chunk!r}"
+            )
         if self.dtype is not None:
             try:
                 check_dtype_name(self.dtype)

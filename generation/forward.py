@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+from generation.attention import few_query_attention
 from generation.kv_store import KVStore
 
 
@@ -369,16 +370,21 @@ class FastLlamaForward:
         self._rope(max(starts) + n)
         groups = self.heads // self.kv_heads
         mask, is_causal, gqa = None, False, groups > 1
+        # A few queries a row in bf16: generation/attention.py's kernel (None: SDPA below).
+        attend = few_query_attention(self.dtype, device, slots, starts, n, self.head_dim)
         if batch == 1:
             # One row: the masks transformers passes to SDPA (none for one token; causal for a
-            # prompt on an empty slot; a boolean causal mask after cached positions).
+            # prompt on an empty slot; a causal mask after cached positions, additive).
             slot, start = slots[0], starts[0]
             write: Any = (slot, slice(None), slice(start, start + n))
             rows: Any = slot
             cos = self.cos[start : start + n].unsqueeze(0)  # [1, n, head_dim]
             sin = self.sin[start : start + n].unsqueeze(0)
-            if n > 1 and start > 0:
-                mask = torch.ones(n, end, dtype=torch.bool, device=device).tril(start)
+            if n > 1 and start > 0 and attend is None:
+                seen = torch.ones(n, end, dtype=torch.bool, device=device).tril(start)
+                # Additive, as below (the same values SDPA would turn the boolean mask into).
+                mask = torch.zeros(seen.shape, dtype=self.dtype, device=device)
+                mask = mask.masked_fill_(~seen, float("-inf"))
                 gqa = False
             is_causal = n > 1 and start == 0
         else:
@@ -391,9 +397,10 @@ class FastLlamaForward:
             cos, sin = self.cos[pos].unsqueeze(1), self.sin[pos].unsqueeze(1)  # [B, 1, n, hd]
             # Query (b, j) sees its slot's positions up to its own. Additive, not boolean:
             # SDPA's CPU kernel converts a boolean mask on every call.
-            seen = torch.arange(end, device=device) <= pos[:, :, None]  # [B, n, end]
-            mask = torch.zeros(seen.shape, dtype=self.dtype, device=device)
-            mask = mask.masked_fill_(~seen, float("-inf")).unsqueeze(1)  # [B, 1, n, end]
+            if attend is None:
+                seen = torch.arange(end, device=device) <= pos[:, :, None]  # [B, n, end]
+                mask = torch.zeros(seen.shape, dtype=self.dtype, device=device)
+                mask = mask.masked_fill_(~seen, float("-inf")).unsqueeze(1)  # [B, 1, n, end]
             gqa = False
         for i, layer in enumerate(layers):
             # An EAGLE head's first layer has no input norm (vLLM's llama_eagle.py).
@@ -408,24 +415,40 @@ class FastLlamaForward:
             values[write] = v[0].transpose(0, 1) if batch == 1 else v
             if kv_only and i == len(layers) - 1:
                 break
-            k_all = keys[rows, :, :end]  # [(B,) kv_heads, end, head_dim]
-            v_all = values[rows, :, :end]
-            if batch == 1:
-                k_all, v_all = k_all.unsqueeze(0), v_all.unsqueeze(0)
-            if groups > 1 and not gqa:
-                k_all = k_all.repeat_interleave(groups, dim=1)
-                v_all = v_all.repeat_interleave(groups, dim=1)
-            attn = F.scaled_dot_product_attention(
-                q, k_all, v_all, attn_mask=mask, is_causal=is_causal, scale=layer.scaling,
-                enable_gqa=gqa,
-            )  # [B, heads, n, head_dim]  # fmt: skip
-            attn = attn.transpose(1, 2).reshape(batch * n, layer.q_size)
+            if attend is not None:
+                attn = attend(q, keys, values, layer.scaling)  # [B * n, q_size]
+            else:
+                attn = _sdpa(q, keys[rows, :, :end], values[rows, :, :end], batch, groups, gqa,
+                             mask, is_causal, layer.scaling)  # fmt: skip
             x = x + layer.o(attn)  # a new tensor: the caller's x (an EAGLE head's input) stays
             h = rms_norm(x, layer.post_norm)
             gate_up = layer.gate_up(h)  # [B * n, gate | up]
             act = F.silu(gate_up[:, : layer.inter]).mul_(gate_up[:, layer.inter :])
             x.add_(layer.down(act))
         return x
+
+
+def _sdpa(
+    q: torch.Tensor,  # [B, heads, n, head_dim]
+    k_all: torch.Tensor,  # [(B,) kv_heads, end, head_dim]
+    v_all: torch.Tensor,
+    batch: int,
+    groups: int,
+    gqa: bool,
+    mask: torch.Tensor | None,
+    is_causal: bool,
+    scale: float,
+) -> torch.Tensor:
+    """SDPA of ``q`` over the rows' keys and values; returns [B * n, heads * head_dim]."""
+    if batch == 1:
+        k_all, v_all = k_all.unsqueeze(0), v_all.unsqueeze(0)
+    if groups > 1 and not gqa:
+        k_all = k_all.repeat_interleave(groups, dim=1)
+        v_all = v_all.repeat_interleave(groups, dim=1)
+    attn = F.scaled_dot_product_attention(
+        q, k_all, v_all, attn_mask=mask, is_causal=is_causal, scale=scale, enable_gqa=gqa
+    )  # [B, heads, n, head_dim]
+    return attn.transpose(1, 2).reshape(batch * q.shape[2], -1)
 
 
 def select_last(x: torch.Tensor, batch: int, n: int, last: list[int] | None) -> torch.Tensor:

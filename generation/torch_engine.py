@@ -290,14 +290,16 @@ class SpeculativeEngine:
 
         ``params``: one per prompt (or one for all). Bad requests raise ``BatchRequestError``
         naming their index after every other request was answered. While a loop runs, the
-        requests join it (``max_batch_size`` is then the loop's)."""
+        requests join it (``max_batch_size`` and the prompt budget are then the loop's; alone:
+        ``EngineConfig.batch_prefill_chunk`` prompt tokens a step)."""
         params = per_prompt(prompts, params)
         loop = self._loop
         if loop is not None and not loop.closed:
             return collect([loop.submit(p, s) for p, s in zip(prompts, params, strict=True)])
         size = min(max_batch_size or self.max_concurrency, self.max_concurrency, len(prompts))
         with self._lock:
-            return run_many(BatchEngine(self._core, max(1, size), False), prompts, params)
+            batch = BatchEngine(self._core, max(1, size), False, self.config.batch_prefill_chunk)
+            return run_many(batch, prompts, params)
 
     def judge_greedy(
         self,

@@ -115,6 +115,37 @@ def test_fixed_k_stats_equal_the_request_alone(family: str) -> None:
         assert result.stats.mean_chosen_k <= k
 
 
+@pytest.mark.parametrize(("chunk", "batch_chunk", "chunks"), [(8, None, 4), (8, 2048, 1)])
+def test_generate_many_prefills_by_its_own_budget_and_answers_do_not_change(
+    chunk: int, batch_chunk: int | None, chunks: int
+) -> None:
+    """Alone (no loop), ``generate_many`` takes ``batch_prefill_chunk`` prompt tokens a step
+    (None: ``prefill_chunk``); the step's width changes batch company, never a float32 greedy
+    answer."""
+    engine = _engine("llama", 32, 2, 9)
+    engine = SpeculativeEngine(
+        engine.target,
+        engine.draft,
+        config=EngineConfig(prefill_chunk=chunk, batch_prefill_chunk=batch_chunk),
+    )
+    runs: list[int] = []
+    prefill = engine._core.target.prefill
+
+    def counted(slot: int, token_ids: list[int]):  # type: ignore[no-untyped-def]
+        runs.append(len(token_ids))
+        return prefill(slot, token_ids)
+
+    engine._core.target.prefill = counted  # type: ignore[method-assign]
+    long_prompt = [(7 * i) % VOCAB for i in range(30)]
+    engine.generate(long_prompt, SamplingParams(max_new_tokens=2))
+    assert len(runs) == chunks and sum(runs) == 30
+    prompts, params = mixed_requests(VOCAB, 9, 9)
+    results = engine.generate_many(prompts, params, max_batch_size=4)
+    assert not _check_all(engine, prompts, params, results)
+    for prompt, p, result in zip(prompts, params, results, strict=True):
+        assert result.token_ids == engine.generate(prompt, p).token_ids
+
+
 def test_batch_of_one_is_alone() -> None:
     engine = _engine("llama", 32, 2, 8)
     params = SamplingParams(max_new_tokens=12, num_speculative_tokens=3)

@@ -16,6 +16,8 @@ from generation import EngineConfig
         ("max_speculative_tokens", 0),
         ("prefill_chunk", -1),
         ("background_prefill_chunk", 1.5),
+        ("batch_prefill_chunk", 0),
+        ("batch_prefill_chunk", True),
         ("ngram_max_n", True),
         ("max_background_pause", -1.0),
         ("kv_memory_fraction", 0.0),
@@ -40,3 +42,5 @@ def test_defaults_and_frozen() -> None:
     with pytest.raises(dataclasses.FrozenInstanceError):
         config.prefill_chunk = 5  # type: ignore[misc]
     assert dataclasses.replace(config, prefill_chunk=5).prefill_chunk == 5
+    assert config.batch_prefill_chunk == 2048
+    assert EngineConfig(batch_prefill_chunk=None).batch_prefill_chunk is None

@@ -71,7 +71,9 @@ def test_greedy_eagle_gives_the_target_greedy_answer(seed: int, k: int | str) ->
 
 def test_mixed_batch_chunked_prefill_and_reused_prefixes_keep_greedy_answers() -> None:
     target = build_model("llama", vocab_size=VOCAB, seed=4, logit_scale=4.0)
-    config = EngineConfig(prefill_chunk=8, prefix_cache_mb=1.0, prefix_block_size=4)
+    config = EngineConfig(
+        prefill_chunk=8, batch_prefill_chunk=None, prefix_cache_mb=1.0, prefix_block_size=4
+    )
     engine = cheap_steps(
         SpeculativeEngine(target, target, config=config, eagle=repeat_last_head(target))
     )

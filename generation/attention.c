@@ -1,0 +1,157 @@
+/* Attention of a few queries per row over each row's own KV slot, bfloat16 (AVX-512 BF16).
+ *
+ * generation/attention.py compiles and calls it; see its docstring for why it exists. Row b
+ * reads slot slots[b] of the store layer (keys and values [num_slots, kv_heads, capacity,
+ * head_dim]); its query j sees positions 0 .. min(starts[b] + j, capacity - 1), so no row reads
+ * another's length (no padding) and no mask exists. Scores, softmax and the weighted sum are
+ * float32 (products of bfloat16 are exact in float32); the output is rounded to bfloat16 once.
+ */
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+
+#define GROUP 4 /* queries whose weighted sums share one pass over the values */
+
+static inline __m512 exp_ps(__m512 x) { /* Cephes expf, for x <= 0 */
+    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    return _mm512_scalef_ps(p, n);
+}
+
+static inline __m512 bf16_to_ps(const uint16_t *src) { /* 16 bfloat16 -> 16 float32 */
+    __m256i raw = _mm256_loadu_si256((const __m256i *)src);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+}
+
+/* One (row, head): q [n, dim] -> out rows j at out + j * out_stride. */
+static void one_head(const uint16_t *q, int64_t q_step, const uint16_t *k, const uint16_t *v,
+                     int64_t n, int64_t dim, int64_t start, int64_t capacity, float scale, uint16_t *out,
+                     int64_t out_stride, float *scores) {
+    int64_t last = start + n - 1 < capacity - 1 ? start + n - 1 : capacity - 1;
+    int64_t len = last + 1; /* positions any query of the row sees */
+    int64_t stride = (len + 15) & ~(int64_t)15;
+    int64_t chunks = dim / 32;
+    /* scores[j][p] = q_j . k_p * scale: 16 positions at a time, their 16 partial sums
+     * reduced together (a transpose-add tree), the rest one by one */
+    int64_t full = len & ~(int64_t)15;
+    __m512 sc = _mm512_set1_ps(scale);
+    for (int64_t p0 = 0; p0 < full; p0 += 16) {
+        for (int64_t j = 0; j < n; j++) {
+            const uint16_t *qj = q + j * q_step;
+            __m512 acc[16];
+            for (int64_t i = 0; i < 16; i++) {
+                const uint16_t *kp = k + (p0 + i) * dim;
+                __m512 a = _mm512_setzero_ps();
+                for (int64_t c = 0; c < chunks; c++)
+                    a = _mm512_dpbf16_ps(a, (__m512bh)_mm512_loadu_si512((const void *)(qj + 32 * c)),
+                                         (__m512bh)_mm512_loadu_si512((const void *)(kp + 32 * c)));
+                acc[i] = a;
+            }
+            __m512 r1[8], r2[4];
+            for (int i = 0; i < 8; i++)
+                r1[i] = _mm512_add_ps(_mm512_unpacklo_ps(acc[2 * i], acc[2 * i + 1]),
+                                      _mm512_unpackhi_ps(acc[2 * i], acc[2 * i + 1]));
+            for (int i = 0; i < 4; i++) {
+                __m512d a = _mm512_castps_pd(r1[2 * i]), b = _mm512_castps_pd(r1[2 * i + 1]);
+                r2[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)),
+                                      _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
+            }
+            __m512 c0 = _mm512_add_ps(_mm512_shuffle_f32x4(r2[0], r2[1], 0x88),
+                                      _mm512_shuffle_f32x4(r2[0], r2[1], 0xDD));
+            __m512 c1 = _mm512_add_ps(_mm512_shuffle_f32x4(r2[2], r2[3], 0x88),
+                                      _mm512_shuffle_f32x4(r2[2], r2[3], 0xDD));
+            __m512 d = _mm512_add_ps(_mm512_shuffle_f32x4(c0, c1, 0x88),
+                                     _mm512_shuffle_f32x4(c0, c1, 0xDD));
+            _mm512_storeu_ps(scores + j * stride + p0, _mm512_mul_ps(d, sc));
+        }
+    }
+    for (int64_t p = full; p < len; p++) {
+        const uint16_t *kp = k + p * dim;
+        for (int64_t j = 0; j < n; j++) {
+            const uint16_t *qj = q + j * q_step;
+            __m512 acc = _mm512_setzero_ps();
+            for (int64_t c = 0; c < chunks; c++) {
+                __m512i a = _mm512_loadu_si512((const void *)(qj + 32 * c));
+                __m512i b = _mm512_loadu_si512((const void *)(kp + 32 * c));
+                acc = _mm512_dpbf16_ps(acc, (__m512bh)a, (__m512bh)b);
+            }
+            scores[j * stride + p] = _mm512_reduce_add_ps(acc) * scale;
+        }
+    }
+    /* softmax numerators; positions past a query's own are weighted 0 */
+    float sums[64];
+    for (int64_t j = 0; j < n; j++) {
+        float *s = scores + j * stride;
+        int64_t own = start + j < capacity - 1 ? start + j + 1 : capacity;
+        for (int64_t p = own; p < stride; p++) s[p] = -INFINITY;
+        __m512 mx = _mm512_set1_ps(-INFINITY);
+        for (int64_t p = 0; p < stride; p += 16) mx = _mm512_max_ps(mx, _mm512_loadu_ps(s + p));
+        __m512 m = _mm512_set1_ps(_mm512_reduce_max_ps(mx));
+        __m512 sum = _mm512_setzero_ps();
+        for (int64_t p = 0; p < stride; p += 16) {
+            __m512 e = exp_ps(_mm512_sub_ps(_mm512_loadu_ps(s + p), m));
+            e = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(_mm512_loadu_ps(s + p),
+                                                       _mm512_set1_ps(-INFINITY), _CMP_NEQ_OQ),
+                                    e);
+            _mm512_storeu_ps(s + p, e);
+            sum = _mm512_add_ps(sum, e);
+        }
+        sums[j] = _mm512_reduce_add_ps(sum);
+    }
+    /* out_j = sum_p w_jp v_p / sum_j, GROUP queries a pass over the values */
+    int64_t vecs = dim / 16;
+    for (int64_t j0 = 0; j0 < n; j0 += GROUP) {
+        int64_t g = n - j0 < GROUP ? n - j0 : GROUP;
+        for (int64_t c = 0; c < vecs; c += 4) { /* 64 dims at a time */
+            int64_t w = vecs - c < 4 ? vecs - c : 4;
+            __m512 acc[GROUP][4];
+            for (int64_t a = 0; a < GROUP; a++)
+                for (int64_t e = 0; e < 4; e++) acc[a][e] = _mm512_setzero_ps();
+            for (int64_t p = 0; p < len; p++) {
+                const uint16_t *vp = v + p * dim + 16 * c;
+                __m512 vv[4];
+                for (int64_t e = 0; e < w; e++) vv[e] = bf16_to_ps(vp + 16 * e);
+                for (int64_t a = 0; a < g; a++) {
+                    __m512 wt = _mm512_set1_ps(scores[(j0 + a) * stride + p]);
+                    for (int64_t e = 0; e < w; e++) acc[a][e] = _mm512_fmadd_ps(wt, vv[e], acc[a][e]);
+                }
+            }
+            for (int64_t a = 0; a < g; a++) {
+                __m512 inv = _mm512_set1_ps(1.0f / sums[j0 + a]);
+                uint16_t *o = out + (j0 + a) * out_stride + 16 * c;
+                for (int64_t e = 0; e < w; e++) {
+                    __m256bh r = _mm512_cvtneps_pbh(_mm512_mul_ps(acc[a][e], inv));
+                    _mm256_storeu_si256((__m256i *)(o + 16 * e), (__m256i)r);
+                }
+            }
+        }
+    }
+}
+
+/* q [B, heads, n, dim] at element strides q_strides (b, head, j; dim contiguous); keys, values
+ * [num_slots, kv_heads, capacity, dim] contiguous; out [B, n, heads, dim]; scratch:
+ * n * (capacity + 16) floats. dim a multiple of 32, n <= 64. */
+void few_query_attention_bf16(const uint16_t *q, const int64_t *q_strides, const uint16_t *keys,
+                              const uint16_t *values,
+                              const int64_t *slots, const int64_t *starts, int64_t batch,
+                              int64_t heads, int64_t kv_heads, int64_t n, int64_t dim,
+                              int64_t capacity, float scale, uint16_t *out, float *scratch) {
+    int64_t groups = heads / kv_heads;
+    for (int64_t b = 0; b < batch; b++) {
+        for (int64_t h = 0; h < heads; h++) {
+            int64_t kv = (slots[b] * kv_heads + h / groups) * capacity * dim;
+            one_head(q + b * q_strides[0] + h * q_strides[1], q_strides[2], keys + kv, values + kv, n, dim, starts[b],
+                     capacity, scale, out + (b * n * heads + h) * dim, heads * dim, scratch);
+        }
+    }
+}
