@@ -72,17 +72,29 @@ def encode_example(
 
 
 def loop_stop_row(
-    ids: list[int], n_prompt: int, rng: random.Random, close: list[int], stop_weight: float
+    ids: list[int],
+    n_prompt: int,
+    rng: random.Random,
+    close: list[int],
+    stop_weight: float,
+    exit: str = "close",
 ) -> tuple[list[int], int, Marks] | None:
-    """The example's answer caught in a repetition loop, then closed: a model's way out of one.
+    """The example's answer caught in a repetition loop, and its way out of it.
 
     ``ids`` is prompt + answer + EOS (encode_example).  The answer is cut after token ``j`` and
-    the span of its last ``c`` tokens (LOOP_CYCLE) is repeated, cyclically, for 3 .. 2c tokens --
-    what a greedy copier does once its induction heads latch onto its own output instead of the
-    passage (the shipped pair's looping answers, session 16) -- then ``close`` (the closing
-    quote) and EOS follow.  The repeated tokens' labels carry no loss (``lo .. hi``, the text is
-    wrong); the correct prefix and the way out carry it, the way out ``stop_weight`` times a
-    token.  None when the answer is too short to loop.
+    the span of its last ``c`` tokens (LOOP_CYCLE) is repeated -- what a greedy copier does once
+    its induction heads latch onto its own output instead of the passage (the shipped pair's
+    looping answers, session 16).  The repeated tokens' labels carry no loss (``masked``: the
+    text is wrong); the correct prefix and the way out carry it, the way out's first token
+    ``stop_weight`` times.  The way out:
+
+    - ``"close"``: 3 .. 2c repeated tokens, then ``close`` (the closing quote) and EOS;
+    - ``"resume"``: the span repeated once or twice whole, then the answer's own rest
+      ``answer[j:]`` and EOS.  At that point the span's two earlier occurrences disagree on
+      what follows -- the passage's says ``answer[j]``, the answer's own says the span again --
+      and the label sides with the passage: the skill whose absence makes the loop.
+
+    None when the answer is too short to loop.
     """
     answer = ids[n_prompt:-1]
     lo_c, hi_c = LOOP_CYCLE
@@ -91,12 +103,20 @@ def loop_stop_row(
     j = rng.randint(LOOP_START + lo_c, len(answer) - 1)
     c = rng.randint(lo_c, min(hi_c, j - LOOP_START))
     cycle = answer[j - c : j]
-    n_rep = rng.randint(3, 2 * c)
+    if exit == "resume":
+        n_rep = c * rng.choice((1, 2))
+        rest = answer[j:]
+    else:
+        n_rep = rng.randint(3, 2 * c)
+        rest = close
     loop = [cycle[t % c] for t in range(n_rep)]
-    seq = ids[:n_prompt] + answer[:j] + loop + close + [ids[-1]]
+    seq = ids[:n_prompt] + answer[:j] + loop + rest + [ids[-1]]
     start = n_prompt + j  # first injected token; the position before it predicts it
     hi = start - 1 + n_rep
-    way_out = tuple((p, stop_weight) for p in range(hi, len(seq) - 1))
+    if exit == "resume":
+        way_out: tuple[tuple[int, float], ...] = ((hi, stop_weight),)
+    else:
+        way_out = tuple((p, stop_weight) for p in range(hi, len(seq) - 1))
     return seq, n_prompt, Marks(masked=(start - 1, hi), weights=way_out)
 
 
@@ -172,10 +192,11 @@ class BatchStream:
         loop_stop_rate: float = 0.0,
         stop_weight: float = 1.0,
         cite_weight: float = 1.0,
+        loop_exit: str = "close",
     ) -> None:
         self.docs, self.tok, self.seed = docs, tok, seed
         self.loop_stop_rate, self.stop_weight = loop_stop_rate, stop_weight
-        self.cite_weight = cite_weight
+        self.cite_weight, self.loop_exit = cite_weight, loop_exit
         self.gold_weights = tuple(gold_weights)
         self.fmt, self.no_answer_rate = fmt, no_answer_rate
         self.tokens_per_batch, self.examples_per_round, self.max_len = (
@@ -209,7 +230,9 @@ class BatchStream:
             close = encode_text(self.tok, '"')
             for n, (ids, n_prompt, *_) in enumerate(enc):
                 if rng.random() < self.loop_stop_rate:
-                    looped = loop_stop_row(ids, n_prompt, rng, close, self.stop_weight)
+                    looped = loop_stop_row(
+                        ids, n_prompt, rng, close, self.stop_weight, self.loop_exit
+                    )
                     enc[n] = looped if looped is not None else enc[n]
         if self.cite_weight != 1.0:
             for n, row in enumerate(enc):

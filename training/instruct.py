@@ -104,6 +104,12 @@ def main(argv: list[str] | None = None) -> None:
         "--stop-weight", type=float, default=1.0, help="loss weight of a loop-stop row's way out"
     )
     ap.add_argument(
+        "--loop-exit",
+        choices=("close", "resume"),
+        default="close",
+        help="a loop-stop row's way out: close the quote and end, or resume the passage's text",
+    )
+    ap.add_argument(
         "--cite-weight",
         type=float,
         default=1.0,
@@ -171,6 +177,7 @@ def main(argv: list[str] | None = None) -> None:
         loop_stop_rate=args.loop_stop_rate,
         stop_weight=args.stop_weight,
         cite_weight=args.cite_weight,
+        loop_exit=args.loop_exit,
     )
     amp = autocast_dtype()
     total = args.target_steps + args.draft_steps
@@ -178,7 +185,7 @@ def main(argv: list[str] | None = None) -> None:
         f"{total} steps ({args.target_steps} target), autocast {amp}, {args.threads} thread(s), "
         f"{'continuing an instruct pair' if continuing else 'from a raw pair'}, "
         f"gold position {args.gold_position}, loop-stop rows {args.loop_stop_rate} "
-        f"(weight {args.stop_weight}), citation weight {args.cite_weight}"
+        f"(exit {args.loop_exit}, weight {args.stop_weight}), citation weight {args.cite_weight}"
     )
     every = args.induction_every
     while state["step"] < total:
@@ -244,6 +251,7 @@ def main(argv: list[str] | None = None) -> None:
         "loop_stop_rate": args.loop_stop_rate,
         "stop_weight": args.stop_weight,
         "cite_weight": args.cite_weight,
+        "loop_exit": args.loop_exit,
         "stream_seed": args.seed + 33 if args.stream_seed is None else args.stream_seed,
         "command": "python -m training.instruct "
         + " ".join(argv if argv is not None else sys.argv[1:]),

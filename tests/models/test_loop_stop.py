@@ -76,6 +76,32 @@ def test_loop_stop_row_repeats_its_own_tail_then_closes(tok, rows) -> None:  # t
     assert made > 40
 
 
+def test_resume_rows_repeat_the_span_whole_then_go_on_with_the_answer(tok, rows) -> None:  # type: ignore[no-untyped-def]
+    close = encode_text(tok, '"')
+    rng = random.Random(1)
+    made = 0
+    for ids, n_prompt in rows:
+        row = loop_stop_row(ids, n_prompt, rng, close, 3.0, exit="resume")
+        if row is None:
+            continue
+        made += 1
+        seq, _, marks = row
+        lo, hi = marks.masked
+        j = lo + 1 - n_prompt
+        answer = ids[n_prompt:-1]
+        loop = seq[lo + 1 : hi + 1]
+        # one or two whole copies of the prefix's last c tokens ...
+        c = next(c for c in range(LOOP_CYCLE[0], LOOP_CYCLE[1] + 1) if len(loop) in (c, 2 * c)
+                 and loop == answer[j - c : j] * (len(loop) // c))  # fmt: skip
+        assert c >= LOOP_CYCLE[0]
+        # ... then the answer's own rest and EOS; only the first token after the loop weighed
+        assert seq[hi + 1 :] == answer[j:] + [tok.eos_token_id]
+        assert marks.weights == ((hi, 3.0),)
+        # without the loop it is the example itself
+        assert seq[: lo + 1] + seq[hi + 1 :] == ids
+    assert made > 40
+
+
 def test_collate_masks_the_loop_and_weighs_the_way_out(tok, rows) -> None:  # type: ignore[no-untyped-def]
     close = encode_text(tok, '"')
     ids, n_prompt = next(r for r in rows if len(r[0]) - r[1] > 30)
