@@ -293,7 +293,19 @@ def summarise(rows: list[dict[str, Any]], fmt_line: str) -> dict[str, Any]:
         "methods": per,
         "eagle_ratios": ratios,
         "samples": [
-            {"question": r["question"], "file": r["file"], "answer": a.get("answer")}
+            {
+                "question": r["question"],
+                "file": r["file"],
+                "answer": a.get("answer"),
+                # per method: output tokens, drafted, accepted (acceptance without the loops, ...)
+                "tokens": {
+                    k: [
+                        (v.get("stats") or {}).get(f)
+                        for f in ("num_output_tokens", "num_draft_tokens", "num_accepted_tokens")
+                    ]
+                    for k, v in r["answers"].items()
+                },
+            }
             for r, a in zip(rows, answers, strict=True)
         ],
     }
