@@ -145,6 +145,11 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     from workers.process import WorkerProcess, settings_env
 
     questions = held_out_questions(args.questions)
+    if args.guard is not None:
+        # A guard set beside the held-out 30, for choosing between training runs without tuning
+        # on them: as many questions over every demo document, none of the held-out ones.
+        held = [q["question"] for q in held_out_questions(30)]
+        questions = demo_questions(args.questions, args.guard, exclude=held)
     dbname = create_database()
     redis = RedisServer(work)
     redis.start()
@@ -288,7 +293,19 @@ def summarise(rows: list[dict[str, Any]], fmt_line: str) -> dict[str, Any]:
         "methods": per,
         "eagle_ratios": ratios,
         "samples": [
-            {"question": r["question"], "file": r["file"], "answer": a.get("answer")}
+            {
+                "question": r["question"],
+                "file": r["file"],
+                "answer": a.get("answer"),
+                # per method: output tokens, drafted, accepted (acceptance without the loops, ...)
+                "tokens": {
+                    k: [
+                        (v.get("stats") or {}).get(f)
+                        for f in ("num_output_tokens", "num_draft_tokens", "num_accepted_tokens")
+                    ]
+                    for k, v in r["answers"].items()
+                },
+            }
             for r, a in zip(rows, answers, strict=True)
         ],
     }
@@ -300,6 +317,13 @@ def main() -> None:
     ap.add_argument("--questions", type=int, default=30)
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument(
+        "--guard",
+        type=int,
+        default=None,
+        metavar="SEED",
+        help="ask demo_questions(N, SEED) (every demo document, none of the held-out 30) instead",
+    )
     ap.add_argument("--methods", default=None, help="method:k,... (default: all; none:4 first)")
     ap.add_argument(
         "--top-k", type=int, default=3, help="passages per question (the service's default_top_k)"

@@ -25,6 +25,22 @@ from training.qa import (
 
 ANSWER_WEIGHT_SPLIT = 0.8  # share of the loss carried by answer tokens (the copying we measure)
 INDUCTION_LEN = (24, 400)  # span length range of synthetic induction rows, in tokens
+LOOP_START = 6  # answer tokens before a loop-stop row's loop may start ("According to [n], \"")
+LOOP_CYCLE = (4, 24)  # loop-stop rows: length range of the repeated span, in tokens
+
+
+@dataclass(frozen=True)
+class Marks:
+    """How one row's labels count beyond prompt/answer: position ``p``'s label predicts token
+    ``p+1``; the labels of positions ``masked[0] .. masked[1]-1`` carry no loss, and
+    ``weights`` gives some answer labels a weight other than 1."""
+
+    masked: tuple[int, int] = (0, 0)
+    weights: tuple[tuple[int, float], ...] = ()
+
+
+Row = tuple[list[int], int] | tuple[list[int], int, Marks]
+"""An encoded row: ``(ids, prompt length)``, optionally with its Marks."""
 
 
 @dataclass
@@ -34,6 +50,8 @@ class Batch:
     input_ids: torch.Tensor  # [batch, seq]
     is_real: torch.Tensor  # [batch, seq] bool: position predicts a real next token
     is_answer: torch.Tensor  # [batch, seq] bool: that next token belongs to the answer
+    # [batch, seq] float or None: a label's weight within the answer share (default 1 each)
+    weight: torch.Tensor | None = None
 
 
 def encode_example(
@@ -53,26 +71,97 @@ def encode_example(
     return p + a + [tok.eos_token_id], len(p)
 
 
-def collate(rows: Sequence[tuple[list[int], int]], pad_id: int) -> Batch:
-    """One right-padded batch; position t's label is token t+1."""
-    width = max(len(ids) for ids, _ in rows)
+def loop_stop_row(
+    ids: list[int],
+    n_prompt: int,
+    rng: random.Random,
+    close: list[int],
+    stop_weight: float,
+    exit: str = "close",
+) -> tuple[list[int], int, Marks] | None:
+    """The example's answer caught in a repetition loop, and its way out of it.
+
+    ``ids`` is prompt + answer + EOS (encode_example).  The answer is cut after token ``j`` and
+    the span of its last ``c`` tokens (LOOP_CYCLE) is repeated -- what a greedy copier does once
+    its induction heads latch onto its own output instead of the passage (the shipped pair's
+    looping answers, session 16).  The repeated tokens' labels carry no loss (``masked``: the
+    text is wrong); the correct prefix and the way out carry it, the way out's first token
+    ``stop_weight`` times.  The way out:
+
+    - ``"close"``: 3 .. 2c repeated tokens, then ``close`` (the closing quote) and EOS;
+    - ``"resume"``: the span repeated once or twice whole, then the answer's own rest
+      ``answer[j:]`` and EOS.  At that point the span's two earlier occurrences disagree on
+      what follows -- the passage's says ``answer[j]``, the answer's own says the span again --
+      and the label sides with the passage: the skill whose absence makes the loop.
+
+    None when the answer is too short to loop.
+    """
+    answer = ids[n_prompt:-1]
+    lo_c, hi_c = LOOP_CYCLE
+    if len(answer) < LOOP_START + lo_c + 2:
+        return None
+    j = rng.randint(LOOP_START + lo_c, len(answer) - 1)
+    c = rng.randint(lo_c, min(hi_c, j - LOOP_START))
+    cycle = answer[j - c : j]
+    if exit == "resume":
+        n_rep = c * rng.choice((1, 2))
+        rest = answer[j:]
+    else:
+        n_rep = rng.randint(3, 2 * c)
+        rest = close
+    loop = [cycle[t % c] for t in range(n_rep)]
+    seq = ids[:n_prompt] + answer[:j] + loop + rest + [ids[-1]]
+    start = n_prompt + j  # first injected token; the position before it predicts it
+    hi = start - 1 + n_rep
+    if exit == "resume":
+        way_out: tuple[tuple[int, float], ...] = ((hi, stop_weight),)
+    else:
+        way_out = tuple((p, stop_weight) for p in range(hi, len(seq) - 1))
+    return seq, n_prompt, Marks(masked=(start - 1, hi), weights=way_out)
+
+
+def citation_marks(
+    tok: PreTrainedTokenizerFast, ids: list[int], n_prompt: int, weight: float
+) -> Marks | None:
+    """Marks weighing the label of the answer's first citation number (the ``2`` of ``[2]``)
+    ``weight`` times: the one token that says which passage holds the answer.  None if the
+    answer cites nothing."""
+    for p in range(n_prompt, len(ids) - 1):
+        here, after = str(tok.decode([ids[p]])).strip(), str(tok.decode([ids[p + 1]])).strip()
+        if here == "[" and after.isdigit():
+            return Marks(weights=((p, weight),))  # position p predicts the number at p + 1
+    return None
+
+
+def collate(rows: Sequence[Row], pad_id: int) -> Batch:
+    """One right-padded batch; position t's label is token t+1, counted as the row's Marks say."""
+    width = max(len(row[0]) for row in rows)
     ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
     real = torch.zeros((len(rows), width), dtype=torch.bool)
     ans = torch.zeros((len(rows), width), dtype=torch.bool)
-    for r, (seq, n_prompt) in enumerate(rows):
+    weight = None
+    for r, row in enumerate(rows):
+        seq, n_prompt = row[0], int(row[1])
         ids[r, : len(seq)] = torch.tensor(seq)
         real[r, : len(seq) - 1] = True
         ans[r, n_prompt - 1 : len(seq) - 1] = True
-    return Batch(ids, real, ans)
+        if len(row) == 3:
+            marks: Marks = row[2]  # type: ignore[misc]
+            lo, hi = marks.masked
+            real[r, lo:hi] = False
+            ans[r, lo:hi] = False
+            for p, w in marks.weights:
+                if weight is None:
+                    weight = torch.ones((len(rows), width))
+                weight[r, p] = w
+    return Batch(ids, real, ans, weight)
 
 
-def bucket(
-    rows: Sequence[tuple[list[int], int]], tokens_per_batch: int, rng: random.Random
-) -> list[list[tuple[list[int], int]]]:
+def bucket(rows: Sequence[Row], tokens_per_batch: int, rng: random.Random) -> list[list[Row]]:
     """Rows (ids, prompt length) cut into batches of similar length, ~tokens_per_batch padded
     tokens each (a longer row alone), in ``rng``'s shuffled order."""
-    batches: list[list[tuple[list[int], int]]] = []
-    cur: list[tuple[list[int], int]] = []
+    batches: list[list[Row]] = []
+    cur: list[Row] = []
     for row in sorted(rows, key=lambda r: len(r[0])):
         if cur and (len(cur) + 1) * len(row[0]) > tokens_per_batch:
             batches.append(cur)
@@ -100,8 +189,14 @@ class BatchStream:
         fmt: PromptFormat | None = None,
         no_answer_rate: float = 0.0,
         gold_weights: Sequence[float] = RETRIEVAL_GOLD_WEIGHTS,
+        loop_stop_rate: float = 0.0,
+        stop_weight: float = 1.0,
+        cite_weight: float = 1.0,
+        loop_exit: str = "close",
     ) -> None:
         self.docs, self.tok, self.seed = docs, tok, seed
+        self.loop_stop_rate, self.stop_weight = loop_stop_rate, stop_weight
+        self.cite_weight, self.loop_exit = cite_weight, loop_exit
         self.gold_weights = tuple(gold_weights)
         self.fmt, self.no_answer_rate = fmt, no_answer_rate
         self.tokens_per_batch, self.examples_per_round, self.max_len = (
@@ -111,9 +206,9 @@ class BatchStream:
         )
         self.max_words, self.n_passages = max_words, n_passages
         self.tables = chunk_tables(docs, max_words)
-        self._cache: tuple[int, list[list[tuple[list[int], int]]]] | None = None
+        self._cache: tuple[int, list[list[Row]]] | None = None
 
-    def round_batches(self, rnd: int) -> list[list[tuple[list[int], int]]]:
+    def round_batches(self, rnd: int) -> list[list[Row]]:
         """The batches of round ``rnd``, each a list of encoded examples."""
         if self._cache and self._cache[0] == rnd:
             return self._cache[1]
@@ -127,7 +222,23 @@ class BatchStream:
             no_answer_rate=self.no_answer_rate,
             gold_weights=self.gold_weights,
         )
-        enc = [encode_example(self.tok, e, self.fmt) for e in examples]
+        enc: list[Row] = [encode_example(self.tok, e, self.fmt) for e in examples]
+        if self.loop_stop_rate:
+            # A share of the rows becomes loop-stop rows (loop_stop_row), from a stream of its own
+            # so that the examples themselves stay those of a run without them.
+            rng = random.Random(self.seed * 1_000_033 + rnd)
+            close = encode_text(self.tok, '"')
+            for n, (ids, n_prompt, *_) in enumerate(enc):
+                if rng.random() < self.loop_stop_rate:
+                    looped = loop_stop_row(
+                        ids, n_prompt, rng, close, self.stop_weight, self.loop_exit
+                    )
+                    enc[n] = looped if looped is not None else enc[n]
+        if self.cite_weight != 1.0:
+            for n, row in enumerate(enc):
+                if len(row) == 2:  # loop-stop rows keep their own marks
+                    cite = citation_marks(self.tok, row[0], row[1], self.cite_weight)
+                    enc[n] = (row[0], row[1], cite) if cite is not None else row
         enc = [e for e in enc if len(e[0]) <= self.max_len]
         batches = bucket(enc, self.tokens_per_batch, random.Random(self.seed * 7 + rnd))
         self._cache = (rnd, batches)

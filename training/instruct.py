@@ -93,6 +93,28 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--draft-steps", type=int, default=20)
     ap.add_argument("--induction-every", type=int, default=6, help="0: never")
     ap.add_argument("--no-answer-rate", type=float, default=0.04)
+    ap.add_argument(
+        "--loop-stop-rate",
+        type=float,
+        default=0.0,
+        help="share of RAG rows whose answer is cut, caught in a repetition loop and then closed "
+        "(training/data.py loop_stop_row): the model learns to end a quote that repeats itself",
+    )
+    ap.add_argument(
+        "--stop-weight", type=float, default=1.0, help="loss weight of a loop-stop row's way out"
+    )
+    ap.add_argument(
+        "--loop-exit",
+        choices=("close", "resume"),
+        default="close",
+        help="a loop-stop row's way out: close the quote and end, or resume the passage's text",
+    )
+    ap.add_argument(
+        "--cite-weight",
+        type=float,
+        default=1.0,
+        help="loss weight of the answer's citation number (the token that picks the passage)",
+    )
     ap.add_argument("--tokens-per-batch", type=int, default=4096)
     ap.add_argument("--lr", type=float, default=3e-4)
     ap.add_argument("--draft-lr", type=float, default=5e-4)
@@ -152,13 +174,18 @@ def main(argv: list[str] | None = None) -> None:
         fmt=fmt,
         no_answer_rate=args.no_answer_rate,
         gold_weights=GOLD_WEIGHTS[args.gold_position],
+        loop_stop_rate=args.loop_stop_rate,
+        stop_weight=args.stop_weight,
+        cite_weight=args.cite_weight,
+        loop_exit=args.loop_exit,
     )
     amp = autocast_dtype()
     total = args.target_steps + args.draft_steps
     log(
         f"{total} steps ({args.target_steps} target), autocast {amp}, {args.threads} thread(s), "
         f"{'continuing an instruct pair' if continuing else 'from a raw pair'}, "
-        f"gold position {args.gold_position}"
+        f"gold position {args.gold_position}, loop-stop rows {args.loop_stop_rate} "
+        f"(exit {args.loop_exit}, weight {args.stop_weight}), citation weight {args.cite_weight}"
     )
     every = args.induction_every
     while state["step"] < total:
@@ -221,6 +248,11 @@ def main(argv: list[str] | None = None) -> None:
         "no_answer_rate": args.no_answer_rate,
         "autocast": str(amp),
         "gold_position": args.gold_position,
+        "loop_stop_rate": args.loop_stop_rate,
+        "stop_weight": args.stop_weight,
+        "cite_weight": args.cite_weight,
+        "loop_exit": args.loop_exit,
+        "stream_seed": args.seed + 33 if args.stream_seed is None else args.stream_seed,
         "command": "python -m training.instruct "
         + " ".join(argv if argv is not None else sys.argv[1:]),
     }

@@ -30,10 +30,16 @@ from training.tokenizer import train_tokenizer
 
 
 def weighted(values: torch.Tensor, b: Batch, split: float = ANSWER_WEIGHT_SPLIT) -> torch.Tensor:
-    """Per-position losses [batch, seq-1] reduced so answers carry ``split`` of it."""
+    """Per-position losses [batch, seq-1] reduced so answers carry ``split`` of it (within the
+    answers, each label by ``b.weight`` where the batch has one)."""
     real, ans = b.is_real[:, :-1], b.is_answer[:, :-1]
     prompt = real & ~ans
-    return (1 - split) * values[prompt].mean() + split * values[ans].mean()
+    if b.weight is None:
+        answer = values[ans].mean()
+    else:
+        w = b.weight[:, :-1][ans].to(values.dtype)
+        answer = (values[ans] * w).sum() / w.sum()
+    return (1 - split) * values[prompt].mean() + split * answer
 
 
 def log_line(path: Path, msg: str) -> None:
