@@ -15,6 +15,9 @@ near-ties, generation/exactness.py) and against float32 (how often bf16 changes 
 the float32 top-2 gap where it does). The CPU's ISA heads every table, and the timing table's
 the core binding: vLLM's EngineCore processes on core 0 (VLLM_CPU_OMP_THREADS_BIND, overridable),
 this process (the torch engines) on the others, each engine one dedicated core (``pin_engines``).
+After each vLLM request the next engine's request waits until vLLM's worker stops spinning
+(``Settle``): that spin, though pinned to core 0, pushed other sessions' processes onto the torch
+engines' core and ran their prompt-by-prompt scenarios 2-3x slow (docs/benchmarks.md, session 16).
 
     flock /tmp/bench.lock .venv-vllm/bin/python benchmarks/dtypes.py [--prompts 16]
         [--max-tokens 64] [--k 4] [--burst 48] [--torch-threads 1] [--only burst]
@@ -104,6 +107,58 @@ def pin_engines(vllm_cores: str) -> str:
     )
 
 
+def vllm_spin_s() -> float:
+    """Seconds a vLLM worker busy-loops after its last request: its ``MultiprocExecutor``
+    worker reads requests from a shared-memory queue and spins there (``sched_yield``) for
+    ``SpinCondition``'s ``busy_loop_s`` (1 s in vLLM 0.32) before it sleeps on a socket. vLLM's
+    CPU platform always uses that executor ("uni" is turned into "mp"), so the spin cannot be
+    configured away."""
+    import inspect
+
+    try:
+        from vllm.distributed.device_communicators.shm_broadcast import SpinCondition
+    except ImportError:  # no vLLM, or another layout: vLLM 0.32's value
+        return 1.0
+    default = inspect.signature(SpinCondition.__init__).parameters["busy_loop_s"].default
+    return float(default) if isinstance(default, (int, float)) else 1.0
+
+
+class Settle:
+    """Runs the engines' timed requests, so no request starts while a vLLM worker still spins.
+
+    A vLLM worker spins on its core (core 0) for ``vllm_spin_s()`` after each request. It never
+    touches the torch engines' core, but a busy core 0 makes the kernel's load balancer move
+    whatever else runs on the machine (other sessions' processes, in autogroups of their own,
+    so their nice 19 does not count against this one) onto core 1, and the torch request
+    there got about half its core: 2-3x slower prefill and one stream whenever engines
+    alternate request by request, while vLLM's rates and the scenarios that run one engine
+    for seconds hardly moved (session 16). So before the request of an engine other than the
+    vLLM engine that ran last, this waits until that engine's worker has gone idle (for
+    every engine alike, the vLLM ones included: the spin also shares core 0 with the other
+    vLLM engine's worker)."""
+
+    def __init__(self) -> None:
+        self.spin_s = vllm_spin_s() + 0.1
+        self.last: str | None = None
+        self.vllm_done = 0.0
+        self.waited = 0.0
+
+    def before(self, name: str) -> None:
+        if self.last is not None and self.last != name and self.last.startswith("vllm"):
+            wait = self.vllm_done + self.spin_s - time.perf_counter()
+            if wait > 0:
+                time.sleep(wait)
+                self.waited += wait
+        self.last = name
+
+    def after(self, name: str) -> None:
+        if name.startswith("vllm"):
+            self.vllm_done = time.perf_counter()
+
+
+SETTLE = Settle()
+
+
 def isa() -> str:
     """The CPU's bf16 features and torch's vector ISA, for every table's head."""
     import torch
@@ -166,8 +221,10 @@ def measure(engines: dict[str, Any], args: argparse.Namespace) -> dict[str, dict
     params = SamplingParams(max_new_tokens=args.max_tokens, num_speculative_tokens=args.k)
     one = SamplingParams(max_new_tokens=1, num_speculative_tokens=args.k)  # prefill only
     rows: dict[str, dict[str, Any]] = {n: {"prefill": [], "stream": []} for n in engines}
-    for engine in engines.values():  # kernels of every shape once, outside the timings
+    for name, engine in engines.items():  # kernels of every shape once, outside the timings
+        SETTLE.before(name)
         engine.generate(marked(prompts[:1], 7)[0], params)
+        SETTLE.after(name)
     if args.only != "burst":
         rows["_prompts"] = rows_of_prompts(engines, rows, prompts, params, one)
     burst_rows(engines, rows, args, params)
@@ -185,23 +242,29 @@ def rows_of_prompts(
     for i, prompt in enumerate(marked(prompts, 0)):
         prompt[0] = 100 + i  # one marker per prompt: nothing to reuse
         for name in engines if i % 2 == 0 else list(engines)[::-1]:
+            SETTLE.before(name)
             t = time.perf_counter()
             engines[name].generate(prompt, one)
             rows[name]["prefill"].append((len(prompt), time.perf_counter() - t))
+            SETTLE.after(name)
     stream = marked(prompts, 200)
     for i, prompt in enumerate(stream):
         for name in engines if i % 2 == 0 else list(engines)[::-1]:
+            SETTLE.before(name)
             t = time.perf_counter()
             result = engines[name].generate(prompt, params)
             rows[name]["stream"].append(
                 (len(result.token_ids), time.perf_counter() - t, result.stats.ttft_ms)
             )
+            SETTLE.after(name)
             rows[name].setdefault("answers", []).append(result.token_ids)
     batch = marked(prompts, 300)
     for name in engines:
+        SETTLE.before(name)
         t = time.perf_counter()
         results = engines[name].generate_many(batch, params)
         rows[name]["many"] = (sum(len(r.token_ids) for r in results), time.perf_counter() - t)
+        SETTLE.after(name)
         rows[name]["many_answers"] = [r.token_ids for r in results]
     return {"stream": stream, "many": batch}
 
@@ -224,9 +287,11 @@ def burst_rows(
     marker = 400
     for r in range(args.burst_rounds):
         for name in engines if r % 2 == 0 else list(engines)[::-1]:
+            SETTLE.before(name)
             t = time.perf_counter()
             results = engines[name].generate_many(marked(burst, marker), params)
             secs = time.perf_counter() - t
+            SETTLE.after(name)
             marker += 1
             cached = sum(r.stats.num_cached_prompt_tokens for r in results)
             rows[name].setdefault("burst", []).append(
@@ -239,7 +304,8 @@ def table(rows: dict[str, dict[str, Any]], args: argparse.Namespace) -> None:
     names = [n for n in ENGINES if n in rows]
     ratio = [(a, b) for a, b in (("torch bf16", "torch f32"), ("torch bf16", "vllm bf16"))
              if a in names and b in names]  # fmt: skip
-    print(f"\n{isa()}; {args.binding}")
+    print(f"\n{isa()}; {args.binding}; {SETTLE.waited:.0f} s waited for vLLM's workers to "
+          f"stop spinning ({SETTLE.spin_s:.1f} s after each vLLM request)")  # fmt: skip
     print(f"| demo pair, {args.prompts} RAG prompts, {args.max_tokens} tokens, draft_model "
           f"k={args.k} | " + " | ".join(names) + " | " + " | ".join(f"{a} / {b}" for a, b in ratio)
           + " |")  # fmt: skip
