@@ -53,8 +53,11 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         for name in ("max_batch_size", "max_speculative_tokens", "prefill_chunk",
-                     "background_prefill_chunk", "ngram_max_n", "prefix_block_size"):  # fmt: skip
+                     "background_prefill_chunk", "batch_prefill_chunk", "ngram_max_n",
+                     "prefix_block_size"):  # fmt: skip
             value = getattr(self, name)
+            if value is None and name == "batch_prefill_chunk":
+                continue  # None: prefill_chunk
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"engine config: {name} must be an int >= 1, got {value!r}")
         for name, want, ok in (
@@ -65,13 +68,6 @@ class EngineConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not ok(value):
                 raise ValueError(f"engine config: {name} must be {want}, got {value!r}")
-        chunk = self.batch_prefill_chunk
-        if chunk is not None and (
-            isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1
-        ):
-            raise ValueError(
-                f"engine config: batch_prefill_chunk must be an int >= 1 or None, got {chunk!r}"
-            )
         if self.dtype is not None:
             try:
                 check_dtype_name(self.dtype)
