@@ -165,11 +165,12 @@ def main(argv: list[str] | None = None) -> None:
 
     fmt = PromptFormat.for_tokenizer(tok)
     corpus = build_corpus(args.seed)
+    # fresh examples, not the raw pair's stream
+    stream_seed = args.seed + 33 if args.stream_seed is None else args.stream_seed
     stream = BatchStream(
         corpus.train,
         tok,
-        # fresh examples, not the raw pair's stream
-        seed=args.seed + 33 if args.stream_seed is None else args.stream_seed,
+        seed=stream_seed,
         tokens_per_batch=args.tokens_per_batch,
         fmt=fmt,
         no_answer_rate=args.no_answer_rate,
@@ -252,7 +253,7 @@ def main(argv: list[str] | None = None) -> None:
         "stop_weight": args.stop_weight,
         "cite_weight": args.cite_weight,
         "loop_exit": args.loop_exit,
-        "stream_seed": args.seed + 33 if args.stream_seed is None else args.stream_seed,
+        "stream_seed": stream_seed,
         "command": "python -m training.instruct "
         + " ".join(argv if argv is not None else sys.argv[1:]),
     }
