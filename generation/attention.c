@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 #define GROUP 4 /* queries whose weighted sums share one pass over the values */
+#define BLOCK 16 /* queries whose scores are computed together (one scratch of scores) */
 
 static inline __m512 exp_ps(__m512 x) { /* Cephes expf, for x <= 0 */
     x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
@@ -89,7 +90,7 @@ static void one_head(const uint16_t *q, int64_t q_step, const uint16_t *k, const
         }
     }
     /* softmax numerators; positions past a query's own are weighted 0 */
-    float sums[64];
+    float sums[BLOCK];
     for (int64_t j = 0; j < n; j++) {
         float *s = scores + j * stride;
         int64_t own = start + j < capacity - 1 ? start + j + 1 : capacity;
@@ -140,18 +141,24 @@ static void one_head(const uint16_t *q, int64_t q_step, const uint16_t *k, const
 
 /* q [B, heads, n, dim] at element strides q_strides (b, head, j; dim contiguous); keys, values
  * [num_slots, kv_heads, capacity, dim] contiguous; out [B, n, heads, dim]; scratch:
- * n * (capacity + 16) floats. dim a multiple of 32, n <= 64. */
-void few_query_attention_bf16(const uint16_t *q, const int64_t *q_strides, const uint16_t *keys,
-                              const uint16_t *values,
-                              const int64_t *slots, const int64_t *starts, int64_t batch,
-                              int64_t heads, int64_t kv_heads, int64_t n, int64_t dim,
-                              int64_t capacity, float scale, uint16_t *out, float *scratch) {
+ * BLOCK * (capacity + 16) floats. dim a multiple of 32. A row's queries run BLOCK at a time, each
+ * block over the positions its last query sees: a prompt chunk reads the causal triangle, not
+ * the square. */
+void slot_attention_bf16(const uint16_t *q, const int64_t *q_strides, const uint16_t *keys,
+                         const uint16_t *values, const int64_t *slots, const int64_t *starts,
+                         int64_t batch, int64_t heads, int64_t kv_heads, int64_t n, int64_t dim,
+                         int64_t capacity, float scale, uint16_t *out, float *scratch) {
     int64_t groups = heads / kv_heads;
     for (int64_t b = 0; b < batch; b++) {
         for (int64_t h = 0; h < heads; h++) {
             int64_t kv = (slots[b] * kv_heads + h / groups) * capacity * dim;
-            one_head(q + b * q_strides[0] + h * q_strides[1], q_strides[2], keys + kv, values + kv, n, dim, starts[b],
-                     capacity, scale, out + (b * n * heads + h) * dim, heads * dim, scratch);
+            const uint16_t *qh = q + b * q_strides[0] + h * q_strides[1];
+            for (int64_t j0 = 0; j0 < n; j0 += BLOCK) {
+                int64_t m = n - j0 < BLOCK ? n - j0 : BLOCK;
+                one_head(qh + j0 * q_strides[2], q_strides[2], keys + kv, values + kv, m, dim,
+                         starts[b] + j0, capacity, scale, out + ((b * n + j0) * heads + h) * dim,
+                         heads * dim, scratch);
+            }
         }
     }
 }

@@ -1,14 +1,17 @@
-"""Attention of a few queries per row over KV slots, in bfloat16 on a CPU with AVX-512 BF16.
+"""Attention of each row's queries over its own KV slot, in bfloat16 on a CPU with AVX-512 BF16.
 
-Why it exists: a speculative round attends 1 + k queries a row (a draft pass 1) over hundreds
-of cached positions. torch's CPU SDPA is slow at that shape in bfloat16 (its flash kernel is
-built for many queries: 5 queries cost 2.5x one, nearly what 16 cost), and a batch of rows is
-padded to the longest row with a mask. ``attention.c`` reads each row's slot up to its own
-length (no padding, no mask, no gather) and each position's keys and values once for all of the
-row's queries, as vLLM's CPU attention reads its paged cache (docs/benchmarks.md, issue 34,
-session 16). It is compiled on first use with the system's C compiler into a per-user cache;
-where that fails, or the CPU lacks AVX-512 BF16, ``few_query_attention`` returns None and the
-forward pass runs SDPA as before. float32 always runs SDPA (its numerics stay as they were).
+Why it exists: torch's CPU SDPA is slow at this engine's shapes in bfloat16. A speculative round
+attends 1 + k queries a row (a draft pass 1) over hundreds of cached positions, where its flash
+kernel costs 5 queries 2.5x one, nearly what 16 cost, and a batch of rows is padded to the
+longest row with a mask. A prompt's prefill is no better: on a CPU without AMX its bf16 flash
+kernel is no faster than float32's (a 500-token causal prefill, 6 heads of 64: 5.5 ms a layer
+in both; docs/benchmarks.md, issue 34, session 17). ``attention.c`` reads each row's slot up to
+its own length (no padding, no mask, no gather), each position's keys and values once for a
+block of 16 queries (a prompt reads the causal triangle block by block), as vLLM's CPU attention
+reads its paged cache (docs/benchmarks.md, issue 34, sessions 16 and 17). It is compiled on first
+use with the system's C compiler into a per-user cache; where that fails, or the CPU lacks
+AVX-512 BF16, ``slot_attention`` returns None and the forward pass runs SDPA as before. float32
+always runs SDPA (its numerics stay as they were).
 """
 
 from __future__ import annotations
@@ -25,8 +28,8 @@ from pathlib import Path
 
 import torch
 
-MAX_QUERIES = 16
-"""Passes with more queries a row (prompt chunks) run SDPA."""
+BLOCK = 16
+"""Queries a row whose scores the kernel computes together (``BLOCK`` in attention.c)."""
 
 SOURCE = Path(__file__).with_name("attention.c")
 FLAGS = ["-O3", "-mavx512f", "-mavx512bf16", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma"]
@@ -72,7 +75,7 @@ def _build() -> ctypes.CDLL | None:
         except (OSError, subprocess.SubprocessError):
             return None
     lib = ctypes.CDLL(str(target))
-    fn = lib.few_query_attention_bf16
+    fn = lib.slot_attention_bf16
     fn.restype = None
     fn.argtypes = [
         ctypes.c_void_p,  # q
@@ -99,7 +102,7 @@ def library() -> ctypes.CDLL | None:
         return _library
 
 
-def few_query_attention(
+def slot_attention(
     dtype: torch.dtype,
     device: torch.device,
     slots: list[int],
@@ -109,12 +112,12 @@ def few_query_attention(
 ) -> Attention | None:
     """An attention for one pass of ``n`` queries a row (row b: slot ``slots[b]``, its query j
     seeing positions up to ``starts[b] + j``), or None where it does not apply: another dtype
-    or device, more than ``MAX_QUERIES`` queries, a head_dim not a multiple of 32, more than
-    one torch thread (the kernel runs on one), or no kernel here."""
+    or device, a head_dim not a multiple of 32, more than one torch thread (the kernel runs on
+    one), or no kernel here."""
     if (
         dtype != torch.bfloat16
         or device.type != "cpu"
-        or not 1 <= n <= MAX_QUERIES
+        or n < 1
         or head_dim % 32
         or torch.get_num_threads() != 1
     ):
@@ -137,9 +140,9 @@ def few_query_attention(
         assert keys.is_contiguous() and values.is_contiguous()
         heads, kv_heads, capacity = q.shape[1], keys.shape[1], keys.shape[2]
         out = torch.empty((batch * n, heads * head_dim), dtype=torch.bfloat16)
-        scratch = torch.empty(n * (capacity + 16), dtype=torch.float32)
+        scratch = torch.empty(min(n, BLOCK) * (capacity + 16), dtype=torch.float32)
         strides = torch.tensor(q.stride()[:3], dtype=torch.int64)
-        lib.few_query_attention_bf16(
+        lib.slot_attention_bf16(
             q.data_ptr(), strides.data_ptr(), keys.data_ptr(), values.data_ptr(),
             rows.data_ptr(), begins.data_ptr(), batch, heads, kv_heads, n, head_dim, capacity,
             scale, out.data_ptr(), scratch.data_ptr(),

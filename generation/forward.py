@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from generation.attention import few_query_attention
+from generation.attention import slot_attention
 from generation.kv_store import KVStore
 
 
@@ -370,8 +370,8 @@ class FastLlamaForward:
         self._rope(max(starts) + n)
         groups = self.heads // self.kv_heads
         mask, is_causal, gqa = None, False, groups > 1
-        # A few queries a row in bf16: generation/attention.py's kernel (None: SDPA below).
-        attend = few_query_attention(self.dtype, device, slots, starts, n, self.head_dim)
+        # bf16 on a CPU with AVX-512 BF16: generation/attention.py's kernel (None: SDPA below).
+        attend = slot_attention(self.dtype, device, slots, starts, n, self.head_dim)
         if batch == 1:
             # One row: the masks transformers passes to SDPA (none for one token; causal for a
             # prompt on an empty slot; a causal mask after cached positions, additive).

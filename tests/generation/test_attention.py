@@ -1,4 +1,4 @@
-"""generation/attention.py: the few-query bf16 kernel against float64 attention, where it
+"""generation/attention.py: the bf16 slot-attention kernel against float64 attention, where it
 applies and where SDPA stays, and a bf16 engine that runs it (greedy speculation is the bf16
 ``none`` run but at near-ties, as tests/generation/test_dtype.py asks of SDPA)."""
 
@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from generation import SamplingParams, SpeculativeEngine
 from generation import attention as attention_module
-from generation.attention import few_query_attention, library
+from generation.attention import slot_attention, library
 from generation.exactness import check_greedy
 from tests.generation.tiny_models import build_model, perturbed_copy
 
@@ -49,6 +49,9 @@ def _reference(q, keys, values, slots, starts, scale):  # type: ignore[no-untype
         (4, 2, 32, 9, [3, 0, 5], [17, 0, 63]),  # GQA, k = 8, slots out of order, a prompt start
         (4, 2, 32, 16, [1], [40]),  # a short prompt chunk, one row
         (2, 1, 64, 5, [6, 1], [1020, 1019]),  # positions past the slot's end clamp to its last
+        (6, 6, 64, 300, [2], [0]),  # a prompt on an empty slot: 19 blocks of queries, causal
+        (6, 6, 64, 37, [5], [500]),  # a prompt chunk after cached positions, a partial block
+        (4, 2, 32, 40, [3, 0], [0, 100]),  # batched prompts (generate_many), GQA
     ],
 )
 def test_the_kernel_is_attention_to_bf16_rounding(heads, kv_heads, dim, n, slots, starts):  # type: ignore[no-untyped-def]
@@ -58,7 +61,7 @@ def test_the_kernel_is_attention_to_bf16_rounding(heads, kv_heads, dim, n, slots
     values = torch.randn(8, kv_heads, capacity, dim).bfloat16()
     q = (2 * torch.randn(len(slots), n, heads, dim)).bfloat16().transpose(1, 2)  # as forward's
     scale = dim**-0.5
-    attend = few_query_attention(torch.bfloat16, CPU, slots, starts, n, dim)
+    attend = slot_attention(torch.bfloat16, CPU, slots, starts, n, dim)
     assert attend is not None
     got = attend(q, keys, values, scale)
     assert got.dtype == torch.bfloat16 and got.shape == (len(slots) * n, heads * dim)
@@ -90,7 +93,7 @@ def test_it_matches_sdpa_on_a_padded_batch() -> None:
         .transpose(1, 2)
         .reshape(3 * n, -1)
     )
-    attend = few_query_attention(torch.bfloat16, CPU, [0, 1, 2], starts, n, 64)
+    attend = slot_attention(torch.bfloat16, CPU, [0, 1, 2], starts, n, 64)
     assert attend is not None
     got = attend(q, keys, values, 64**-0.5)
     assert (got.float() - sdpa.float()).abs().max() <= 2**-7 * sdpa.float().abs().max()
@@ -98,14 +101,13 @@ def test_it_matches_sdpa_on_a_padded_batch() -> None:
 
 def test_where_it_does_not_apply_sdpa_stays(monkeypatch: pytest.MonkeyPatch) -> None:
     args = ([0, 1], [10, 20])
-    assert few_query_attention(torch.float32, CPU, *args, 5, 64) is None  # float32: SDPA
-    assert few_query_attention(torch.bfloat16, CPU, *args, 17, 64) is None  # a prompt chunk
-    assert few_query_attention(torch.bfloat16, CPU, *args, 5, 48) is None  # head_dim
-    assert few_query_attention(torch.bfloat16, torch.device("meta"), *args, 5, 64) is None
+    assert slot_attention(torch.float32, CPU, *args, 5, 64) is None  # float32: SDPA
+    assert slot_attention(torch.bfloat16, CPU, *args, 5, 48) is None  # head_dim
+    assert slot_attention(torch.bfloat16, torch.device("meta"), *args, 5, 64) is None
     previous = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        assert few_query_attention(torch.bfloat16, CPU, *args, 5, 64) is None  # one thread only
+        assert slot_attention(torch.bfloat16, CPU, *args, 5, 64) is None  # one thread only
     finally:
         torch.set_num_threads(previous)
     # No compiler, or a CPU without AVX-512 BF16: nothing is built, SDPA runs.
@@ -118,7 +120,7 @@ def test_where_it_does_not_apply_sdpa_stays(monkeypatch: pytest.MonkeyPatch) -> 
         else:
             monkeypatch.setattr(attention_module, patch[0], patch[1])
         assert attention_module.library() is None
-        assert few_query_attention(torch.bfloat16, CPU, *args, 5, 64) is None
+        assert slot_attention(torch.bfloat16, CPU, *args, 5, 64) is None
         monkeypatch.undo()
 
 
@@ -129,14 +131,14 @@ def test_a_bf16_engine_runs_it_and_speculation_is_the_none_run_but_at_near_ties(
     """head_dim 32 (hidden 128, 4 heads): the kernel runs every decode pass of the bf16
     engine, batched and alone; float32 never calls it."""
     calls = {"kernel": 0}
-    original = attention_module.few_query_attention
+    original = attention_module.slot_attention
 
     def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
         attend = original(*args, **kwargs)
         calls["kernel"] += attend is not None
         return attend
 
-    monkeypatch.setattr("generation.forward.few_query_attention", counted)
+    monkeypatch.setattr("generation.forward.slot_attention", counted)
     target = build_model("llama", vocab_size=96, seed=5, hidden_size=128, logit_scale=8.0)
     draft = perturbed_copy(target, noise=0.3)
     f32 = SpeculativeEngine(target, draft)
