@@ -1,14 +1,17 @@
-/* Attention of a few queries per row over each row's own KV slot, bfloat16 (AVX-512 BF16).
+/* Attention of each row's queries over each row's own KV slot, bfloat16 (AVX-512 BF16).
  *
  * generation/attention.py compiles and calls it; see its docstring for why it exists. Row b
  * reads slot slots[b] of the store layer (keys and values [num_slots, kv_heads, capacity,
  * head_dim]); its query j sees positions 0 .. min(starts[b] + j, capacity - 1), so no row reads
- * another's length (no padding) and no mask exists. Scores, softmax and the weighted sum are
- * float32 (products of bfloat16 are exact in float32); the output is rounded to bfloat16 once.
+ * another's length (no padding) and no mask exists. Scores and softmax are float32 (products of
+ * bfloat16 are exact in float32); the softmax weights are rounded to bfloat16 for the weighted
+ * sum of the values, which is float32, as SDPA's bf16 kernels do; the output is rounded to
+ * bfloat16 once.
  */
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 #define GROUP 4 /* queries whose weighted sums share one pass over the values */
 #define BLOCK 16 /* queries whose scores are computed together (one scratch of scores) */
@@ -89,10 +92,13 @@ static void one_head(const uint16_t *q, int64_t q_step, const uint16_t *k, const
             scores[j * stride + p] = _mm512_reduce_add_ps(acc) * scale;
         }
     }
-    /* softmax numerators; positions past a query's own are weighted 0 */
+    /* softmax numerators, rounded to bfloat16 for the weighted sum (as SDPA's bf16 kernels
+     * round them; the normaliser sums them in float32); positions past a query's own weigh 0 */
     float sums[BLOCK];
+    uint16_t *weights = (uint16_t *)(scores + n * stride); /* [n, stride] */
     for (int64_t j = 0; j < n; j++) {
         float *s = scores + j * stride;
+        uint16_t *wj = weights + j * stride;
         int64_t own = start + j < capacity - 1 ? start + j + 1 : capacity;
         for (int64_t p = own; p < stride; p++) s[p] = -INFINITY;
         __m512 mx = _mm512_set1_ps(-INFINITY);
@@ -100,39 +106,56 @@ static void one_head(const uint16_t *q, int64_t q_step, const uint16_t *k, const
         __m512 m = _mm512_set1_ps(_mm512_reduce_max_ps(mx));
         __m512 sum = _mm512_setzero_ps();
         for (int64_t p = 0; p < stride; p += 16) {
-            __m512 e = exp_ps(_mm512_sub_ps(_mm512_loadu_ps(s + p), m));
-            e = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(_mm512_loadu_ps(s + p),
-                                                       _mm512_set1_ps(-INFINITY), _CMP_NEQ_OQ),
-                                    e);
-            _mm512_storeu_ps(s + p, e);
+            __m512 x = _mm512_loadu_ps(s + p);
+            __m512 e = exp_ps(_mm512_sub_ps(x, m));
+            e = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(-INFINITY), _CMP_NEQ_OQ), e);
+            _mm256_storeu_si256((__m256i *)(wj + p), (__m256i)_mm512_cvtneps_pbh(e));
             sum = _mm512_add_ps(sum, e);
         }
         sums[j] = _mm512_reduce_add_ps(sum);
     }
-    /* out_j = sum_p w_jp v_p / sum_j, GROUP queries a pass over the values */
-    int64_t vecs = dim / 16;
+    /* out_j = sum_p w_jp v_p / sum_j: two positions a VDPBF16PS (their values interleaved dim by
+     * dim, their weights a broadcast pair), GROUP queries a pass over the values, 64 dims at a
+     * time. Interleaving 128-bit lane by lane puts dims 8k..8k+3 in the low result's lanes
+     * 4k..4k+3 and dims 8k+4..8k+7 in the high one's; the store puts them back in order. */
+    const __m512i first = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+    const __m512i second = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29,
+                                             30, 31);
+    int64_t loads = dim / 32; /* 32 dims a load */
     for (int64_t j0 = 0; j0 < n; j0 += GROUP) {
         int64_t g = n - j0 < GROUP ? n - j0 : GROUP;
-        for (int64_t c = 0; c < vecs; c += 4) { /* 64 dims at a time */
-            int64_t w = vecs - c < 4 ? vecs - c : 4;
+        for (int64_t c = 0; c < loads; c += 2) {
+            int64_t w = loads - c < 2 ? loads - c : 2;
             __m512 acc[GROUP][4];
             for (int64_t a = 0; a < GROUP; a++)
                 for (int64_t e = 0; e < 4; e++) acc[a][e] = _mm512_setzero_ps();
-            for (int64_t p = 0; p < len; p++) {
-                const uint16_t *vp = v + p * dim + 16 * c;
-                __m512 vv[4];
-                for (int64_t e = 0; e < w; e++) vv[e] = bf16_to_ps(vp + 16 * e);
+            for (int64_t p = 0; p < len; p += 2) {
+                __m512i pairs[4];
+                for (int64_t e = 0; e < w; e++) {
+                    __m512i x = _mm512_loadu_si512((const void *)(v + p * dim + 32 * (c + e)));
+                    __m512i y = p + 1 < len ? _mm512_loadu_si512((const void *)(v + (p + 1) * dim + 32 * (c + e)))
+                                            : _mm512_setzero_si512();
+                    pairs[2 * e] = _mm512_unpacklo_epi16(x, y);
+                    pairs[2 * e + 1] = _mm512_unpackhi_epi16(x, y);
+                }
                 for (int64_t a = 0; a < g; a++) {
-                    __m512 wt = _mm512_set1_ps(scores[(j0 + a) * stride + p]);
-                    for (int64_t e = 0; e < w; e++) acc[a][e] = _mm512_fmadd_ps(wt, vv[e], acc[a][e]);
+                    int32_t pair;
+                    memcpy(&pair, weights + (j0 + a) * stride + p, sizeof pair);
+                    __m512bh wt = (__m512bh)_mm512_set1_epi32(pair);
+                    for (int64_t e = 0; e < 2 * w; e++)
+                        acc[a][e] = _mm512_dpbf16_ps(acc[a][e], (__m512bh)pairs[e], wt);
                 }
             }
             for (int64_t a = 0; a < g; a++) {
                 __m512 inv = _mm512_set1_ps(1.0f / sums[j0 + a]);
-                uint16_t *o = out + (j0 + a) * out_stride + 16 * c;
+                uint16_t *o = out + (j0 + a) * out_stride + 32 * c;
                 for (int64_t e = 0; e < w; e++) {
-                    __m256bh r = _mm512_cvtneps_pbh(_mm512_mul_ps(acc[a][e], inv));
-                    _mm256_storeu_si256((__m256i *)(o + 16 * e), (__m256i)r);
+                    __m512 lo = _mm512_mul_ps(acc[a][2 * e], inv);
+                    __m512 hi = _mm512_mul_ps(acc[a][2 * e + 1], inv);
+                    __m256bh r0 = _mm512_cvtneps_pbh(_mm512_permutex2var_ps(lo, first, hi));
+                    __m256bh r1 = _mm512_cvtneps_pbh(_mm512_permutex2var_ps(lo, second, hi));
+                    _mm256_storeu_si256((__m256i *)(o + 32 * e), (__m256i)r0);
+                    _mm256_storeu_si256((__m256i *)(o + 32 * e + 16), (__m256i)r1);
                 }
             }
         }
@@ -141,7 +164,7 @@ static void one_head(const uint16_t *q, int64_t q_step, const uint16_t *k, const
 
 /* q [B, heads, n, dim] at element strides q_strides (b, head, j; dim contiguous); keys, values
  * [num_slots, kv_heads, capacity, dim] contiguous; out [B, n, heads, dim]; scratch:
- * BLOCK * (capacity + 16) floats. dim a multiple of 32. A row's queries run BLOCK at a time, each
+ * 2 * min(n, BLOCK) * (capacity + 16) floats (scores, then their bfloat16 weights). dim a multiple of 32. A row's queries run BLOCK at a time, each
  * block over the positions its last query sees: a prompt chunk reads the causal triangle, not
  * the square. */
 void slot_attention_bf16(const uint16_t *q, const int64_t *q_strides, const uint16_t *keys,

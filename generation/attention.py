@@ -140,7 +140,7 @@ def slot_attention(
         assert keys.is_contiguous() and values.is_contiguous()
         heads, kv_heads, capacity = q.shape[1], keys.shape[1], keys.shape[2]
         out = torch.empty((batch * n, heads * head_dim), dtype=torch.bfloat16)
-        scratch = torch.empty(min(n, BLOCK) * (capacity + 16), dtype=torch.float32)
+        scratch = torch.empty(2 * min(n, BLOCK) * (capacity + 16), dtype=torch.float32)
         strides = torch.tensor(q.stride()[:3], dtype=torch.int64)
         lib.slot_attention_bf16(
             q.data_ptr(), strides.data_ptr(), keys.data_ptr(), values.data_ptr(),
