@@ -4,8 +4,8 @@ Why it exists: torch's CPU SDPA is slow at this engine's shapes in bfloat16. A s
 attends 1 + k queries a row (a draft pass 1) over hundreds of cached positions, where its flash
 kernel costs 5 queries 2.5x one, nearly what 16 cost, and a batch of rows is padded to the
 longest row with a mask. A prompt's prefill is no better: on a CPU without AMX its bf16 flash
-kernel is no faster than float32's (a 500-token causal prefill, 6 heads of 64: 5.5 ms a layer
-in both; docs/benchmarks.md, issue 34, session 17). ``attention.c`` reads each row's slot up to
+kernel is no faster than float32's (a 500-token causal prefill, 6 heads of 64: 6.3 ms a layer
+against 6.1; docs/benchmarks.md, issue 34, session 17). ``attention.c`` reads each row's slot up to
 its own length (no padding, no mask, no gather), each position's keys and values once for a
 block of 16 queries (a prompt reads the causal triangle block by block), as vLLM's CPU attention
 reads its paged cache (docs/benchmarks.md, issue 34, sessions 16 and 17). It is compiled on first
@@ -17,6 +17,7 @@ always runs SDPA (its numerics stay as they were).
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import os
 import shutil
@@ -43,11 +44,20 @@ Attention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Te
 [B * n, heads * head_dim]."""
 
 
-def _cpu_has_avx512_bf16() -> bool:
+@functools.cache
+def _cpu_flags() -> frozenset[str]:
     try:
-        return "avx512_bf16" in Path("/proc/cpuinfo").read_text().split()
+        return frozenset(Path("/proc/cpuinfo").read_text().split())
     except OSError:
-        return False
+        return frozenset()
+
+
+def _cpu_has_avx512_bf16() -> bool:
+    return "avx512_bf16" in _cpu_flags()
+
+
+def _cpu_has_amx() -> bool:
+    return "amx_bf16" in _cpu_flags()
 
 
 def _build() -> ctypes.CDLL | None:
@@ -113,13 +123,16 @@ def slot_attention(
     """An attention for one pass of ``n`` queries a row (row b: slot ``slots[b]``, its query j
     seeing positions up to ``starts[b] + j``), or None where it does not apply: another dtype
     or device, a head_dim not a multiple of 32, more than one torch thread (the kernel runs on
-    one), or no kernel here."""
+    one), no kernel here, or a prompt chunk (more than ``BLOCK`` queries a row) on a CPU with
+    AMX, where torch's flash kernel has tile units this kernel does not use and the kernel's
+    prompt path was never measured against it."""
     if (
         dtype != torch.bfloat16
         or device.type != "cpu"
         or n < 1
         or head_dim % 32
         or torch.get_num_threads() != 1
+        or (n > BLOCK and _cpu_has_amx())
     ):
         return None
     lib = library()

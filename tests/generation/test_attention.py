@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from generation import SamplingParams, SpeculativeEngine
 from generation import attention as attention_module
-from generation.attention import slot_attention, library
+from generation.attention import library, slot_attention
 from generation.exactness import check_greedy
 from tests.generation.tiny_models import build_model, perturbed_copy
 
@@ -54,7 +54,11 @@ def _reference(q, keys, values, slots, starts, scale):  # type: ignore[no-untype
         (4, 2, 32, 40, [3, 0], [0, 100]),  # batched prompts (generate_many), GQA
     ],
 )
-def test_the_kernel_is_attention_to_bf16_rounding(heads, kv_heads, dim, n, slots, starts):  # type: ignore[no-untyped-def]
+def test_the_kernel_is_attention_to_bf16_rounding(
+    heads, kv_heads, dim, n, slots, starts, monkeypatch
+):  # type: ignore[no-untyped-def]
+    # Prompt chunks are left to SDPA on an AMX CPU; the kernel is checked on them everywhere.
+    monkeypatch.setattr(attention_module, "_cpu_has_amx", lambda: False)
     torch.manual_seed(len(slots) * 31 + n)
     capacity = 1024
     keys = torch.randn(8, kv_heads, capacity, dim).bfloat16()
@@ -103,6 +107,14 @@ def test_where_it_does_not_apply_sdpa_stays(monkeypatch: pytest.MonkeyPatch) -> 
     args = ([0, 1], [10, 20])
     assert slot_attention(torch.float32, CPU, *args, 5, 64) is None  # float32: SDPA
     assert slot_attention(torch.bfloat16, CPU, *args, 5, 48) is None  # head_dim
+    # A prompt chunk: the kernel's on a CPU without AMX; on one with AMX torch's flash kernel
+    # (tile units) keeps it.
+    monkeypatch.setattr(attention_module, "_cpu_has_amx", lambda: False)
+    if library() is not None:
+        assert slot_attention(torch.bfloat16, CPU, *args, 17, 64) is not None
+    monkeypatch.setattr(attention_module, "_cpu_has_amx", lambda: True)
+    assert slot_attention(torch.bfloat16, CPU, *args, 17, 64) is None
+    monkeypatch.undo()
     assert slot_attention(torch.bfloat16, torch.device("meta"), *args, 5, 64) is None
     previous = torch.get_num_threads()
     torch.set_num_threads(2)
