@@ -47,6 +47,11 @@ def _vllm_settings(deployment: Deployment, redis: RedisServer, **update: object)
             "worker_pool": "threads",
             "worker_concurrency": 24,
             "max_tokens_limit": 1500,
+            # float32: the SIGKILL part below needs the pair's ~400-token answer to
+            # LONG_QUESTION, and in bf16 that answer depends on the CPU's kernels (on an AMD
+            # Zen 4 host without AMX, vLLM bf16 ended it early: CI failed, session 17). float32 is
+            # vLLM's answer = the torch engine's on every CPU here (docs/vllm.md).
+            "dtype": "float32",
             # Retrieval's torch beside vLLM's threads pinned to core 0 (docs/vllm.md).
             "torch_threads": 1,
             **update,
@@ -167,7 +172,10 @@ def test_a_vllm_worker_answers_streams_bursts_counts_and_survives_sigkill(
             if len(held) == 8:
                 break
             ended = [q.status for q in queries if q.status not in ("queued", "running")]
-            assert not ended, f"a long answer ended before all 8 were held: {ended}"
+            assert not ended, (
+                f"a long answer ended before all 8 were held: {ended} (the premise: the demo "
+                f"pair's greedy float32 answer to {LONG_QUESTION!r} runs ~400 tokens)"
+            )
             assert time.monotonic() < deadline, "the worker never held all 8 at once"
             time.sleep(0.05)
         first.kill()
