@@ -32,12 +32,8 @@ static inline __m512 exp_ps(__m512 x) { /* Cephes expf, for x <= 0 */
     return _mm512_scalef_ps(p, n);
 }
 
-static inline __m512 bf16_to_ps(const uint16_t *src) { /* 16 bfloat16 -> 16 float32 */
-    __m256i raw = _mm256_loadu_si256((const __m256i *)src);
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
-}
-
-/* One (row, head): q [n, dim] -> out rows j at out + j * out_stride. */
+/* One (row, head) and at most BLOCK of its queries: q [n, dim] -> out rows j at out + j *
+ * out_stride; scores: scratch for n rows of scores and n rows of bfloat16 weights. */
 static void one_head(const uint16_t *q, int64_t q_step, const uint16_t *k, const uint16_t *v,
                      int64_t n, int64_t dim, int64_t start, int64_t capacity, float scale, uint16_t *out,
                      int64_t out_stride, float *scores) {
@@ -108,7 +104,8 @@ static void one_head(const uint16_t *q, int64_t q_step, const uint16_t *k, const
         for (int64_t p = 0; p < stride; p += 16) {
             __m512 x = _mm512_loadu_ps(s + p);
             __m512 e = exp_ps(_mm512_sub_ps(x, m));
-            e = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(-INFINITY), _CMP_NEQ_OQ), e);
+            __mmask16 seen = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-INFINITY), _CMP_NEQ_OQ);
+            e = _mm512_maskz_mov_ps(seen, e);
             _mm256_storeu_si256((__m256i *)(wj + p), (__m256i)_mm512_cvtneps_pbh(e));
             sum = _mm512_add_ps(sum, e);
         }
@@ -133,8 +130,9 @@ static void one_head(const uint16_t *q, int64_t q_step, const uint16_t *k, const
                 __m512i pairs[4];
                 for (int64_t e = 0; e < w; e++) {
                     __m512i x = _mm512_loadu_si512((const void *)(v + p * dim + 32 * (c + e)));
-                    __m512i y = p + 1 < len ? _mm512_loadu_si512((const void *)(v + (p + 1) * dim + 32 * (c + e)))
-                                            : _mm512_setzero_si512();
+                    __m512i y = _mm512_setzero_si512(); /* an odd length's last pair */
+                    if (p + 1 < len)
+                        y = _mm512_loadu_si512((const void *)(v + (p + 1) * dim + 32 * (c + e)));
                     pairs[2 * e] = _mm512_unpacklo_epi16(x, y);
                     pairs[2 * e + 1] = _mm512_unpackhi_epi16(x, y);
                 }
@@ -164,9 +162,9 @@ static void one_head(const uint16_t *q, int64_t q_step, const uint16_t *k, const
 
 /* q [B, heads, n, dim] at element strides q_strides (b, head, j; dim contiguous); keys, values
  * [num_slots, kv_heads, capacity, dim] contiguous; out [B, n, heads, dim]; scratch:
- * 2 * min(n, BLOCK) * (capacity + 16) floats (scores, then their bfloat16 weights). dim a multiple of 32. A row's queries run BLOCK at a time, each
- * block over the positions its last query sees: a prompt chunk reads the causal triangle, not
- * the square. */
+ * 2 * min(n, BLOCK) * (capacity + 16) floats (scores, then their bfloat16 weights); dim a
+ * multiple of 32. A row's queries run BLOCK at a time, each block over the positions its last
+ * query sees: a prompt chunk reads the causal triangle, not the square. */
 void slot_attention_bf16(const uint16_t *q, const int64_t *q_strides, const uint16_t *keys,
                          const uint16_t *values, const int64_t *slots, const int64_t *starts,
                          int64_t batch, int64_t heads, int64_t kv_heads, int64_t n, int64_t dim,
