@@ -253,10 +253,11 @@ class BatchStream:
         ambiguity_weight: float = 1.0,
         ambiguity_n: tuple[int, int] = AMBIGUITY_N,
         ambiguity_repeat: int = 1,
+        ambiguity_skip_end: bool = False,
     ) -> None:
         self.docs, self.tok, self.seed = docs, tok, seed
         self.ambiguity_weight, self.ambiguity_n = ambiguity_weight, ambiguity_n
-        self.ambiguity_repeat = ambiguity_repeat
+        self.ambiguity_repeat, self.ambiguity_skip_end = ambiguity_repeat, ambiguity_skip_end
         self.loop_stop_rate, self.stop_weight = loop_stop_rate, stop_weight
         self.cite_weight, self.loop_exit = cite_weight, loop_exit
         self.gold_weights = tuple(gold_weights)
@@ -312,7 +313,9 @@ class BatchStream:
         """Rows with their ambiguous answer labels weighted (ambiguity_marks), and each row
         whose answer repeats itself (answer_repeats) ``ambiguity_repeat`` times in all: the
         states where a copier must know which occurrence it is in, made heavier and more
-        frequent."""
+        frequent.  With ``ambiguity_skip_end`` the labels that end the answer keep weight 1:
+        where the quote stops is ambiguous too (the passage goes on), and weighing it teaches
+        stopping in general."""
         out: list[Row] = []
         for row in enc:
             ids, n_prompt = row[0], int(row[1])
@@ -320,6 +323,8 @@ class BatchStream:
             marks = old
             if self.ambiguity_weight != 1.0:
                 hits = ambiguity_positions(ids, n_prompt, self.ambiguity_n)
+                if self.ambiguity_skip_end:  # not the answer's last token (its closing quote), EOS
+                    hits = [p for p in hits if p < len(ids) - 3]
                 marks = ambiguity_marks(hits, self.ambiguity_weight, old)
             new: Row = (ids, n_prompt, marks) if marks is not None else (ids, n_prompt)
             out.extend([new] * (self.ambiguity_repeat if answer_repeats(ids, n_prompt) else 1))

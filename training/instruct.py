@@ -132,6 +132,11 @@ def main(argv: list[str] | None = None) -> None:
         help="n-gram lengths --ambiguity-weight looks back over",
     )
     ap.add_argument(
+        "--ambiguity-skip-end",
+        action="store_true",
+        help="leave the answer's last token and its end of turn out of --ambiguity-weight",
+    )
+    ap.add_argument(
         "--repeat-rows",
         type=int,
         default=1,
@@ -205,6 +210,7 @@ def main(argv: list[str] | None = None) -> None:
         ambiguity_weight=args.ambiguity_weight,
         ambiguity_n=(args.ambiguity_n[0], args.ambiguity_n[1]),
         ambiguity_repeat=args.repeat_rows,
+        ambiguity_skip_end=args.ambiguity_skip_end,
     )
     amp = autocast_dtype()
     total = args.target_steps + args.draft_steps
@@ -213,7 +219,8 @@ def main(argv: list[str] | None = None) -> None:
         f"{'continuing an instruct pair' if continuing else 'from a raw pair'}, "
         f"gold position {args.gold_position}, loop-stop rows {args.loop_stop_rate} "
         f"(exit {args.loop_exit}, weight {args.stop_weight}), citation weight {args.cite_weight}, "
-        f"ambiguity weight {args.ambiguity_weight} (n {args.ambiguity_n}), "
+        f"ambiguity weight {args.ambiguity_weight} (n {args.ambiguity_n}, "
+        f"skip end {args.ambiguity_skip_end}), "
         f"repeat rows x{args.repeat_rows}"
     )
     every = args.induction_every
@@ -284,6 +291,7 @@ def main(argv: list[str] | None = None) -> None:
         "ambiguity_weight": args.ambiguity_weight,
         "ambiguity_n": args.ambiguity_n,
         "repeat_rows": args.repeat_rows,
+        "ambiguity_skip_end": args.ambiguity_skip_end,
         "stream_seed": stream_seed,
         "command": "python -m training.instruct "
         + " ".join(argv if argv is not None else sys.argv[1:]),

@@ -196,3 +196,24 @@ def test_stream_repeats_rows_whose_answer_repeats(tok) -> None:  # type: ignore[
         count[tuple(r[0])] = count.get(tuple(r[0]), 0) + 1
     for r in plain:
         assert count[tuple(r[0])] == (3 if answer_repeats(r[0], r[1]) else 1)
+
+
+def test_skip_end_leaves_the_answers_end_unweighted(tok) -> None:  # type: ignore[no-untyped-def]
+    docs = [d for d in build_corpus(0).train if d.source.startswith("demo/corpus/")]
+    fmt = PromptFormat.for_tokenizer(tok)
+    kw = dict(seed=4, tokens_per_batch=2048, examples_per_round=40, fmt=fmt)
+    rows = [
+        r
+        for b in BatchStream(
+            docs, tok, ambiguity_weight=4.0, ambiguity_skip_end=True, **kw
+        ).round_batches(0)  # type: ignore[arg-type]
+        for r in b
+    ]
+    ends = 0
+    for row in rows:
+        ids, n_prompt = row[0], row[1]
+        want = [p for p in ambiguity_positions(ids, n_prompt) if p < len(ids) - 3]
+        ends += len(ambiguity_positions(ids, n_prompt)) - len(want)
+        got = [p for p, _ in row[2].weights] if len(row) == 3 else []
+        assert got == want
+    assert ends > 5  # the quote's end is often ambiguous: the passage goes on after it
