@@ -27,6 +27,8 @@ ANSWER_WEIGHT_SPLIT = 0.8  # share of the loss carried by answer tokens (the cop
 INDUCTION_LEN = (24, 400)  # span length range of synthetic induction rows, in tokens
 LOOP_START = 6  # answer tokens before a loop-stop row's loop may start ("According to [n], \"")
 LOOP_CYCLE = (4, 24)  # loop-stop rows: length range of the repeated span, in tokens
+AMBIGUITY_N = (3, 6)  # n-gram lengths ambiguity_positions looks back over
+REPEAT_N = 4  # answer_repeats: an answer holding some REPEAT_N tokens twice
 
 
 @dataclass(frozen=True)
@@ -133,6 +135,61 @@ def citation_marks(
     return None
 
 
+def ambiguity_positions(
+    ids: Sequence[int], n_prompt: int, n_range: tuple[int, int] = AMBIGUITY_N
+) -> list[int]:
+    """Answer positions where copying alone cannot tell which occurrence to continue from.
+
+    Position ``p`` (its label is ``ids[p+1]``, an answer token) is ambiguous when, for some
+    ``n`` in ``n_range``, the ``n`` tokens ending at ``p`` also end at an earlier position
+    ``q < p`` of the context (prompt + answer so far) whose next token ``ids[q+1]`` differs
+    from ``ids[p+1]``: an induction head matching the last ``n`` tokens may continue from the
+    wrong occurrence -- a line a code example repeats, or the answer's own earlier text.  The
+    loops of session 16 start at exactly such positions.  Sorted, each once.
+    """
+    lo, hi = n_range
+    out: set[int] = set()
+    for n in range(lo, hi + 1):
+        seen: dict[tuple[int, ...], set[int]] = {}  # n-gram -> the next tokens seen after it
+        for p in range(n - 1, len(ids) - 1):
+            gram, nxt = tuple(ids[p - n + 1 : p + 1]), ids[p + 1]
+            after = seen.setdefault(gram, set())
+            if p >= n_prompt - 1 and after - {nxt}:
+                out.add(p)
+            after.add(nxt)
+    return sorted(out)
+
+
+def answer_repeats(ids: Sequence[int], n_prompt: int, n: int = REPEAT_N) -> bool:
+    """Whether the answer (``ids[n_prompt:]``) holds some ``n`` tokens twice: a quote that
+    passes a second occurrence of its own text (a code example's repeated line), where a
+    copier that continues from the first occurrence starts a loop."""
+    answer = ids[n_prompt:]
+    seen: set[tuple[int, ...]] = set()
+    for i in range(len(answer) - n + 1):
+        gram = tuple(answer[i : i + n])
+        if gram in seen:
+            return True
+        seen.add(gram)
+    return False
+
+
+def ambiguity_marks(
+    positions: Sequence[int], weight: float, marks: Marks | None = None
+) -> Marks | None:
+    """``marks`` (or none) with the labels at ``positions`` (ambiguity_positions) weighted
+    ``weight`` times, multiplied into a weight ``marks`` already gives them; positions ``marks``
+    masks stay masked.  None when there is no such label and no marks."""
+    have = dict(marks.weights) if marks is not None else {}
+    masked = marks.masked if marks is not None else (0, 0)
+    for p in positions:
+        if not masked[0] <= p < masked[1]:
+            have[p] = have.get(p, 1.0) * weight
+    if not have and marks is None:
+        return None
+    return Marks(masked=masked, weights=tuple(sorted(have.items())))
+
+
 def collate(rows: Sequence[Row], pad_id: int) -> Batch:
     """One right-padded batch; position t's label is token t+1, counted as the row's Marks say."""
     width = max(len(row[0]) for row in rows)
@@ -193,8 +250,14 @@ class BatchStream:
         stop_weight: float = 1.0,
         cite_weight: float = 1.0,
         loop_exit: str = "close",
+        ambiguity_weight: float = 1.0,
+        ambiguity_n: tuple[int, int] = AMBIGUITY_N,
+        ambiguity_repeat: int = 1,
+        ambiguity_skip_end: bool = False,
     ) -> None:
         self.docs, self.tok, self.seed = docs, tok, seed
+        self.ambiguity_weight, self.ambiguity_n = ambiguity_weight, ambiguity_n
+        self.ambiguity_repeat, self.ambiguity_skip_end = ambiguity_repeat, ambiguity_skip_end
         self.loop_stop_rate, self.stop_weight = loop_stop_rate, stop_weight
         self.cite_weight, self.loop_exit = cite_weight, loop_exit
         self.gold_weights = tuple(gold_weights)
@@ -239,10 +302,33 @@ class BatchStream:
                 if len(row) == 2:  # loop-stop rows keep their own marks
                     cite = citation_marks(self.tok, row[0], row[1], self.cite_weight)
                     enc[n] = (row[0], row[1], cite) if cite is not None else row
+        if self.ambiguity_weight != 1.0 or self.ambiguity_repeat > 1:
+            enc = self._ambiguity(enc)
         enc = [e for e in enc if len(e[0]) <= self.max_len]
         batches = bucket(enc, self.tokens_per_batch, random.Random(self.seed * 7 + rnd))
         self._cache = (rnd, batches)
         return batches
+
+    def _ambiguity(self, enc: list[Row]) -> list[Row]:
+        """Rows with their ambiguous answer labels weighted (ambiguity_marks), and each row
+        whose answer repeats itself (answer_repeats) ``ambiguity_repeat`` times in all: the
+        states where a copier must know which occurrence it is in, made heavier and more
+        frequent.  With ``ambiguity_skip_end`` the labels that end the answer keep weight 1:
+        where the quote stops is ambiguous too (the passage goes on), and weighing it teaches
+        stopping in general."""
+        out: list[Row] = []
+        for row in enc:
+            ids, n_prompt = row[0], int(row[1])
+            old: Marks | None = row[2] if len(row) == 3 else None  # type: ignore[misc]
+            marks = old
+            if self.ambiguity_weight != 1.0:
+                hits = ambiguity_positions(ids, n_prompt, self.ambiguity_n)
+                if self.ambiguity_skip_end:  # not the answer's last token (its closing quote), EOS
+                    hits = [p for p in hits if p < len(ids) - 3]
+                marks = ambiguity_marks(hits, self.ambiguity_weight, old)
+            new: Row = (ids, n_prompt, marks) if marks is not None else (ids, n_prompt)
+            out.extend([new] * (self.ambiguity_repeat if answer_repeats(ids, n_prompt) else 1))
+        return out
 
     def batch(self, rnd: int, index: int) -> Batch:
         """Batch ``index`` of round ``rnd``."""

@@ -33,7 +33,7 @@ from transformers import AutoTokenizer, LlamaForCausalLM, PreTrainedTokenizerFas
 
 from retrieval.chat import PromptFormat
 from training.corpus import REPO_ROOT, build_corpus
-from training.data import BatchStream
+from training.data import AMBIGUITY_N, BatchStream
 from training.model import autocast_dtype, export
 from training.pair_run import PairRun
 from training.qa import RETRIEVAL_GOLD_WEIGHTS, UNIFORM_GOLD_WEIGHTS
@@ -115,6 +115,34 @@ def main(argv: list[str] | None = None) -> None:
         default=1.0,
         help="loss weight of the answer's citation number (the token that picks the passage)",
     )
+    ap.add_argument(
+        "--ambiguity-weight",
+        type=float,
+        default=1.0,
+        help="loss weight of answer labels whose preceding n tokens occur earlier in the context "
+        "with another next token (training/data.py ambiguity_positions): where a copier must know "
+        "which occurrence it is in, and where the demo pair's loops start",
+    )
+    ap.add_argument(
+        "--ambiguity-n",
+        type=int,
+        nargs=2,
+        default=list(AMBIGUITY_N),
+        metavar=("LO", "HI"),
+        help="n-gram lengths --ambiguity-weight looks back over",
+    )
+    ap.add_argument(
+        "--ambiguity-skip-end",
+        action="store_true",
+        help="leave the answer's last token and its end of turn out of --ambiguity-weight",
+    )
+    ap.add_argument(
+        "--repeat-rows",
+        type=int,
+        default=1,
+        help="how many times each example whose answer repeats some 4 tokens (a quoted code "
+        "example's repeated line; training/data.py answer_repeats) appears in its round",
+    )
     ap.add_argument("--tokens-per-batch", type=int, default=4096)
     ap.add_argument("--lr", type=float, default=3e-4)
     ap.add_argument("--draft-lr", type=float, default=5e-4)
@@ -179,6 +207,10 @@ def main(argv: list[str] | None = None) -> None:
         stop_weight=args.stop_weight,
         cite_weight=args.cite_weight,
         loop_exit=args.loop_exit,
+        ambiguity_weight=args.ambiguity_weight,
+        ambiguity_n=(args.ambiguity_n[0], args.ambiguity_n[1]),
+        ambiguity_repeat=args.repeat_rows,
+        ambiguity_skip_end=args.ambiguity_skip_end,
     )
     amp = autocast_dtype()
     total = args.target_steps + args.draft_steps
@@ -186,7 +218,10 @@ def main(argv: list[str] | None = None) -> None:
         f"{total} steps ({args.target_steps} target), autocast {amp}, {args.threads} thread(s), "
         f"{'continuing an instruct pair' if continuing else 'from a raw pair'}, "
         f"gold position {args.gold_position}, loop-stop rows {args.loop_stop_rate} "
-        f"(exit {args.loop_exit}, weight {args.stop_weight}), citation weight {args.cite_weight}"
+        f"(exit {args.loop_exit}, weight {args.stop_weight}), citation weight {args.cite_weight}, "
+        f"ambiguity weight {args.ambiguity_weight} (n {args.ambiguity_n}, "
+        f"skip end {args.ambiguity_skip_end}), "
+        f"repeat rows x{args.repeat_rows}"
     )
     every = args.induction_every
     while state["step"] < total:
@@ -253,6 +288,10 @@ def main(argv: list[str] | None = None) -> None:
         "stop_weight": args.stop_weight,
         "cite_weight": args.cite_weight,
         "loop_exit": args.loop_exit,
+        "ambiguity_weight": args.ambiguity_weight,
+        "ambiguity_n": args.ambiguity_n,
+        "repeat_rows": args.repeat_rows,
+        "ambiguity_skip_end": args.ambiguity_skip_end,
         "stream_seed": stream_seed,
         "command": "python -m training.instruct "
         + " ".join(argv if argv is not None else sys.argv[1:]),
