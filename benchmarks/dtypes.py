@@ -27,10 +27,12 @@ engines' core and ran their prompt-by-prompt scenarios 2-3x slow (docs/benchmark
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -143,15 +145,16 @@ class Settle:
         self.vllm_done = 0.0
         self.waited = 0.0
 
-    def before(self, name: str) -> None:
+    @contextlib.contextmanager
+    def turn(self, name: str) -> Iterator[None]:
+        """Engine ``name``'s request inside: waited for first, its end noted after."""
         if self.last is not None and self.last != name and self.last.startswith("vllm"):
             wait = self.vllm_done + self.spin_s - time.perf_counter()
             if wait > 0:
                 time.sleep(wait)
                 self.waited += wait
         self.last = name
-
-    def after(self, name: str) -> None:
+        yield
         if name.startswith("vllm"):
             self.vllm_done = time.perf_counter()
 
@@ -222,9 +225,8 @@ def measure(engines: dict[str, Any], args: argparse.Namespace) -> dict[str, dict
     one = SamplingParams(max_new_tokens=1, num_speculative_tokens=args.k)  # prefill only
     rows: dict[str, dict[str, Any]] = {n: {"prefill": [], "stream": []} for n in engines}
     for name, engine in engines.items():  # kernels of every shape once, outside the timings
-        SETTLE.before(name)
-        engine.generate(marked(prompts[:1], 7)[0], params)
-        SETTLE.after(name)
+        with SETTLE.turn(name):
+            engine.generate(marked(prompts[:1], 7)[0], params)
     if args.only != "burst":
         rows["_prompts"] = rows_of_prompts(engines, rows, prompts, params, one)
     burst_rows(engines, rows, args, params)
@@ -242,29 +244,26 @@ def rows_of_prompts(
     for i, prompt in enumerate(marked(prompts, 0)):
         prompt[0] = 100 + i  # one marker per prompt: nothing to reuse
         for name in engines if i % 2 == 0 else list(engines)[::-1]:
-            SETTLE.before(name)
-            t = time.perf_counter()
-            engines[name].generate(prompt, one)
-            rows[name]["prefill"].append((len(prompt), time.perf_counter() - t))
-            SETTLE.after(name)
+            with SETTLE.turn(name):
+                t = time.perf_counter()
+                engines[name].generate(prompt, one)
+                rows[name]["prefill"].append((len(prompt), time.perf_counter() - t))
     stream = marked(prompts, 200)
     for i, prompt in enumerate(stream):
         for name in engines if i % 2 == 0 else list(engines)[::-1]:
-            SETTLE.before(name)
-            t = time.perf_counter()
-            result = engines[name].generate(prompt, params)
-            rows[name]["stream"].append(
-                (len(result.token_ids), time.perf_counter() - t, result.stats.ttft_ms)
-            )
-            SETTLE.after(name)
+            with SETTLE.turn(name):
+                t = time.perf_counter()
+                result = engines[name].generate(prompt, params)
+                rows[name]["stream"].append(
+                    (len(result.token_ids), time.perf_counter() - t, result.stats.ttft_ms)
+                )
             rows[name].setdefault("answers", []).append(result.token_ids)
     batch = marked(prompts, 300)
     for name in engines:
-        SETTLE.before(name)
-        t = time.perf_counter()
-        results = engines[name].generate_many(batch, params)
-        rows[name]["many"] = (sum(len(r.token_ids) for r in results), time.perf_counter() - t)
-        SETTLE.after(name)
+        with SETTLE.turn(name):
+            t = time.perf_counter()
+            results = engines[name].generate_many(batch, params)
+            rows[name]["many"] = (sum(len(r.token_ids) for r in results), time.perf_counter() - t)
         rows[name]["many_answers"] = [r.token_ids for r in results]
     return {"stream": stream, "many": batch}
 
@@ -287,11 +286,10 @@ def burst_rows(
     marker = 400
     for r in range(args.burst_rounds):
         for name in engines if r % 2 == 0 else list(engines)[::-1]:
-            SETTLE.before(name)
-            t = time.perf_counter()
-            results = engines[name].generate_many(marked(burst, marker), params)
-            secs = time.perf_counter() - t
-            SETTLE.after(name)
+            with SETTLE.turn(name):
+                t = time.perf_counter()
+                results = engines[name].generate_many(marked(burst, marker), params)
+                secs = time.perf_counter() - t
             marker += 1
             cached = sum(r.stats.num_cached_prompt_tokens for r in results)
             rows[name].setdefault("burst", []).append(

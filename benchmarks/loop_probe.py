@@ -74,8 +74,9 @@ def main() -> None:
         if e.question not in guard and not e.answer.startswith("The passages")
     ]
     enc = [(e, *encode_example(tok, e, fmt)) for e in pool]
-    rep = [x for x in enc if answer_repeats(x[1], x[2])]
-    other = [x for x in enc if not answer_repeats(x[1], x[2])]
+    repeats = [answer_repeats(ids, n_prompt) for _, ids, n_prompt in enc]
+    rep = [x for x, r in zip(enc, repeats, strict=True) if r]
+    other = [x for x, r in zip(enc, repeats, strict=True) if not r]
     rng = random.Random(args.seed)
     n_rep = min(len(rep), round(args.count * args.repeat_share))
     picked = rng.sample(rep, n_rep) + rng.sample(other, args.count - n_rep)

@@ -29,6 +29,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import generation.forward as forward  # noqa: E402
+from benchmarks.dtypes import isa  # noqa: E402
 from benchmarks.vllm_engines import DEMO  # noqa: E402
 from generation.attention import slot_attention  # noqa: E402
 from generation.loading import load_causal_lm  # noqa: E402
@@ -48,11 +49,6 @@ def median_ms(fns: dict[str, Callable[[], object]], reps: int = 15) -> dict[str,
             if attempt >= 2:
                 times[name].append(time.perf_counter() - start)
     return {name: statistics.median(t) * 1e3 for name, t in times.items()}
-
-
-def isa() -> str:
-    flags = set(Path("/proc/cpuinfo").read_text().split())
-    return ", ".join(f"{f} {'yes' if f in flags else 'no'}" for f in ("amx_bf16", "avx512_bf16"))
 
 
 def projections() -> None:
@@ -147,7 +143,7 @@ def prefill() -> None:
 
 def main() -> None:
     torch.set_num_threads(1)
-    print(f"CPU: {isa()}; torch {torch.__version__}, 1 thread\n")
+    print(f"{isa()}\n")
     with torch.inference_mode():
         projections()
         attention()

@@ -17,7 +17,6 @@ always runs SDPA (its numerics stay as they were).
 from __future__ import annotations
 
 import ctypes
-import functools
 import hashlib
 import os
 import shutil
@@ -28,6 +27,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+
+from generation.dtypes import cpu_bf16_flags
 
 BLOCK = 16
 """Queries a row whose scores the kernel computes together (``BLOCK`` in attention.c)."""
@@ -44,20 +45,12 @@ Attention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Te
 [B * n, heads * head_dim]."""
 
 
-@functools.cache
-def _cpu_flags() -> frozenset[str]:
-    try:
-        return frozenset(Path("/proc/cpuinfo").read_text().split())
-    except OSError:
-        return frozenset()
-
-
 def _cpu_has_avx512_bf16() -> bool:
-    return "avx512_bf16" in _cpu_flags()
+    return "avx512_bf16" in cpu_bf16_flags()
 
 
 def _cpu_has_amx() -> bool:
-    return "amx_bf16" in _cpu_flags()
+    return "amx_bf16" in cpu_bf16_flags()
 
 
 def _build() -> ctypes.CDLL | None:
