@@ -95,8 +95,14 @@ def test_revoking_a_key_ends_its_open_streams(
     from app.keys import create_key, revoke_key
 
     collection = private_deployment.collection
+    # An open stream re-checks its key when an event passes (KEY_RECHECK_SECONDS apart); a
+    # stream whose worker is silent passes one every keep-alive, here 0.5 s.
     settings = private_deployment.settings.model_copy(
-        update={"broker_url": private_redis.url(5), "max_tokens_limit": 1500}
+        update={
+            "broker_url": private_redis.url(5),
+            "max_tokens_limit": 1500,
+            "stream_keepalive_seconds": 0.5,
+        }
     )
     engine = make_engine(settings)
     sf = make_session_factory(engine)
@@ -115,11 +121,19 @@ def test_revoking_a_key_ends_its_open_streams(
         while not any(e.event == "token" for e in events):
             assert time.monotonic() < deadline, f"no token streamed: {worker.tail()}"
             time.sleep(0.02)
-        with sf() as session:
-            assert revoke_key(session, key[:12]) == 1
-        revoked_at = time.monotonic()
-        reader.join(timeout=30)
-        ended_in = time.monotonic() - revoked_at
+        # Held mid-answer, so that the answer cannot end the stream first: on a quiet machine
+        # the tiny pair wrote all 1,500 tokens within the 2 s before the first re-check.
+        assert worker.proc is not None
+        os.killpg(worker.proc.pid, signal.SIGSTOP)
+        try:
+            assert _row(settings, qid).status == "running", "the answer ended before the hold"
+            with sf() as session:
+                assert revoke_key(session, key[:12]) == 1
+            revoked_at = time.monotonic()
+            reader.join(timeout=30)
+            ended_in = time.monotonic() - revoked_at
+        finally:
+            os.killpg(worker.proc.pid, signal.SIGCONT)
     engine.dispose()
     assert not reader.is_alive(), "the stream went on after its key was revoked"
     assert events[-1].event == "error" and events[-1].data["status"] == "revoked", events[-1]
