@@ -73,10 +73,10 @@ def main() -> None:
         for e in make_examples(docs, 20 * args.count, seed=args.seed)
         if e.question not in guard and not e.answer.startswith("The passages")
     ]
-    enc = [(e, *encode_example(tok, e, fmt)) for e in pool]
-    repeats = [answer_repeats(ids, n_prompt) for _, ids, n_prompt in enc]
-    rep = [x for x, r in zip(enc, repeats, strict=True) if r]
-    other = [x for x, r in zip(enc, repeats, strict=True) if not r]
+    enc = [(e, ids, n_prompt, answer_repeats(ids, n_prompt))
+           for e in pool for ids, n_prompt in [encode_example(tok, e, fmt)]]  # fmt: skip
+    rep = [x for x in enc if x[3]]
+    other = [x for x in enc if not x[3]]
     rng = random.Random(args.seed)
     n_rep = min(len(rep), round(args.count * args.repeat_share))
     picked = rng.sample(rep, n_rep) + rng.sample(other, args.count - n_rep)
@@ -87,7 +87,7 @@ def main() -> None:
     tf_count = {True: 0, False: 0}
     diverged = diverged_flagged = n_loops = n_loops_rep = 0
     samples = []
-    for i, (ex, ids, n_prompt) in enumerate(picked):
+    for i, (ex, ids, n_prompt, is_rep) in enumerate(picked):
         prompt = torch.tensor([ids[:n_prompt]])
         gen: list[int] = []
         if not args.teacher_forced_only:
@@ -111,7 +111,6 @@ def main() -> None:
         flagged_labels += len(flags)
         all_labels += len(gold)
         first = next((t for t in range(min(len(gen), len(gold))) if gen[t] != gold[t]), None)
-        is_rep = answer_repeats(ids, n_prompt)
         looped = loops(text)
         n_loops += looped
         n_loops_rep += looped and is_rep

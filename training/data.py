@@ -327,7 +327,8 @@ class BatchStream:
                     hits = [p for p in hits if p < len(ids) - 3]
                 marks = ambiguity_marks(hits, self.ambiguity_weight, old)
             new: Row = (ids, n_prompt, marks) if marks is not None else (ids, n_prompt)
-            out.extend([new] * (self.ambiguity_repeat if answer_repeats(ids, n_prompt) else 1))
+            repeat = self.ambiguity_repeat > 1 and answer_repeats(ids, n_prompt)
+            out.extend([new] * (self.ambiguity_repeat if repeat else 1))
         return out
 
     def batch(self, rnd: int, index: int) -> Batch:
