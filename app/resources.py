@@ -20,8 +20,8 @@ from app.settings import Settings
 if TYPE_CHECKING:  # both import torch; they load with the models, not with this module
     from generation import Engine
     from generation.config import EngineConfig
-    from generation.cost_cache import StepCostCache
     from generation.interface import GenerationLoop
+    from generation.spec_decode.cost_cache import StepCostCache
     from retrieval import RetrievalService
     from retrieval.chat import PromptFormat
 
@@ -61,7 +61,7 @@ class Resources:
                 from generation import load_engine  # heavy: torch
 
                 s = self.settings
-                from generation.dtypes import resolve_dtype
+                from generation.model.dtypes import resolve_dtype
 
                 try:  # before any model loads: bf16 on a CPU without it fails at once
                     dtype = resolve_dtype(s.dtype, _engine_device(s))
@@ -186,8 +186,12 @@ class Resources:
     def step_cost_cache(self) -> StepCostCache:
         """Where this engine's measured step-cost tables are kept between processes: one file
         per identity (checkpoint files, engine numerics and kernels, CPU, torch threads) under
-        ``data_dir/step_costs`` (generation/cost_cache.py)."""
-        from generation.cost_cache import StepCostCache, files_identity, machine_identity
+        ``data_dir/step_costs`` (generation/spec_decode/cost_cache.py)."""
+        from generation.spec_decode.cost_cache import (
+            StepCostCache,
+            files_identity,
+            machine_identity,
+        )
 
         s, engine = self.settings, self.engine
         cost_identity = getattr(engine, "cost_identity", None)
@@ -290,6 +294,6 @@ def _batch_warmup(warmup: Any, settings: Settings) -> dict[str, Any]:
     """
     if "batch_sizes" not in inspect.signature(warmup).parameters:
         return {}
-    from generation.goodput import buckets_up_to  # generation's package imports torch
+    from generation.spec_decode.goodput import buckets_up_to  # generation's package imports torch
 
     return {"batch_sizes": buckets_up_to(worker_concurrency(settings))}

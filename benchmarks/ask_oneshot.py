@@ -100,7 +100,7 @@ def probe(argv: list[str]) -> int:
 
     import app.commands.ask as ask_cmd
     import app.pipeline as pipeline
-    import generation.goodput as goodput
+    import generation.spec_decode.goodput as goodput
     import generation.torch_engine as torch_engine
     import retrieval.embedder as embedder
     import workers.cli as cli
@@ -126,7 +126,7 @@ def probe(argv: list[str]) -> int:
         (pipeline, "record", "record"),
     ):
         clock.wrap(owner, attr, phase)
-    import generation.loading as loading
+    import generation.model.loading as loading
 
     clock.wrap(loading, "load_tokenizer", "tokenizer load")
     import generation

@@ -33,8 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from generation import SamplingParams, SpeculativeEngine  # noqa: E402
 from generation.config import EngineConfig  # noqa: E402
-from generation.kv_store import KVShape  # noqa: E402
-from generation.loading import load_tokenizer  # noqa: E402
+from generation.model.kv_store import KVShape  # noqa: E402
+from generation.model.loading import load_tokenizer  # noqa: E402
 
 MAX_NEW = 64
 
@@ -108,7 +108,7 @@ def part_many(engine: SpeculativeEngine, prompts: list[list[int]], repeats: int)
 
 def prefill_seconds(engine: SpeculativeEngine, prompts: list[list[int]]) -> float:
     """Seconds to prefill every prompt into a fresh slot, target and draft, as both paths do."""
-    from generation.model_runner import ModelRunner
+    from generation.model.model_runner import ModelRunner
 
     capacity = max(map(len, prompts))
     runners = [ModelRunner(engine.target_forward, 1, capacity)]

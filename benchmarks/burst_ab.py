@@ -57,7 +57,7 @@ def worker(tree: str, dtype: str, burst: int, max_tokens: int, k: int) -> None:
         batch = marked(prompts, job["marker"])
         started = time.perf_counter()
         if kwargs:  # the budget of this run: a batch engine of the tree's own, as generate_many
-            from generation.engine_core import BatchEngine
+            from generation.engine.step import BatchEngine
             from generation.torch_engine import run_many
 
             with engine._lock:

@@ -81,8 +81,8 @@ class Phases:
 
 def instrument(engine: Any, phases: Phases) -> None:
     """Time the phases of every ``BatchEngine.step`` of ``engine`` (functions patched in place)."""
-    from generation import engine_core
-    from generation.engine_core import BatchEngine
+    from generation.engine import step as engine_step
+    from generation.engine.step import BatchEngine
 
     core = engine._core
     phases.wrap(core.target, "prefill", "prefill target")
@@ -92,16 +92,16 @@ def instrument(engine: Any, phases: Phases) -> None:
     if core.prefix is not None:
         phases.wrap(core.prefix, "reuse", "prefix reuse")
         phases.wrap(core.prefix, "keep", "prefix keep")
-    phases.wrap(engine_core, "choose_k", "choose k")
-    choose = engine_core.choose_k
+    phases.wrap(engine_step, "choose_k", "choose k")
+    choose = engine_step.choose_k
 
     def counted(plans: list[Any], costs: Any) -> int:
         phases.rows = len(plans)  # the round's decode rows
         return choose(plans, costs)
 
-    engine_core.choose_k = counted
-    phases.wrap(engine_core, "propose", "draft passes")
-    phases.wrap(engine_core, "verify", "rejection rule")
+    engine_step.choose_k = counted
+    phases.wrap(engine_step, "propose", "draft passes")
+    phases.wrap(engine_step, "verify", "rejection rule")
     for attr, name in (("_schedule", "schedule"), ("_run", "target verification"),
                        ("_postprocess", "postprocess"), ("_release_finished", "release")):  # fmt: skip
         phases.wrap(BatchEngine, attr, name)
@@ -141,7 +141,7 @@ def instrument(engine: Any, phases: Phases) -> None:
 
 def observe_rows(runner: Any, label: str, phases: Phases) -> None:
     """Count a batched pass's KV read: positions every row attends over (padded to the
-    longest row, as generation/forward.py's mask is) against the rows' own, and whether the
+    longest row, as generation/model/forward.py's mask is) against the rows' own, and whether the
     rows' slots are contiguous (a view) or not (a gather of every layer's KV)."""
     run = runner.run
 

@@ -166,7 +166,7 @@ def isa() -> str:
     """The CPU's bf16 features and torch's vector ISA, for every table's head."""
     import torch
 
-    from generation.dtypes import BF16_CPU_FLAGS, cpu_bf16_flags
+    from generation.model.dtypes import BF16_CPU_FLAGS, cpu_bf16_flags
 
     have = cpu_bf16_flags()
     flags = ", ".join(f"{f} {'yes' if f in have else 'no'}" for f in BF16_CPU_FLAGS)

@@ -2,7 +2,7 @@
 
     PYTHONPATH=. .venv/bin/python benchmarks/eagle_costs.py --draft-tokens-per-pass 3.76
 
-Times, at batch 1 on the demo pair, the engine's own step costs T(k) (generation/goodput.py's
+Times, at batch 1 on the demo pair, the engine's own step costs T(k) (generation/spec_decode/goodput.py's
 tables: one target pass over k + 1 tokens plus k drafting passes) for ``none``, the draft model
 and the EAGLE head, in float32 and bfloat16 (where the CPU has it), at a context of
 ``--context`` tokens, and the LM head's share of a head pass (a [1, hidden] x [hidden, V]
@@ -39,7 +39,7 @@ REDUCED = (4096, 2048, 1024)
 
 def solve_alpha(tokens: float, k: int) -> float | None:
     """The alpha with expected_tokens(alpha, k) == ``tokens`` (None when above k + 1)."""
-    from generation.goodput import expected_tokens
+    from generation.spec_decode.goodput import expected_tokens
 
     if tokens > k + 1:
         return None
@@ -117,8 +117,8 @@ def main() -> None:
     import torch
 
     from generation import SpeculativeEngine
-    from generation.dtypes import cpu_bf16_flags
-    from generation.model_runner import time_batch_steps
+    from generation.model.dtypes import cpu_bf16_flags
+    from generation.model.model_runner import time_batch_steps
 
     torch.set_num_threads(1)
     m = args.models

@@ -3,7 +3,7 @@
 One run, the same prompts and the same pair for every row: target alone (``none``), the draft
 model at k in --ks and ``auto``, prompt lookup (``ngram``), the engine again on transformers'
 forward pass (``fast_forward=False``: what the engine's own loop is worth without
-generation/forward.py), and transformers' own assisted generation and prompt lookup with the
+generation/model/forward.py), and transformers' own assisted generation and prompt lookup with the
 same pair and k. All rows decode greedily and must give
 the baseline's tokens. Per row: E = num_output_tokens / num_target_forwards, the per-token
 alpha solved from E = (1 - alpha^(k+1)) / (1 - alpha), and the speedup the measured pass costs
@@ -30,9 +30,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from generation import SamplingParams, SpeculativeEngine  # noqa: E402
 from generation.config import EngineConfig  # noqa: E402
-from generation.forward import Forward  # noqa: E402
-from generation.loading import has_tokenizer, load_tokenizer  # noqa: E402
-from generation.model_runner import ModelRunner  # noqa: E402
+from generation.model.forward import Forward  # noqa: E402
+from generation.model.loading import has_tokenizer, load_tokenizer  # noqa: E402
+from generation.model.model_runner import ModelRunner  # noqa: E402
 
 
 def random_pair(vocab: int, hidden: int, layers: int, weak: float, seed: int) -> tuple[Any, Any]:

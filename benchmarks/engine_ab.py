@@ -135,7 +135,7 @@ def main() -> None:
         parser.error("--old: a checkout of the older engine is required")
     sys.path.insert(0, str(ROOT))
     from benchmarks.batching import rag_prompts
-    from generation.loading import load_tokenizer
+    from generation.model.loading import load_tokenizer
 
     prompts = rag_prompts(load_tokenizer(TARGET), 16)
     trees = {"old": args.old, "new": args.new}

@@ -1,6 +1,6 @@
-"""What a change to the forward pass buys: several revisions of generation/forward.py side by side.
+"""What a change to the forward pass buys: several revisions of generation/model/forward.py side by side.
 
-Each ``--revs`` revision's forward.py (``git show REV:generation/forward.py``) is loaded as its own
+Each ``--revs`` revision's forward.py (``git show REV:generation/model/forward.py``) is loaded as its own
 module in ONE process and runs the demo pair in float32 and bfloat16; the sections are called in
 alternation, revision by revision, so the shared machine's drift hits them alike:
 - a 500-token prefill of the target;
@@ -35,8 +35,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks.vllm_engines import DEMO, rag_prompts  # noqa: E402
-from generation.loading import load_causal_lm  # noqa: E402
-from generation.model_runner import ModelRunner  # noqa: E402
+from generation.model.loading import load_causal_lm  # noqa: E402
+from generation.model.model_runner import ModelRunner  # noqa: E402
 
 PROMPT = [i % 8000 + 1 for i in range(500)]
 
@@ -97,7 +97,7 @@ def sections(forward: ModuleType, target: object, draft: object) -> dict[str, Ca
 
 
 def forward_table(revs: list[str], rounds: int, tmp: Path) -> None:
-    modules = {rev: module_at(rev, "generation/forward.py", tmp) for rev in revs}
+    modules = {rev: module_at(rev, "generation/model/forward.py", tmp) for rev in revs}
     runs: dict[tuple[str, str], dict[str, Callable[[], None]]] = {}
     for dtype in ("float32", "bfloat16"):
         target = load_causal_lm(DEMO / "target", "cpu", getattr(torch, dtype))
@@ -122,10 +122,10 @@ def forward_table(revs: list[str], rounds: int, tmp: Path) -> None:
 
 
 def save_table(save_rev: str, tmp: Path) -> None:
-    import generation.prefix_cache as prefix_cache
+    import generation.engine.prefix_cache as prefix_cache
     from generation import EngineConfig, SamplingParams, load_engine
 
-    old = module_at(save_rev, "generation/prefix_cache.py", tmp)
+    old = module_at(save_rev, "generation/engine/prefix_cache.py", tmp)
     versions = {
         f"save at {save_rev}": (old.PrefixCache.keep, old.ModelBlocks.save),
         "save in the working tree": (prefix_cache.PrefixCache.keep, prefix_cache.ModelBlocks.save),

@@ -5,13 +5,13 @@
    shapes (rows = tokens in the pass). Its ratio is the ceiling of any engine's bf16 / f32
    prefill ratio on this CPU: the projections are most of a prefill.
 2. Attention of one row's prompt chunk over its slot, 6 heads of 64: torch's SDPA (causal,
-   or an additive mask after cached positions, as generation/forward.py passes it) against
-   generation/attention.py's kernel, with both errors against float64.
+   or an additive mask after cached positions, as generation/model/forward.py passes it) against
+   generation/model/attention.py's kernel, with both errors against float64.
 3. The demo target's 500-token prefill through ``ModelRunner``: bf16 with the kernel on every
    pass, bf16 with SDPA for prompt chunks (the kernel on passes of <= 16 queries, as before
    session 17), and float32.
 
-On a CPU with AMX the service leaves prompt chunks to SDPA (``generation/attention.py``: torch's
+On a CPU with AMX the service leaves prompt chunks to SDPA (``generation/model/attention.py``: torch's
 flash kernel can use the tile units there); this script forces the kernel on for its kernel rows
 and says so, so that on such a host tables 2 and 3 are the measurement that rule waits for.
 
@@ -32,13 +32,13 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import generation.attention as attention_module  # noqa: E402
-import generation.forward as forward  # noqa: E402
+import generation.model.attention as attention_module  # noqa: E402
+import generation.model.forward as forward  # noqa: E402
 from benchmarks.dtypes import isa  # noqa: E402
 from benchmarks.vllm_engines import DEMO  # noqa: E402
-from generation.attention import slot_attention  # noqa: E402
-from generation.loading import load_causal_lm  # noqa: E402
-from generation.model_runner import ModelRunner  # noqa: E402
+from generation.model.attention import slot_attention  # noqa: E402
+from generation.model.loading import load_causal_lm  # noqa: E402
+from generation.model.model_runner import ModelRunner  # noqa: E402
 
 PROMPT = [i % 8000 + 1 for i in range(500)]
 HEADS, DIM, CAPACITY = 6, 64, 1024

@@ -49,7 +49,7 @@ def main() -> None:
     args = parser.parse_args()
     import torch
 
-    import generation.model_runner as runner_module
+    import generation.model.model_runner as runner_module
     from benchmarks.dtypes import isa
     from generation import EngineConfig, SamplingParams, load_engine
 

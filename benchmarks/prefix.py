@@ -98,7 +98,7 @@ def main() -> None:
     import torch
 
     from app.settings import Settings
-    from generation.loading import load_tokenizer
+    from generation.model.loading import load_tokenizer
 
     torch.set_num_threads(args.threads)
     target, draft = str(REPO / "models/demo/target"), str(REPO / "models/demo/draft")

@@ -2,7 +2,7 @@
 whose pages the prefills fault in, A/B in ONE process, float32 and bfloat16.
 
 Four torch engines (float32 / bfloat16, each with its pool committed at allocation, as
-generation/prefix_cache.py allocates it, and with a pool of untouched pages, as it did before:
+generation/engine/prefix_cache.py allocates it, and with a pool of untouched pages, as it did before:
 ``torch.empty``) run benchmarks/dtypes.py's first three scenarios in its order, so each pool is as
 full as it is there when each scenario runs (a bf16 pool holds twice the tokens of a float32 one
 of the same MB, so it is still filling when float32's is full): prefill (each RAG prompt alone,

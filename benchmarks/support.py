@@ -195,7 +195,7 @@ def warm_up_torch_engine(engine: Any, max_batch: int) -> float:
     T(B, k) for every batch-size bucket up to ``max_batch`` now. Without it the first batch of
     each size measures them inside the timed traffic (a 16-row bucket: seconds). Returns the
     seconds it took, for the benchmark to report beside the engine's start."""
-    from generation.goodput import buckets_up_to  # torch
+    from generation.spec_decode.goodput import buckets_up_to  # torch
 
     started = time.perf_counter()
     engine.warmup(batch_sizes=buckets_up_to(max_batch))

@@ -23,9 +23,9 @@ from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from generation.forward import FastLlamaForward  # noqa: E402
-from generation.loading import load_causal_lm  # noqa: E402
-from generation.model_runner import ModelRunner  # noqa: E402
+from generation.model.forward import FastLlamaForward  # noqa: E402
+from generation.model.loading import load_causal_lm  # noqa: E402
+from generation.model.model_runner import ModelRunner  # noqa: E402
 
 GEMM = {"aten::mm", "aten::addmm", "mkldnn::_linear_pointwise"}
 

@@ -6,7 +6,7 @@ batching) and its handles, and loaders.
 """
 
 from generation.config import EngineConfig
-from generation.engine_loop import EngineLoop
+from generation.engine.loop import EngineLoop
 from generation.factory import load_engine
 from generation.interface import (
     Cancelled,
@@ -16,7 +16,7 @@ from generation.interface import (
     GenerationResult,
     RequestHandle,
 )
-from generation.loading import (
+from generation.model.loading import (
     CheckpointError,
     IncompatibleDraftError,
     load_tokenizer,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from generation.dtypes import check_dtype_name
+from generation.model.dtypes import check_dtype_name
 
 
 @dataclass(frozen=True)
@@ -38,16 +38,16 @@ class EngineConfig:
     """Run Llama-family models on the engine's own forward pass (False: transformers')."""
     packed_weights: bool | None = None
     """That pass's projections on weights packed once for oneDNN (None: on a CPU, in float32,
-    or in bfloat16 where oneDNN has bf16 kernels; generation/forward.py); False keeps
+    or in bfloat16 where oneDNN has bf16 kernels; generation/model/forward.py); False keeps
     transformers' kernels, bit for bit."""
     dtype: str | None = None
     """Numerics of weights, KV and prefix blocks: "float32", "bfloat16" or "auto" (bfloat16 on
-    CUDA and on CPUs with AMX / AVX-512 BF16; generation/dtypes.py). None: float32 when the
+    CUDA and on CPUs with AMX / AVX-512 BF16; generation/model/dtypes.py). None: float32 when the
     engine loads checkpoints, the models' own dtype when it is handed loaded models. Logits,
     softmax, sampling and the rejection rule are float32 whatever this says."""
     prefix_cache_mb: float = 0.0
     """MB of KV kept for computed prompt prefixes, reused exactly by later requests (0: off;
-    generation/prefix_cache.py)."""
+    generation/engine/prefix_cache.py)."""
     prefix_block_size: int = 16
     """Tokens per prefix-cache block: the grain at which prompts share KV."""
 

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
-from generation.forward import Forward
-from generation.model_runner import ModelRunner
+from generation.model.forward import Forward
+from generation.model.model_runner import ModelRunner
 
 SLACK = 4.0
 """Tolerance in multiples of the rounding measured between two shapes of the same pass."""

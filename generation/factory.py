@@ -8,8 +8,8 @@ from typing import Any
 import torch
 
 from generation.config import EngineConfig
-from generation.dtypes import check_dtype_name, resolve_dtype
 from generation.interface import Engine
+from generation.model.dtypes import check_dtype_name, resolve_dtype
 
 ENGINE_KINDS = ("torch", "vllm")
 
@@ -34,7 +34,7 @@ def load_engine(
     ``dtype``: "float32", "bfloat16" or "auto" (None: the config's, else float32), for either
     engine (vLLM: its ``dtype`` engine argument, unless ``options``' llm_kwargs name one);
     refused by name when unknown, or bfloat16 on a CPU without native bf16.
-    ``eagle_dir``: an EAGLE head for the target (generation/eagle.py), serving method
+    ``eagle_dir``: an EAGLE head for the target (generation/spec_decode/eagle.py), serving method
     ``eagle`` on the torch engine; on the vLLM engine when ``options`` say ``method="eagle"``
     (the head is then vLLM's speculator in place of the draft; docs/vllm.md).
     """

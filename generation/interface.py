@@ -95,7 +95,7 @@ class Engine(Protocol):
 
     @property
     def eos_token_ids(self) -> list[int]:
-        """Every id that ends an answer (generation/loading.py ``CheckpointLimits``)."""
+        """Every id that ends an answer (generation/model/loading.py ``CheckpointLimits``)."""
         ...
 
     @property

@@ -1,5 +1,5 @@
 """Per-request speculative-decoding statistics, named after vLLM's spec-decode metrics (the
-vocabulary, accepted / recovered / bonus token, is defined in generation/rejection_sampler.py)."""
+vocabulary, accepted / recovered / bonus token, is defined in generation/spec_decode/rejection_sampler.py)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """The built-in PyTorch engine: speculative decoding over Hugging Face models on KV slots.
 
 As nano-vLLM's ``LLM``, ``generate`` is a batch of one: ``generate_many`` steps a ``BatchEngine``
-(generation/engine_core.py) until its requests are done, and ``start_loop`` steps one in a thread
-(generation/engine_loop.py). Both run on one KV store per model, whose slots are decided once
+(generation/engine/step.py) until its requests are done, and ``start_loop`` steps one in a thread
+(generation/engine/loop.py). Both run on one KV store per model, whose slots are decided once
 (``max_concurrency``); while a loop runs, ``generate_many`` submits to it, so every caller
 (worker, audits, warm-up) takes the production path.
 """
@@ -18,26 +18,26 @@ from typing import Any
 import torch
 
 from generation.config import EngineConfig
-from generation.cost_cache import StepCostCache
-from generation.dtypes import TORCH_DTYPES, dtype_name, resolve_dtype
-from generation.eagle import EagleHead, EagleHeadModule, check_head_config, load_head
-from generation.engine_core import BatchEngine, EngineCore
-from generation.engine_loop import EngineLoop, run_many
+from generation.engine.loop import EngineLoop, run_many
+from generation.engine.prefix_cache import PrefixCache
+from generation.engine.step import BatchEngine, EngineState
 from generation.exactness import Divergence, check_greedy
-from generation.forward import FastLlamaForward, Forward, forward_for
-from generation.goodput import RecentAcceptance, StepCosts, measured_ks
 from generation.interface import GenerationResult
-from generation.loading import (
+from generation.model.dtypes import TORCH_DTYPES, dtype_name, resolve_dtype
+from generation.model.forward import FastLlamaForward, Forward, forward_for
+from generation.model.loading import (
     check_vocab_compatible,
     checkpoint_limits,
     load_causal_lm,
     output_vocab_size,
     resolve_device,
 )
-from generation.model_runner import ModelRunner, plan_slots, slot_bytes, time_batch_steps
+from generation.model.model_runner import ModelRunner, plan_slots, slot_bytes, time_batch_steps
 from generation.params import SamplingParams
-from generation.prefix_cache import PrefixCache
 from generation.requests import BatchRequestError, check_prompt, collect, per_prompt
+from generation.spec_decode.cost_cache import StepCostCache
+from generation.spec_decode.eagle import EagleHead, EagleHeadModule, check_head_config, load_head
+from generation.spec_decode.goodput import RecentAcceptance, StepCosts, measured_ks
 
 
 def _label(model: Any) -> str:
@@ -56,7 +56,7 @@ class SpeculativeEngine:
         config: EngineConfig | None = None,
         eagle: EagleHeadModule | None = None,
     ) -> None:
-        """``eagle``: an EAGLE head trained on this target (generation/eagle.py), which serves
+        """``eagle``: an EAGLE head trained on this target (generation/spec_decode/eagle.py), which serves
         method ``eagle``; it needs the engine's own forward pass of a Llama-family target."""
         self.config = config = config or EngineConfig()
         self.device = next(target.parameters()).device
@@ -127,9 +127,9 @@ class SpeculativeEngine:
             config.prefix_cache_mb, self.target, self.draft, self.model_pair,
             config.prefix_block_size,
         )  # fmt: skip
-        """KV of earlier prompts' prefixes (generation/prefix_cache.py); None when reuse is off."""
+        """KV of earlier prompts' prefixes (generation/engine/prefix_cache.py); None when reuse is off."""
         runners = [ModelRunner(m, self.max_concurrency, capacity) for m in models]
-        self._core = EngineCore(
+        self._core = EngineState(
             target=runners[0],
             draft=runners[1] if self.draft_forward is not None else None,
             config=config,
@@ -159,7 +159,7 @@ class SpeculativeEngine:
         eagle_dir: str | Path | None = None,
     ) -> SpeculativeEngine:
         """Return an engine with the checkpoints loaded once; a mismatched draft or EAGLE head
-        (``eagle_dir``, vLLM's EAGLE format: generation/eagle.py) is refused.
+        (``eagle_dir``, vLLM's EAGLE format: generation/spec_decode/eagle.py) is refused.
 
         ``dtype``: "float32", "bfloat16" or "auto" (None: the config's, else float32); bfloat16
         on a CPU without AMX / AVX-512 BF16 is refused before anything loads."""
@@ -246,7 +246,7 @@ class SpeculativeEngine:
 
     def cost_identity(self) -> dict[str, Any]:
         """What this engine's step costs depend on besides the checkpoints' files and the
-        machine (generation/cost_cache.py): numerics, kernels, forwards, k_max, device."""
+        machine (generation/spec_decode/cost_cache.py): numerics, kernels, forwards, k_max, device."""
         forwards = [self.target_forward, self.draft_forward, self.eagle_head]
         return {
             "dtype": self.dtype,

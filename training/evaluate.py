@@ -23,8 +23,8 @@ from typing import Any
 import torch
 
 from generation import SamplingParams, SpeculativeEngine, load_tokenizer
-from generation.forward import Forward, HFForward
-from generation.model_runner import ModelRunner
+from generation.model.forward import Forward, HFForward
+from generation.model.model_runner import ModelRunner
 from retrieval.chat import PromptFormat
 from training.corpus import build_corpus
 from training.data import encode_example
@@ -160,7 +160,7 @@ def main(argv: list[str] | None = None) -> None:
     result["heldout_text_tokens"] = sum(len(s) for s, _ in text_seqs)
 
     # Per-step cost, side by side, at the product's prompt length: as the engine runs the
-    # models (generation/forward.py), and on transformers' own forward pass.
+    # models (generation/model/forward.py), and on transformers' own forward pass.
     ctx = 900
     runs: dict[str, tuple[Any, Any]] = {
         "": (engine.target_forward, engine.draft_forward),

@@ -1,6 +1,6 @@
 """Train an EAGLE head on the target's own features: ``python -m training.train_eagle``.
 
-The head (generation/eagle.py) drafts from the target's final hidden states, so it is trained
+The head (generation/spec_decode/eagle.py) drafts from the target's final hidden states, so it is trained
 on what the target computes over its own answers (Li et al. 2024, EAGLE-1):
 
 1. ``generate``: the target answers RAG prompts of the training split (greedy; the held-out
@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoTokenizer, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from generation.eagle import EagleHeadModule, head_config, save_head
+from generation.spec_decode.eagle import EagleHeadModule, head_config, save_head
 from retrieval.chat import PromptFormat
 from training.checkpoint import load_checkpoint, save_checkpoint
 from training.corpus import REPO_ROOT, build_corpus

@@ -290,7 +290,7 @@ def evaluate_cmd(
         raise CommandError("-k: must be at least 1")
     sets = load_sets(dataset_dir, [_named_file(v) for v in items])
     from app.drafts.tune import check_head_pair, check_pair
-    from generation.eagle import is_eagle_head
+    from generation.spec_decode.eagle import is_eagle_head
 
     heads = (is_eagle_head(old), is_eagle_head(new))
     if heads[0] != heads[1]:

@@ -23,7 +23,7 @@ per-token acceptance of greedy decoding). ``specrag draft evaluate`` adds measur
 The directory's name becomes the draft's label in ``model_pair`` (generation/torch_engine.py
 labels a model by its directory), so name it apart from the base draft's.
 
-``tune_eagle`` (``specrag draft tune --eagle HEAD``) tunes an EAGLE head (generation/eagle.py)
+``tune_eagle`` (``specrag draft tune --eagle HEAD``) tunes an EAGLE head (generation/spec_decode/eagle.py)
 instead, in the same loop (``_train``: the same bounds, checkpoint, autocast, progress bar and
 manifest): the target's features of each item are recorded once into ``<run-dir>``, and the
 loss is training/train_eagle.py's. A tuned head, too, is labelled in ``model_pair`` by its
@@ -90,7 +90,7 @@ def check_pair(target_dir: Path, draft_dir: Path) -> None:
     """Refuse a draft whose vocabulary differs from the target's, before anything is loaded."""
     from transformers import AutoConfig
 
-    from generation.loading import check_vocab_compatible
+    from generation.model.loading import check_vocab_compatible
 
     for what, d in (("target", target_dir), ("draft", draft_dir)):
         if not (d / "config.json").is_file():
@@ -388,7 +388,7 @@ def check_head_pair(target_dir: Path, head_dir: Path) -> None:
     (the error names both sizes), before anything is loaded."""
     from transformers import AutoConfig, LlamaConfig
 
-    from generation.eagle import check_head_config, is_eagle_head
+    from generation.spec_decode.eagle import check_head_config, is_eagle_head
 
     if not (target_dir / "config.json").is_file():
         raise DatasetError(
@@ -397,7 +397,7 @@ def check_head_pair(target_dir: Path, head_dir: Path) -> None:
     if not is_eagle_head(head_dir):
         raise DatasetError(
             f"--eagle {str(head_dir)!r}: not an EAGLE head (its config.json must name "
-            "EagleLlamaForCausalLM; generation/eagle.py)"
+            "EagleLlamaForCausalLM; generation/spec_decode/eagle.py)"
         )
     raw = json.loads((head_dir / "config.json").read_text())
     raw.pop("architectures", None)
@@ -485,7 +485,7 @@ def tune_eagle(
     import torch
     from transformers import LlamaForCausalLM
 
-    from generation.eagle import load_head, save_head
+    from generation.spec_decode.eagle import load_head, save_head
     from training.train_eagle import batches, head_loss, pack, record_features
 
     if config.threads:

@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from generation.loading import (
+from generation.model.loading import (
     CheckpointError,
     check_vocab_compatible,
     checkpoint_limits_from_files,
@@ -23,7 +23,7 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 def checkpoint_limits(target_dir: Path, draft_dir: Path | None) -> tuple[int, int, list[int]]:
     """Return (vocab_size, max_context, eos ids) read from the checkpoints' config files
-    (generation/loading.py ``checkpoint_limits``, which the torch engine reads too)."""
+    (generation/model/loading.py ``checkpoint_limits``, which the torch engine reads too)."""
     limits = checkpoint_limits_from_files(target_dir, draft_dir)
     if limits.vocab_size is None:
         raise CheckpointError(f"checkpoint {str(target_dir)!r}: config.json has no vocab_size")

@@ -16,7 +16,7 @@ from typing import Any
 
 import generation.vllm_engine.cpu_fix as cpu_fix
 from generation.interface import GenerationResult
-from generation.loading import validate_checkpoint
+from generation.model.loading import validate_checkpoint
 from generation.params import SamplingParams
 from generation.requests import check_prompt, collect, per_prompt, token_budget
 from generation.vllm_engine.checkpoints import check_draft_vocab, checkpoint_limits

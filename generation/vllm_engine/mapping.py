@@ -103,7 +103,7 @@ def speculative_config(
     elif method == "eagle":
         if draft_dir is None:
             raise UnsupportedSpeculationError(
-                "method: 'eagle' needs an EAGLE head checkpoint (generation/eagle.py); none "
+                "method: 'eagle' needs an EAGLE head checkpoint (generation/spec_decode/eagle.py); none "
                 "was given"
             )
         config = {"method": "eagle", "model": str(draft_dir)}

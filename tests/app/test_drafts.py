@@ -303,7 +303,7 @@ def _tiny_head(tiny: dict[str, Path], out: Path, **overrides: Any) -> Path:
     import torch
     from transformers import AutoConfig
 
-    from generation.eagle import EagleHeadModule, head_config, save_head
+    from generation.spec_decode.eagle import EagleHeadModule, head_config, save_head
 
     config = head_config(AutoConfig.from_pretrained(str(tiny["target"])))
     for name, value in overrides.items():
@@ -351,7 +351,7 @@ def test_eagle_head_tune_resumes_writes_manifest_and_evaluate_compares(
     assert match["base"] == 0.0 and match["tuned"] >= 0.15, match  # 0.28 when written
 
     from generation import load_engine
-    from generation.eagle import ARCHITECTURE
+    from generation.spec_decode.eagle import ARCHITECTURE
 
     assert json.loads((out / "config.json").read_text())["architectures"] == [ARCHITECTURE]
     engine = load_engine("torch", tiny_models["target"], device="cpu", eagle_dir=out)

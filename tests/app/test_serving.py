@@ -110,7 +110,7 @@ def test_the_prefix_cache_setting_reaches_the_engine_and_a_tiny_one_is_refused_a
     tiny_models: dict[str, Path], tmp_path: Path
 ) -> None:
     from generation import SamplingParams
-    from generation.block_index import PrefixCacheBudgetError
+    from generation.engine.block_index import PrefixCacheBudgetError
 
     # On by default (as vLLM's prefix caching is), bounded by the default 256 MB.
     with worker_resources(tiny_models, tmp_path) as resources:
@@ -139,7 +139,7 @@ def test_the_packed_weights_setting_reaches_both_models(
 ) -> None:
     import torch
 
-    from generation.forward import can_pack
+    from generation.model.forward import can_pack
 
     with worker_resources(tiny_models, tmp_path, packed_weights=packed) as resources:
         engine = resources.engine
@@ -150,7 +150,7 @@ def test_the_packed_weights_setting_reaches_both_models(
 def test_the_dtype_setting_reaches_the_engine_and_bf16_without_cpu_support_is_refused(
     tiny_models: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from generation import dtypes
+    from generation.model import dtypes
 
     with pytest.raises(ValueError, match="dtype"):
         Settings(dtype="float16")

@@ -1,4 +1,4 @@
-"""generation/attention.py: the bf16 slot-attention kernel against float64 attention, where it
+"""generation/model/attention.py: the bf16 slot-attention kernel against float64 attention, where it
 applies and where SDPA stays, and a bf16 engine that runs it (greedy speculation is the bf16
 ``none`` run but at near-ties, as tests/generation/test_dtype.py asks of SDPA)."""
 
@@ -11,9 +11,9 @@ import torch
 import torch.nn.functional as F
 
 from generation import SamplingParams, SpeculativeEngine
-from generation import attention as attention_module
-from generation.attention import library, slot_attention
 from generation.exactness import check_greedy
+from generation.model import attention as attention_module
+from generation.model.attention import library, slot_attention
 from tests.generation.tiny_models import build_model, perturbed_copy
 
 needs_kernel = pytest.mark.skipif(
@@ -150,7 +150,7 @@ def test_a_bf16_engine_runs_it_and_speculation_is_the_none_run_but_at_near_ties(
         calls["kernel"] += attend is not None
         return attend
 
-    monkeypatch.setattr("generation.forward.slot_attention", counted)
+    monkeypatch.setattr("generation.model.forward.slot_attention", counted)
     target = build_model("llama", vocab_size=96, seed=5, hidden_size=128, logit_scale=8.0)
     draft = perturbed_copy(target, noise=0.3)
     f32 = SpeculativeEngine(target, draft)

@@ -14,7 +14,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from generation import SamplingParams, load_engine
-from generation.loading import IncompatibleDraftError, check_vocab_compatible
+from generation.model.loading import IncompatibleDraftError, check_vocab_compatible
 from retrieval.chat import MAX_SYSTEM_PROMPT_TOKENS, PromptFormat, PromptFormatError
 from retrieval.prompt import DEFAULT_SYSTEM_PROMPT, Passage, chat_messages
 from tests.generation.chat_models import KINDS, PROBE, chat_tokenizer

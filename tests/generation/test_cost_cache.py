@@ -1,4 +1,4 @@
-"""Step-cost tables kept between processes (generation/cost_cache.py): loaded instead of timed by
+"""Step-cost tables kept between processes (generation/spec_decode/cost_cache.py): loaded instead of timed by
 the same engine on the same machine, measured again for any other, and a bad file ignored."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from generation.cost_cache import StepCostCache, files_identity, machine_identity
-from generation.goodput import StepCosts
+from generation.spec_decode.cost_cache import StepCostCache, files_identity, machine_identity
+from generation.spec_decode.goodput import StepCosts
 
 K_MAX = 4
 STAIRS = [0.010, 0.011, 0.013, 0.020, 0.021]
@@ -107,7 +107,7 @@ def test_a_bad_file_is_ignored_with_a_log_line_and_replaced(
     cache = StepCostCache(tmp_path, identity())
     cache.path.write_text(content)
     timer = CountingTimer()
-    with caplog.at_level(logging.WARNING, logger="generation.cost_cache"):
+    with caplog.at_level(logging.WARNING, logger="generation.spec_decode.cost_cache"):
         costs(cache, timer).table(1, True)
     assert timer.calls == [(1, True)]
     assert any(str(cache.path) in r.getMessage() for r in caplog.records)
@@ -124,7 +124,7 @@ def test_a_malformed_table_is_measured_again(
     for bad in ([0.01, 0.02], [0.01, 0.0, 0.02, 0.03, 0.04], ["a"] * 5):  # length, zero, type
         cache.path.write_text(json.dumps({"identity": cache.identity, "tables": {"1:True": bad}}))
         timer = CountingTimer()
-        with caplog.at_level(logging.WARNING, logger="generation.cost_cache"):
+        with caplog.at_level(logging.WARNING, logger="generation.spec_decode.cost_cache"):
             costs(cache, timer).table(1, True)
         assert timer.calls == [(1, True)]
         assert "malformed" in caplog.records[-1].getMessage()
@@ -136,7 +136,7 @@ def test_an_unwritable_directory_costs_a_measurement_not_the_table(
     blocker = tmp_path / "file"
     blocker.write_text("")
     cache = StepCostCache(blocker / "step_costs", identity())  # its parent is a file
-    with caplog.at_level(logging.WARNING, logger="generation.cost_cache"):
+    with caplog.at_level(logging.WARNING, logger="generation.spec_decode.cost_cache"):
         table = costs(cache, CountingTimer()).table(1, True)
     assert table.relative(0) == 1.0
     assert "not written" in caplog.records[-1].getMessage()

@@ -19,12 +19,11 @@ from generation import (
     EngineConfig,
     SamplingParams,
     SpeculativeEngine,
-    dtypes,
     load_engine,
-    model_runner,
 )
-from generation.eagle import EagleHeadModule, head_config
 from generation.exactness import check_greedy
+from generation.model import dtypes, model_runner
+from generation.spec_decode.eagle import EagleHeadModule, head_config
 from tests.generation.tiny_models import build_model, perturbed_copy
 
 VOCAB = 96

@@ -20,8 +20,8 @@ from safetensors.torch import load_file
 
 from generation import SamplingParams, SpeculativeEngine
 from generation.config import EngineConfig
-from generation.eagle import EagleHeadModule, head_config, load_head, save_head
-from generation.loading import IncompatibleDraftError
+from generation.model.loading import IncompatibleDraftError
+from generation.spec_decode.eagle import EagleHeadModule, head_config, load_head, save_head
 from tests.generation.tiny_models import build_model, reference_greedy, save_checkpoint
 
 VOCAB = 48

@@ -10,7 +10,7 @@ import pytest
 
 from generation import SamplingParams, SpeculativeEngine
 from generation.config import EngineConfig
-from generation.engine_loop import EngineLoop
+from generation.engine.loop import EngineLoop
 from generation.interface import Cancelled, GenerationLoop
 from tests.generation.batch_support import References, check_greedy, mixed_requests
 from tests.generation.tiny_models import build_model, perturbed_copy

@@ -7,15 +7,15 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from generation.forward import (
+from generation.model.forward import (
     FastLlamaForward,
     HFForward,
     can_pack,
     fast_path_refusal,
     forward_for,
 )
-from generation.kv_store import KVStore, slot_kv
-from generation.model_runner import PREFILL_BUCKET, ModelRunner
+from generation.model.kv_store import KVStore, slot_kv
+from generation.model.model_runner import PREFILL_BUCKET, ModelRunner
 from tests.generation.tiny_models import FAMILIES, build_model
 
 VOCAB = 96
@@ -275,7 +275,7 @@ def test_other_families_and_variants_run_on_transformers() -> None:
 def test_rms_norm_is_transformers_rmsnorm_to_the_bit(dtype: torch.dtype) -> None:
     from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
-    from generation.forward import rms_norm
+    from generation.model.forward import rms_norm
 
     norm = LlamaRMSNorm(96, eps=1e-6).to(dtype)
     generator = torch.Generator().manual_seed(0)

@@ -1,4 +1,4 @@
-"""k by goodput (generation/goodput.py): the batch's k from row acceptance and a cost table T(B, k).
+"""k by goodput (generation/spec_decode/goodput.py): the batch's k from row acceptance and a cost table T(B, k).
 
 Pure policy tests on hand-made cost tables; the batch engine's own steps are in test_batching.py.
 """
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from generation.goodput import (
+from generation.spec_decode.goodput import (
     RowPlan,
     StepCosts,
     bucket,

@@ -17,15 +17,15 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from generation.block_index import (
+from generation.engine.block_index import (
     BlockIndex,
     CachedBlock,
     PrefixCacheBudgetError,
     blocks_for_budget,
     root_hash,
 )
-from generation.kv_store import KVShape, SlotKV
-from generation.prefix_cache import PrefixCache
+from generation.engine.prefix_cache import PrefixCache
+from generation.model.kv_store import KVShape, SlotKV
 
 ROOT = root_hash("target", "draft", "float32", "cpu")
 

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from generation import SamplingParams, SpeculativeEngine
-from generation.block_index import PrefixCacheBudgetError
 from generation.config import EngineConfig
+from generation.engine.block_index import PrefixCacheBudgetError
 from tests.generation.conformance import EngineConformance, make_prompts
 from tests.generation.test_sampling_distribution import (
     NUM_TOKENS,

@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from generation.goodput import Acceptance, CostModel, RecentAcceptance, expected_tokens
-from generation.ngram import NgramProposer, pick_start
+from generation.spec_decode.goodput import Acceptance, CostModel, RecentAcceptance, expected_tokens
+from generation.spec_decode.ngram import NgramProposer, pick_start
 
 
 def find_continuation(tokens: list[int], k: int, max_n: int, min_n: int = 1) -> list[int]:

@@ -6,8 +6,8 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from generation.proposers import Drafts
-from generation.rejection_sampler import PLACEHOLDER, rejection_sample, verify
+from generation.spec_decode.proposers import Drafts
+from generation.spec_decode.rejection_sampler import PLACEHOLDER, rejection_sample, verify
 
 VOCAB = 30
 

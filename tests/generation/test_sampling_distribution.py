@@ -17,7 +17,7 @@ import torch
 from scipy.stats import chisquare
 
 from generation import SamplingParams, SpeculativeEngine
-from generation.eagle import EagleHeadModule, head_config
+from generation.spec_decode.eagle import EagleHeadModule, head_config
 from tests.generation.tiny_models import build_model, perturbed_copy
 
 VOCAB = 3

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from generation.handle import LoopHandle
+from generation.engine.handle import LoopHandle
+from generation.engine.scheduler import Scheduler
+from generation.engine.sequence import Sequence
 from generation.params import SamplingParams
-from generation.scheduler import Scheduler
-from generation.sequence import Sequence
 from generation.stats import GenerationStats
 
 

@@ -10,7 +10,7 @@ import torch
 
 from generation import SamplingParams, SpeculativeEngine
 from generation.config import EngineConfig
-from generation.forward import can_pack
+from generation.model.forward import can_pack
 from tests.generation.conformance import EngineConformance, check_stats_invariants, make_prompts
 from tests.generation.tiny_models import build_model, perturbed_copy, reference_greedy
 
@@ -164,7 +164,7 @@ def _timed_tables(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, bool]]:
 def test_a_one_shot_warm_up_makes_ready_only_what_its_request_uses(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Any
 ) -> None:
-    from generation.cost_cache import StepCostCache
+    from generation.spec_decode.cost_cache import StepCostCache
 
     timed = _timed_tables(monkeypatch)
     target = build_model("llama", vocab_size=VOCAB, seed=2)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from generation import SamplingParams, SpeculativeEngine, load_tokenizer
-from generation.kv_store import KVShape
+from generation.model.kv_store import KVShape
 from retrieval.chat import PromptFormat
 from retrieval.prompt import Passage, user_message
 

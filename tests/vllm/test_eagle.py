@@ -1,6 +1,6 @@
 """``method="eagle"`` on real vLLM (CPU build, float32) with the shipped head, models/demo/eagle,
 beside the torch engine: the same files serve both (vLLM's EAGLE checkpoint layout,
-generation/eagle.py), the answers are token for token the torch engine's, and each request's
+generation/spec_decode/eagle.py), the answers are token for token the torch engine's, and each request's
 stats are filled from vLLM's per-request spec-decode metrics, with the same drafts accepted.
 """
 

@@ -10,13 +10,13 @@ import os
 _TRIGGER = os.environ.get("SPECRAG_TEST_KILL_LOOP_FILE")
 
 if _TRIGGER:
-    from generation import engine_core
+    from generation.engine import step as engine_step
 
-    _step = engine_core.BatchEngine.step
+    _step = engine_step.BatchEngine.step
 
-    def _dying_step(self: engine_core.BatchEngine) -> None:
+    def _dying_step(self: engine_step.BatchEngine) -> None:
         if os.path.exists(str(_TRIGGER)):
             raise SystemExit("the test killed the engine loop")
         _step(self)
 
-    engine_core.BatchEngine.step = _dying_step  # type: ignore[method-assign]
+    engine_step.BatchEngine.step = _dying_step  # type: ignore[method-assign]

@@ -1,6 +1,6 @@
 """One batched forward of a model on its KV slots, and how many slots to allocate.
 
-The KV memory itself is generation/kv_store.py's ``KVStore``. ``plan_slots``
+The KV memory itself is generation/model/kv_store.py's ``KVStore``. ``plan_slots``
 decides once, before anything is allocated (as nano-vLLM's ``allocate_kv_cache``), how many
 slots fit at the full context, so nothing grows or copies while requests come and go and a full
 batch never runs out of memory mid-step. A pass writes at the slot's length; rejecting drafts
@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
-from generation.forward import Forward
-from generation.kv_store import KVShape, KVStore
+from generation.model.forward import Forward
+from generation.model.kv_store import KVShape, KVStore
 
 PREFILL_BUCKET = 16
 """Prompt chunks run padded to a multiple of this many tokens (``ModelRunner._prefill_ids``)."""
@@ -76,7 +76,7 @@ class ModelRunner:
         features: torch.Tensor | None = None,  # [B, n, hidden]: an EAGLE head's input
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``run``, with the final hidden states beside the logits ([B, n, hidden], or
-        [B, hidden] with ``last_only``): the target's feed an EAGLE head (generation/eagle.py)."""
+        [B, hidden] with ``last_only``): the target's feed an EAGLE head (generation/spec_decode/eagle.py)."""
         store = self.store
         starts = [store.lengths[s] for s in slots]
         last = [max(c, 1) - 1 for c in num_tokens] if last_only else None

@@ -28,8 +28,8 @@ import torch.nn.functional as F
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from generation.attention import slot_attention
-from generation.kv_store import KVStore
+from generation.model.attention import slot_attention
+from generation.model.kv_store import KVStore
 
 
 class Forward(Protocol):
@@ -370,7 +370,7 @@ class FastLlamaForward:
         self._rope(max(starts) + n)
         groups = self.heads // self.kv_heads
         mask, is_causal, gqa = None, False, groups > 1
-        # bf16 on a CPU with AVX-512 BF16: generation/attention.py's kernel (None: SDPA below).
+        # bf16 on a CPU with AVX-512 BF16: generation/model/attention.py's kernel (None: SDPA below).
         attend = slot_attention(self.dtype, device, slots, starts, n, self.head_dim)
         if batch == 1:
             # One row: the masks transformers passes to SDPA (none for one token; causal for a

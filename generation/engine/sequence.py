@@ -7,11 +7,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from generation.goodput import Acceptance
-from generation.handle import LoopHandle
+from generation.engine.handle import LoopHandle
 from generation.interface import Cancelled, GenerationResult
-from generation.ngram import NgramProposer
 from generation.params import SamplingParams
+from generation.spec_decode.goodput import Acceptance
+from generation.spec_decode.ngram import NgramProposer
 from generation.stats import GenerationStats
 
 
@@ -53,13 +53,13 @@ class Sequence:
     """The row's running alpha (None for method ``none``)."""
     finished: bool = False
     background: bool = False
-    """A batch job's request (generation/scheduler.py)."""
+    """A batch job's request (generation/engine/scheduler.py)."""
     last_step: float = field(default_factory=time.perf_counter)
     """When the request last took part in a step (or joined): how long a paused background
     request has waited."""
     features: torch.Tensor | None = None
     """[m, hidden]: the target's final hidden states of the positions an EAGLE head has not
-    yet read (generation/eagle.py); None for other methods, or when it has read them all."""
+    yet read (generation/spec_decode/eagle.py); None for other methods, or when it has read them all."""
     head_base: int = 0
     """The target position of the EAGLE head's first slot entry (after a reused prefix, whose
     features were never computed, the head starts where prefill starts)."""

@@ -46,7 +46,7 @@ def draft_position(
 
     Greedy rows, and rows past their k (their extra tokens are cut off later), take the argmax;
     the others sample at their temperature with their own generator. One rule for every
-    proposer that drafts with a model (generation/proposers.py, generation/eagle.py).
+    proposer that drafts with a model (generation/spec_decode/proposers.py, generation/spec_decode/eagle.py).
     """
     greedy = logits.argmax(dim=-1, keepdim=True)  # [R, 1]
     for i, seq in enumerate(rows):

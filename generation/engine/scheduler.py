@@ -19,7 +19,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-from generation.sequence import Sequence
+from generation.engine.sequence import Sequence
 
 SlotMove = Callable[[int, int], None]
 """(src, dst): move the sequence in slot src to slot dst, in every model's cache."""

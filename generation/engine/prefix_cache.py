@@ -1,8 +1,8 @@
 """Exact prefix reuse: KV of computed prompt blocks kept in a bounded pool, copied into new slots.
 
-``PrefixCache`` pairs the block index (generation/block_index.py: hash chains, LRU, references)
+``PrefixCache`` pairs the block index (generation/engine/block_index.py: hash chains, LRU, references)
 with the tensors it indexes: per model and layer, keys and values ``[num_blocks, block_size,
-kv_heads, head_dim]``, a slot's positions in the KV store (generation/kv_store.py, ``slot_kv``). A
+kv_heads, head_dim]``, a slot's positions in the KV store (generation/model/kv_store.py, ``slot_kv``). A
 request that starts with a cached prefix gets that prefix's keys and values *copied* into its slot
 and prefills only the rest; when its prompt is prefilled, its full blocks not cached yet are copied
 out of the slot into the pool. A slot owns its copy, so a block is referenced only while it is
@@ -28,14 +28,14 @@ from typing import Any
 
 import torch
 
-from generation.block_index import (
+from generation.engine.block_index import (
     DEFAULT_BLOCK_SIZE,
     BlockIndex,
     CachedBlock,
     blocks_for_budget,
     root_hash,
 )
-from generation.kv_store import KVShape, SlotKV
+from generation.model.kv_store import KVShape, SlotKV
 
 SETTING = "SPECRAG_PREFIX_CACHE_MB"
 DRAFT = "draft"
@@ -96,7 +96,7 @@ class PrefixCache:
 
     ``budget_bytes``: the memory setting; a budget that cannot hold one block is refused
     (``PrefixCacheBudgetError``, naming the minimum). ``root``: everything that makes KV differ
-    (generation/block_index.py ``root_hash``).
+    (generation/engine/block_index.py ``root_hash``).
     """
 
     def __init__(

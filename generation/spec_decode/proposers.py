@@ -1,8 +1,8 @@
 """Proposers: each row's draft tokens, padded into one tensor ``[B, k]``.
 
 Draft-model rows are drafted together, one batched draft pass per position; EAGLE rows too,
-one batched pass of the head per position (generation/eagle.py). N-gram rows use prompt lookup
-(generation/ngram.py; a one-hot draft distribution).
+one batched pass of the head per position (generation/spec_decode/eagle.py). N-gram rows use prompt lookup
+(generation/spec_decode/ngram.py; a one-hot draft distribution).
 """
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from dataclasses import dataclass
 
 import torch
 
-from generation.eagle import draft_with_eagle
-from generation.model_runner import ModelRunner
-from generation.sampling import draft_position
-from generation.sequence import Sequence
+from generation.engine.sequence import Sequence
+from generation.model.model_runner import ModelRunner
+from generation.spec_decode.eagle import draft_with_eagle
+from generation.spec_decode.sampling import draft_position
 
 
 @dataclass
@@ -75,7 +75,7 @@ def draft_with_model(
     after a fully accepted round also the last draft, more after rounds that drafted
     nothing): they are fed first, so no prompt is recomputed. Every draft token but the last
     enters the slot (a row stops feeding after its own k); the engine's postprocess rolls back
-    those the target rejected (generation/engine_core.py), the one place a slot is rolled back.
+    those the target rejected (generation/engine/step.py), the one place a slot is rolled back.
     """
     slots = [s.slot for s in rows]
     pending = [s.tokens[runner.length(s.slot) :] for s in rows]

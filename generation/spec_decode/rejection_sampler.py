@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import torch
 
-from generation.proposers import Drafts
-from generation.sampling import sample_from_logits, temperature_probs
+from generation.spec_decode.proposers import Drafts
+from generation.spec_decode.sampling import sample_from_logits, temperature_probs
 
 PLACEHOLDER = -1
 """Pads a row of ``verify``'s output after its last emitted token."""

@@ -31,12 +31,12 @@ from torch import nn
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
 
-from generation.forward import FastLlamaForward, Linear, _Layer, select_last
-from generation.kv_store import KVStore
-from generation.loading import CheckpointError, IncompatibleDraftError
-from generation.model_runner import ModelRunner
-from generation.sampling import draft_position
-from generation.sequence import Sequence
+from generation.engine.sequence import Sequence
+from generation.model.forward import FastLlamaForward, Linear, _Layer, select_last
+from generation.model.kv_store import KVStore
+from generation.model.loading import CheckpointError, IncompatibleDraftError
+from generation.model.model_runner import ModelRunner
+from generation.spec_decode.sampling import draft_position
 
 ARCHITECTURE = "EagleLlamaForCausalLM"
 """vLLM's name for an EAGLE-1 head on a Llama-family target."""

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from generation.cost_cache import StepCostCache
+    from generation.spec_decode.cost_cache import StepCostCache
 
 
 def expected_tokens(alpha: float, k: int) -> float:
@@ -180,7 +180,7 @@ class StepCosts:
 
     cache: StepCostCache | None = None
     """Tables measured earlier for this engine (a one-shot process loads them instead of timing;
-    generation/cost_cache.py); None: always measured."""
+    generation/spec_decode/cost_cache.py); None: always measured."""
 
     def key(
         self, batch_size: int, with_draft: bool, with_eagle: bool = False

@@ -18,25 +18,32 @@ from typing import Any
 import torch
 
 from generation.config import EngineConfig
-from generation.dtypes import dtype_name
-from generation.goodput import Acceptance, RecentAcceptance, RowPlan, StepCosts, choose_k, row_k
-from generation.handle import LoopHandle
-from generation.kv_store import slot_kv
-from generation.model_runner import ModelRunner
-from generation.ngram import NgramProposer
+from generation.engine.handle import LoopHandle
+from generation.engine.prefix_cache import PrefixCache
+from generation.engine.scheduler import Scheduler
+from generation.engine.sequence import Sequence, new_generator
+from generation.model.dtypes import dtype_name
+from generation.model.kv_store import slot_kv
+from generation.model.model_runner import ModelRunner
 from generation.params import SamplingParams
-from generation.prefix_cache import PrefixCache
-from generation.proposers import propose
-from generation.rejection_sampler import PLACEHOLDER, verify
 from generation.requests import token_budget
-from generation.sampling import sample_from_logits
-from generation.scheduler import Scheduler
-from generation.sequence import Sequence, new_generator
+from generation.spec_decode.goodput import (
+    Acceptance,
+    RecentAcceptance,
+    RowPlan,
+    StepCosts,
+    choose_k,
+    row_k,
+)
+from generation.spec_decode.ngram import NgramProposer
+from generation.spec_decode.proposers import propose
+from generation.spec_decode.rejection_sampler import PLACEHOLDER, verify
+from generation.spec_decode.sampling import sample_from_logits
 from generation.stats import GenerationStats
 
 
 @dataclass
-class EngineCore:
+class EngineState:
     """What every batch of one engine shares: the models on their KV stores, and policy state."""
 
     target: ModelRunner
@@ -52,7 +59,7 @@ class EngineCore:
     prefix: PrefixCache | None = None
     """KV of earlier prompts' prefixes (None: reuse off)."""
     head: ModelRunner | None = None
-    """The EAGLE head on its own KV store (generation/eagle.py; None: no ``eagle`` method)."""
+    """The EAGLE head on its own KV store (generation/spec_decode/eagle.py; None: no ``eagle`` method)."""
 
 
 class BatchEngine:
@@ -60,7 +67,7 @@ class BatchEngine:
 
     def __init__(
         self,
-        core: EngineCore,
+        core: EngineState,
         max_batch_size: int,
         pause_background: bool,
         prefill_chunk: int | None = None,

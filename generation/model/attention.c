@@ -1,6 +1,6 @@
 /* Attention of each row's queries over each row's own KV slot, bfloat16 (AVX-512 BF16).
  *
- * generation/attention.py compiles and calls it; see its docstring for why it exists. Row b
+ * generation/model/attention.py compiles and calls it; see its docstring for why it exists. Row b
  * reads slot slots[b] of the store layer (keys and values [num_slots, kv_heads, capacity,
  * head_dim]); its query j sees positions 0 .. min(starts[b] + j, capacity - 1), so no row reads
  * another's length (no padding) and no mask exists. Scores and softmax are float32 (products of

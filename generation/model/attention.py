@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from generation.dtypes import cpu_bf16_flags
+from generation.model.dtypes import cpu_bf16_flags
 
 BLOCK = 16
 """Queries a row whose scores the kernel computes together (``BLOCK`` in attention.c)."""
