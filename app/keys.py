@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session, joinedload
 
 from app.db import ApiKey, Tenant, utcnow
 from app.db.models import as_utc
-from app.queries import get_or_create_tenant
+from app.lifecycle.queries import get_or_create_tenant
 
 KEY_PREFIX = "srk_"
 

@@ -1,13 +1,13 @@
 """Answering one stored query, step by step. Knows no Celery and nothing of audit.
 
-    claim (app/lease.py) → retrieve → build the request (prompt ids, SamplingParams, cited
+    claim (app/lifecycle/lease.py) → retrieve → build the request (prompt ids, SamplingParams, cited
     passages) → generate → record (answer, sources, stats and the final status in one
     transaction) → after-answer hooks (app/hooks.py: shadow sampling, metrics, ...)
 
 The query id is the idempotency key: the claim lets one run in, and the unique
 ``answers.query_id`` and ``generation_stats.query_id`` make sure that even two runs racing to the
 end (a worker presumed dead that was not) record one answer. A query becomes final only through
-``app.finish.finish_query``, which also stores the question in its kept form.
+``app.lifecycle.finish.finish_query``, which also stores the question in its kept form.
 """
 
 from __future__ import annotations
@@ -29,12 +29,12 @@ from sqlalchemy.orm import Session, sessionmaker
 from app.collection_prompts import stored_system_prompt
 from app.db import Answer, AnswerSource, GenerationStatsRecord, Query, utcnow
 from app.db.models import as_utc
-from app.failures import public_error
-from app.finish import finish_query
-from app.handback import engine_died, fail, hand_back, not_the_querys
 from app.hooks import Answered, run_after_answer
-from app.lease import Claimed, await_hand_back, claim, heartbeat
-from app.outage import with_database
+from app.lifecycle.failures import public_error
+from app.lifecycle.finish import finish_query
+from app.lifecycle.handback import engine_died, fail, hand_back, not_the_querys
+from app.lifecycle.lease import Claimed, await_hand_back, claim, heartbeat
+from app.lifecycle.outage import with_database
 from app.requests import QueryStatus
 from app.resources import Resources
 from app.settings import Settings
@@ -137,7 +137,7 @@ def answer_query(
             # Anything else (bad collection, out of context, time limit) fails the query with a
             # message the client can read; a killed process never gets here (the reaper does).
             message = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-            # The client gets a stable message (app/failures.py); the exception's text is logged.
+            # The client gets a stable message (app/lifecycle/failures.py); the exception's text is logged.
             log.warning("query %s failed: %s", qid, message, exc_info=exc)
             if not fail(resources, qid, claimed, public_error(exc)):
                 return "superseded"

@@ -2,7 +2,7 @@
 
 The worker needs the clear question to retrieve and prompt, so a query is stored in clear while
 it is queued or running. The transition to a final state (answer recorded, or failed for good;
-app/finish.py) writes ``stored_form`` of it into ``queries.question`` in the same UPDATE, per
+app/lifecycle/finish.py) writes ``stored_form`` of it into ``queries.question`` in the same UPDATE, per
 ``store_questions`` (``scrub_question`` rewrites one finished query after the fact):
 
 - ``clear``: left as asked.

@@ -29,8 +29,8 @@ def one(mode: str, max_tokens: int) -> dict[str, Any]:
     """In this process: (optionally warm,) answer two questions; their stats."""
     from app.commands.ask import warm_one_shot
     from app.db import prepare
+    from app.lifecycle.queries import create_query, get_or_create_tenant, validate_request
     from app.pipeline import answer_query
-    from app.queries import create_query, get_or_create_tenant, validate_request
     from app.resources import Resources
     from app.settings import Settings
 

@@ -212,8 +212,13 @@ print(json.dumps(answer_warmed({questions!r}, {methods!r}, {max_tokens})))
 def answer_warmed(questions: list[str], methods: list[str], max_tokens: int) -> list[Any]:
     """In this process: warm as a worker does, then answer every question by every method."""
     from app.db import prepare
+    from app.lifecycle.queries import (
+        create_query,
+        get_or_create_tenant,
+        query_view,
+        validate_request,
+    )
     from app.pipeline import answer_query, generate
-    from app.queries import create_query, get_or_create_tenant, query_view, validate_request
     from app.resources import Resources, apply_torch_threads
     from app.settings import Settings
 

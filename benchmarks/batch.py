@@ -114,15 +114,15 @@ def setup(tmp: Path) -> tuple[dict[str, str], str]:
 
 def wait_query(sf: Any, qid: uuid.UUID, timeout: float = 300) -> Any:
     """The query once finished (polling)."""
-    from app.queries import wait_for
+    from app.lifecycle.queries import wait_for
 
     return wait_for(sf, qid, timeout=timeout, poll=0.02)
 
 
 def ask(sf: Any, settings: Any, celery: Any, question: str, max_tokens: int) -> uuid.UUID:
     """Store and send one interactive query; returns its id."""
-    from app.outbox import send_and_mark
-    from app.queries import create_query, get_or_create_tenant, validate_request
+    from app.lifecycle.outbox import send_and_mark
+    from app.lifecycle.queries import create_query, get_or_create_tenant, validate_request
     from workers import send_query
 
     req = validate_request(
@@ -139,7 +139,7 @@ def ask(sf: Any, settings: Any, celery: Any, question: str, max_tokens: int) -> 
 def submit(sf: Any, settings: Any, celery: Any, n: int, max_tokens: int) -> uuid.UUID:
     """Store and dispatch a batch of ``n`` questions; returns its id."""
     from app.batch import submit as sub
-    from app.queries import get_or_create_tenant
+    from app.lifecycle.queries import get_or_create_tenant
     from workers import dispatch_batch as dispatch
 
     lines = [json.dumps({"question": f"{QUESTIONS[i % 4]} ({i})"}) for i in range(n)]
@@ -195,8 +195,8 @@ def back_to_back(
     sf: Any, settings: Any, resources: Any, n: int, max_tokens: int
 ) -> tuple[float, float]:
     """(wall seconds, answering seconds) for ``n`` stored queries answered one after another here."""
+    from app.lifecycle.queries import create_query, get_or_create_tenant, validate_request
     from app.pipeline import answer_query
-    from app.queries import create_query, get_or_create_tenant, validate_request
 
     ids = []
     with sf() as session:

@@ -148,8 +148,8 @@ def ask_all(
     from sqlalchemy import func, select
 
     from app.db import Query, make_engine, make_session_factory
-    from app.outbox import send_and_mark
-    from app.queries import create_query, get_or_create_tenant, validate_request
+    from app.lifecycle.outbox import send_and_mark
+    from app.lifecycle.queries import create_query, get_or_create_tenant, validate_request
     from workers import create_celery, send_query
     from workers.process import WorkerProcess, settings_env
 

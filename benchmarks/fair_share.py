@@ -45,8 +45,8 @@ def run(args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
 
     from app.db import Query, make_engine, make_session_factory, utcnow
     from app.db.schema import upgrade
-    from app.outbox import admit, send_and_mark
-    from app.queries import create_query, get_or_create_tenant, validate_request
+    from app.lifecycle.outbox import admit, send_and_mark
+    from app.lifecycle.queries import create_query, get_or_create_tenant, validate_request
     from app.resources import Resources
     from app.settings import Settings
     from workers import create_celery

@@ -40,8 +40,8 @@ def answer_arms(args: argparse.Namespace, data: Path) -> tuple[list[float], list
 
     from app.db import prepare
     from app.hooks import Answered, register_after_answer, unregister_after_answer
+    from app.lifecycle.queries import create_query, get_or_create_tenant, validate_request
     from app.metrics import WorkerMetrics
-    from app.queries import create_query, get_or_create_tenant, validate_request
     from app.resources import Resources
     from app.settings import Settings
 

@@ -42,8 +42,8 @@ from benchmarks.support import drop_database, note, pct, start_worker  # noqa: E
 
 def send(sf: Any, settings: Any, celery: Any, question: str, max_tokens: int) -> uuid.UUID:
     """Store one greedy query and send it to ``answer``; its id."""
-    from app.outbox import send_and_mark
-    from app.queries import create_query, get_or_create_tenant, validate_request
+    from app.lifecycle.outbox import send_and_mark
+    from app.lifecycle.queries import create_query, get_or_create_tenant, validate_request
     from workers import send_query
 
     req = validate_request(

@@ -136,7 +136,7 @@ def bench_transport(
     import httpx
 
     from app.db import Answer, Query, prepare, utcnow
-    from app.queries import get_or_create_tenant
+    from app.lifecycle.queries import get_or_create_tenant
     from app.streams import QueryStream, publisher, stream_key
 
     _, factory = prepare(settings)

@@ -40,7 +40,7 @@ def time_variant(name: str, settings, n: int) -> dict[str, float]:  # type: igno
     from app.api.guard import _bad_json_text
     from app.db import make_engine, make_session_factory
     from app.db.schema import upgrade
-    from app.queries import get_or_create_tenant
+    from app.lifecycle.queries import get_or_create_tenant
     from app.tenancy.limits import Enforcer
 
     settings.data_dir.mkdir(parents=True, exist_ok=True)

@@ -290,7 +290,7 @@ def test_from_own_package_import_module_is_an_edge_to_the_package(tmp_path: Path
 ROOM_LIMITS = {
     "app.audit": ("app.audit", "app.db", "app.scoring", "app.settings", "app.validation"),
     "app.pipeline": None,
-    "app.finish": None,
+    "app.lifecycle.finish": None,
 }
 NEVER_FROM_PIPELINE = ("app.audit", "app.evals")
 

@@ -5,7 +5,7 @@ query that was sent and not yet taken is gone, while the database still says ``q
 process that sweeps (the API, every worker) reads one marker key in the broker's database. The
 first to find it missing writes a new one (``SET NX``) holding when it did; a process that had
 seen another marker before then knows the broker's data is not what it was, and reports the
-marker's time: messages sent before it may be lost. app/outbox.py turns those sent-but-queued
+marker's time: messages sent before it may be lost. app/lifecycle/outbox.py turns those sent-but-queued
 queries back into unsent ones for the sweep to send again. Every process reports the same time,
 so a second report changes nothing the first did not.
 

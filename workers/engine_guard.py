@@ -5,7 +5,7 @@ thread ended) would otherwise stay up, answer ``celery inspect ping`` and fail e
 takes within milliseconds. The guard polls the engine every ``INTERVAL`` seconds; once it is
 dead, the answer tasks stop (a new message is neither claimed nor acknowledged: the sweepers
 send it again, workers/unclaimed.py), the guard cancels this node's consumers, waits for a
-blocking pop in flight to return, releases every query this process holds (app/lease.py
+blocking pop in flight to return, releases every query this process holds (app/lifecycle/lease.py
 ``held``, fenced by attempt: they did nothing wrong; the sweepers send them to another worker)
 and exits with ``EXIT_ENGINE_DEAD``, so that its supervisor (the compose file's restart policy,
 systemd, Kubernetes) starts a new one. Only ``specrag worker`` processes run a guard.
@@ -19,8 +19,8 @@ import sys
 import time
 from collections.abc import Callable
 
-from app.lease import guard_engine, held, release
-from app.outage import DatabaseUnavailable, with_database
+from app.lifecycle.lease import guard_engine, held, release
+from app.lifecycle.outage import DatabaseUnavailable, with_database
 from app.periodic import Periodic
 from app.resources import Resources
 

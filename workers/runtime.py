@@ -14,7 +14,7 @@ from celery import Celery
 from celery.signals import worker_init, worker_process_init, worker_ready, worker_shutdown
 
 from app.db import prepare
-from app.outbox import Sweeper
+from app.lifecycle.outbox import Sweeper
 from app.requests import QueueName
 from app.resources import Resources, apply_torch_threads
 from workers.broker_epoch import BrokerEpoch

@@ -11,14 +11,14 @@ from celery.exceptions import Reject
 
 import workers.runtime as runtime
 from app.dispatch import TaskName
-from app.lease import await_hand_back
-from app.outage import DatabaseUnavailable, backoff
-from app.outbox import admit
+from app.documents.deadline import time_limit
+from app.documents.ingest import delete_uploaded, ingest_uploaded
+from app.lifecycle.lease import await_hand_back
+from app.lifecycle.outage import DatabaseUnavailable, backoff
+from app.lifecycle.outbox import admit
 from app.pipeline import answer_query as run
 from app.pipeline import loop_step
 from app.requests import QueryStatus
-from app.tenancy.deadline import time_limit
-from app.tenancy.ingest import delete_uploaded, ingest_uploaded
 from workers.audit_tasks import send_shadow_if_sampled
 from workers.dispatcher import send_query
 
@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 
 
 def _admit_next(app: Celery, resources: Any) -> None:
-    """A slot freed: send the next held queries in tenant round-robin (app/outbox.py admit)."""
+    """A slot freed: send the next held queries in tenant round-robin (app/lifecycle/outbox.py admit)."""
     try:
         admit(resources.session_factory, resources.settings, lambda q, qu: send_query(app, q, qu))
     except Exception:  # the sweeper admits on its next round

@@ -6,7 +6,7 @@ transport's ``unacked`` hash, where it comes back only after the visibility time
 and the query ``queued`` with ``enqueued_at`` set, which the ordinary re-send reaches only after
 ``resend_after_seconds``. ``UnclaimedDeliveries`` reads the transport's index of unacknowledged
 deliveries (``unacked_index``, scored by delivery time) and reports, per query id, when a worker
-took its message; app/outbox.py ``rescue_unclaimed`` sends again those still queued since then.
+took its message; app/lifecycle/outbox.py ``rescue_unclaimed`` sends again those still queued since then.
 """
 
 from __future__ import annotations

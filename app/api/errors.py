@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse
 from sqlalchemy import exc as sa_exc
 
 from app.api.body import BodyError
-from app.outage import RETRY_AFTER_SECONDS, DatabaseUnavailable, unreachable
+from app.lifecycle.outage import RETRY_AFTER_SECONDS, DatabaseUnavailable, unreachable
 from app.requests import RequestError
 from app.tenancy.limits import LimitExceeded
 

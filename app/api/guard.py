@@ -26,7 +26,7 @@ import anyio
 
 from app.api.body import BodyError, guard_state, parse_json_off_loop
 from app.api.errors import ApiError, error_body
-from app.outage import RETRY_AFTER_SECONDS, unreachable
+from app.lifecycle.outage import RETRY_AFTER_SECONDS, unreachable
 from app.tenancy.limits import LimitExceeded
 from app.validation import text_problem
 

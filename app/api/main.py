@@ -12,8 +12,8 @@ from app.api.guard import RequestGuard
 from app.api.routes import admin, batches, collections, documents, health, queries, stream
 from app.db import prepare
 from app.dispatch import Dispatcher, NoQueue
+from app.lifecycle.outbox import Sweeper
 from app.metrics import install as install_metrics
-from app.outbox import Sweeper
 from app.settings import Settings
 from app.tenancy.limits import Enforcer
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from app.queries import QueryOut  # the stored query's JSON, shared with the event stream
+from app.lifecycle.queries import QueryOut  # the stored query's JSON, shared with the event stream
 
 
 class QueryAccepted(BaseModel):

@@ -13,7 +13,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from app.queries import RequestError
+from app.lifecycle.queries import RequestError
 from app.settings import Settings
 
 log = logging.getLogger(__name__)

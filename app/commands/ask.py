@@ -21,10 +21,16 @@ from app.commands.common import (
 )
 from app.db import prepare, utcnow
 from app.evals.hooks import install_hooks
-from app.lease import Claimed
-from app.outbox import admit
+from app.lifecycle.lease import Claimed
+from app.lifecycle.outbox import admit
+from app.lifecycle.queries import (
+    create_query,
+    get_or_create_tenant,
+    query_view,
+    require_collection,
+    wait_for,
+)
 from app.pipeline import answer_query, build_request, retrieve
-from app.queries import create_query, get_or_create_tenant, query_view, require_collection, wait_for
 from app.requests import DEFAULT_NUM_SPECULATIVE_TOKENS, QueryRequest, QueueName, validate_request
 from app.resources import Resources, apply_torch_threads
 

@@ -23,7 +23,7 @@ from app.commands.common import (
     one_line_errors,
 )
 from app.db import prepare
-from app.queries import get_or_create_tenant
+from app.lifecycle.queries import get_or_create_tenant
 
 
 @click.group("batch")

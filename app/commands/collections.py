@@ -7,7 +7,7 @@ import click
 from app.collection_prompts import set_system_prompt, system_prompt_view
 from app.commands.common import emit, get_settings, json_option, one_line_errors
 from app.db import prepare
-from app.queries import get_or_create_tenant, require_collection
+from app.lifecycle.queries import get_or_create_tenant, require_collection
 
 
 @click.group("collections")

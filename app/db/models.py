@@ -131,7 +131,7 @@ class Query(Base):
     worker_host: Mapped[str | None] = mapped_column(String(255))
     heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     attempts: Mapped[int] = mapped_column(Integer, default=0)
-    # Messages sent for this query (the outbox re-sends a bounded number of times, app/outbox.py).
+    # Messages sent for this query (the outbox re-sends a bounded number of times, app/lifecycle/outbox.py).
     sends: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     # How ``question`` is kept once final: NULL while in clear, else "hashed" or "redacted".
     question_stored: Mapped[str | None] = mapped_column(String(16))

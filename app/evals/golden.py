@@ -21,8 +21,8 @@ from sqlalchemy.orm import Session, selectinload
 from app.audit.aggregate import EVAL_QUEUE
 from app.audit.records import GoldenItem, GoldenRun
 from app.db.models import Answer, Query, utcnow
+from app.lifecycle.queries import get_or_create_tenant
 from app.pipeline import answer_query
-from app.queries import get_or_create_tenant
 from app.requests import DEFAULT_NUM_SPECULATIVE_TOKENS, Method, validate_request
 from app.scoring import exact_match, faithfulness, retrieval_recall, token_f1
 

@@ -3,7 +3,7 @@
 The pipeline knows nothing of audit: a process that answers queries (a worker, ``ask --local``)
 calls ``install_hooks`` once, and every succeeded answer may then leave a shadow sample for the
 baseline decode. Privacy needs no hook: the final-state transition itself stores the question
-in its kept form (app/finish.py), so no process can forget it.
+in its kept form (app/lifecycle/finish.py), so no process can forget it.
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ from typing import Any
 import anyio
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.queries import get_query, query_json
+from app.lifecycle.queries import get_query, query_json
 from app.settings import Settings
 from app.streams.hub import StreamHub, normal_id, parse_id
 from app.streams.publish import stream_key

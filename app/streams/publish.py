@@ -9,7 +9,7 @@ Each query has one stream, ``specrag:stream:{query_id}``, with entries of three 
 - ``end``: ``status``; the answer or the failure is committed to the database, which readers
   consult for the final ``done`` / ``error`` event.
 
-Entries are fenced by the attempt (the query's lease epoch, app/lease.py): a small script writes
+Entries are fenced by the attempt (the query's lease epoch, app/lifecycle/lease.py): a small script writes
 each one only if no newer attempt of the query has written to the stream (``specrag:stream-owner:
 {query_id}`` holds the newest), so a stalled worker that resumes after the reaper gave its query
 to another can no longer stream; readers drop what came before the newer attempt's ``reset``.

@@ -1,1 +1,1 @@
-"""Tenant safety: per-tenant limits (records, resolution, checks) and uploaded documents' state."""
+"""Tenant safety: per-tenant limits (records, resolution, checks), rate windows, the collection cap."""

@@ -16,9 +16,9 @@ from transformers import AutoTokenizer
 
 from app.collection_prompts import set_system_prompt, system_prompt_view
 from app.db import GenerationStatsRecord, Query, prepare
-from app.lease import claim
+from app.lifecycle.lease import claim
+from app.lifecycle.queries import create_query, get_or_create_tenant, query_view, validate_request
 from app.pipeline import answer_query, build_request
-from app.queries import create_query, get_or_create_tenant, query_view, validate_request
 from app.resources import Resources
 from app.settings import Settings
 from retrieval.chat import PromptFormatError

@@ -24,7 +24,7 @@ from app.drafts.evaluate import RefusedDraft, verdict
 from app.drafts.hooks import store_token_ids
 from app.drafts.records import AnswerTokens
 from app.hooks import Answered
-from app.queries import get_or_create_tenant
+from app.lifecycle.queries import get_or_create_tenant
 from app.settings import Settings
 
 

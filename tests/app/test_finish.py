@@ -9,10 +9,10 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.db import Query, utcnow
-from app.finish import finish_query
-from app.outbox import reap_stale
+from app.lifecycle.finish import finish_query
+from app.lifecycle.queries import create_query, get_or_create_tenant, validate_request
+from app.lifecycle.reaper import reap_stale
 from app.privacy import hash_question
-from app.queries import create_query, get_or_create_tenant, validate_request
 from app.requests import QueryStatus
 from app.settings import Settings
 

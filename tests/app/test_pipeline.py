@@ -11,8 +11,8 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.db import Answer, GenerationStatsRecord, Query, prepare
+from app.lifecycle.queries import create_query, get_or_create_tenant, validate_request
 from app.pipeline import _record, answer_query, claim
-from app.queries import create_query, get_or_create_tenant, validate_request
 from app.resources import Resources
 from app.settings import Settings
 
@@ -117,7 +117,7 @@ def test_a_late_second_run_cannot_record_a_second_answer(resources: Resources) -
 def test_a_stale_attempt_records_nothing_once_a_newer_one_holds_the_query(
     resources: Resources,
 ) -> None:
-    from app.lease import claim, release
+    from app.lifecycle.lease import claim, release
 
     qid = _submit(resources, max_tokens=2)
     sf = resources.session_factory
@@ -147,7 +147,7 @@ def test_a_stale_attempt_records_nothing_once_a_newer_one_holds_the_query(
 def test_unknown_collection_fails_the_query_with_a_stable_error(
     resources: Resources, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from app.failures import COLLECTION_GONE
+    from app.lifecycle.failures import COLLECTION_GONE
 
     qid = _submit(resources, collection="nope")
     with caplog.at_level("WARNING", "app.pipeline"):

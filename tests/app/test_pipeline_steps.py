@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from app import failures
 from app.db import Answer, GenerationStatsRecord, Query
 from app.hooks import Answered, register_after_answer, unregister_after_answer
+from app.lifecycle import failures
+from app.lifecycle.queries import create_query, get_or_create_tenant
 from app.pipeline import BuiltRequest, answer_query, loop_step
-from app.queries import create_query, get_or_create_tenant
 from app.requests import validate_request
 from app.settings import Settings
 from tests.fakes import FakeResources, memory_session_factory

@@ -10,8 +10,8 @@ from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.db import Query, utcnow
-from app.outbox import reap_stale, sweep
-from app.queries import (
+from app.lifecycle.outbox import sweep
+from app.lifecycle.queries import (
     RequestError,
     create_query,
     get_or_create_tenant,
@@ -19,6 +19,7 @@ from app.queries import (
     query_view,
     validate_request,
 )
+from app.lifecycle.reaper import reap_stale
 from app.settings import Settings
 
 
@@ -142,7 +143,7 @@ def test_reaper_requeues_silent_running_queries_and_fails_exhausted_ones(
         None,
         None,
     )
-    from app.failures import WORKER_LOST
+    from app.lifecycle.failures import WORKER_LOST
 
     assert rows[exhausted].status == "failed" and rows[exhausted].error == WORKER_LOST
     assert rows[alive].status == "running"

@@ -85,8 +85,8 @@ class Live:
     def ask(self, question: str, **params: Any) -> uuid.UUID:
         """Store a query of ``tenant`` and answer it through app.pipeline; returns its id."""
         from app.evals.hooks import install_hooks
+        from app.lifecycle.queries import create_query, get_or_create_tenant, validate_request
         from app.pipeline import answer_query
-        from app.queries import create_query, get_or_create_tenant, validate_request
 
         with self.resources.session_factory() as session:
             tenant = get_or_create_tenant(session, self.tenant)

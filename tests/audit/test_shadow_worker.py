@@ -50,7 +50,7 @@ def settings(tiny_models: dict[str, Path], tmp_path_factory: Any) -> Iterator[Se
 
 def test_live_worker_decodes_the_shadow_baseline(settings: Settings, tmp_path: Path) -> None:
     from app.db import prepare
-    from app.queries import create_query, get_or_create_tenant, validate_request, wait_for
+    from app.lifecycle.queries import create_query, get_or_create_tenant, validate_request, wait_for
     from app.resources import Resources
     from workers import create_celery, send_query
 

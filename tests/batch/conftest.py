@@ -174,7 +174,7 @@ def submit_questions(
     import json
 
     from app.batch import submit as sub
-    from app.queries import get_or_create_tenant
+    from app.lifecycle.queries import get_or_create_tenant
     from workers import dispatch_batch as send
 
     lines = [json.dumps({"question": f"{QUESTIONS[i % len(QUESTIONS)]} (#{i})"}) for i in range(n)]

@@ -26,8 +26,8 @@ def ask_timed(
     session_factory: Any, settings: Any, celery_app: Any, question: str
 ) -> tuple[uuid.UUID, datetime]:
     """``ask``, also returning the wall-clock time just before its message went to the broker."""
-    from app.outbox import send_and_mark
-    from app.queries import create_query, get_or_create_tenant, validate_request
+    from app.lifecycle.outbox import send_and_mark
+    from app.lifecycle.queries import create_query, get_or_create_tenant, validate_request
     from workers import send_query
 
     request = validate_request(

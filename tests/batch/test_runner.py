@@ -185,7 +185,7 @@ def test_the_outbox_never_resends_waiting_batch_items_one_by_one(
 ) -> None:
     from app.batch import BatchItem
     from app.db import Query, utcnow
-    from app.outbox import sweep
+    from app.lifecycle.outbox import sweep
 
     batch_id = new_batch(session_factory, settings, 3)
     long_ago = utcnow() - timedelta(seconds=settings.resend_after_seconds + 60)

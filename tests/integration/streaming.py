@@ -26,7 +26,7 @@ def chars(ids: list[int]) -> str:
 
 def running_query(settings: Settings, tenant: str, status: str = "running") -> uuid.UUID:
     """A stored query of ``tenant`` in ``status``, as if a worker had claimed it."""
-    from app.queries import create_query, get_or_create_tenant, validate_request
+    from app.lifecycle.queries import create_query, get_or_create_tenant, validate_request
 
     engine = make_engine(settings)
     with make_session_factory(engine)() as session:

@@ -18,8 +18,8 @@ import pytest
 from sqlalchemy import func, select, update
 
 from app.db import Query, make_engine, make_session_factory, utcnow
-from app.outbox import admit
-from app.queries import create_query, get_or_create_tenant, validate_request
+from app.lifecycle.outbox import admit
+from app.lifecycle.queries import create_query, get_or_create_tenant, validate_request
 from app.settings import Settings
 
 pytestmark = pytest.mark.integration

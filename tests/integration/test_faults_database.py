@@ -127,7 +127,7 @@ def test_a_message_taken_by_a_worker_that_died_before_claiming_is_sent_again_wit
     from sqlalchemy import update
 
     from app.db import Query, make_engine, make_session_factory, utcnow
-    from app.queries import create_query, get_or_create_tenant, validate_request
+    from app.lifecycle.queries import create_query, get_or_create_tenant, validate_request
     from workers import create_celery
     from workers.dispatcher import send_query
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from sqlalchemy import create_engine
 
-from app.documents import list_documents
+from app.documents.upload import list_documents
 from app.settings import Settings
 from tests.disks import fill, small_disk
 from tests.integration.conftest import Deployment

@@ -22,7 +22,7 @@ STREAMS = 500
 
 
 def _running_queries(settings: Settings, tenant: str, n: int) -> list[uuid.UUID]:
-    from app.queries import get_or_create_tenant
+    from app.lifecycle.queries import get_or_create_tenant
 
     engine = make_engine(settings)
     with make_session_factory(engine)() as session:

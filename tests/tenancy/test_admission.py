@@ -15,8 +15,8 @@ from sqlalchemy import create_engine, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.db import Query, Tenant, make_session_factory, utcnow
-from app.outbox import admit, in_flight, sweep
-from app.queries import create_query, get_or_create_tenant, validate_request
+from app.lifecycle.outbox import admit, in_flight, sweep
+from app.lifecycle.queries import create_query, get_or_create_tenant, validate_request
 from app.settings import Settings
 
 

@@ -14,12 +14,12 @@ from sqlalchemy import create_engine, select
 from sqlalchemy.orm import Session
 
 from app.db import make_session_factory
-from app.documents import MAX_NAME_BYTES, list_documents
+from app.documents.ingest import ingest_uploaded
+from app.documents.state import mark_pending
+from app.documents.upload import MAX_NAME_BYTES, list_documents
 from app.resources import Resources
 from app.settings import Settings
-from app.tenancy.ingest import ingest_uploaded
 from app.tenancy.records import DocumentUpload
-from app.tenancy.uploads import mark_pending
 from tests.tenancy.conftest import Api, make_api
 
 

@@ -12,11 +12,11 @@ from sqlalchemy import create_engine
 from sqlalchemy.orm import Session
 
 from app.db import make_session_factory
-from app.documents import list_documents
+from app.documents.ingest import ingest_uploaded
+from app.documents.pdf_bounds import PdfBounds, pdf_problem
+from app.documents.upload import list_documents
 from app.resources import Resources
 from app.settings import Settings
-from app.tenancy.ingest import ingest_uploaded
-from app.tenancy.pdf_bounds import PdfBounds, pdf_problem
 from tests.retrieval.docs import lines_stream, pdf_from_streams
 
 # ~600,000 one-character text operators in 4 MiB of content that compresses to a few KB: pypdf

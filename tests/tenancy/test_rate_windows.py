@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine, create_engine
 
-from app.queries import get_or_create_tenant
+from app.lifecycle.queries import get_or_create_tenant
 from app.settings import Settings
 from app.tenancy.limits import Enforcer, LimitExceeded
 from app.tenancy.ratestore import DatabaseStorage

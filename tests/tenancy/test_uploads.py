@@ -16,12 +16,12 @@ from sqlalchemy import create_engine
 from sqlalchemy.orm import Session
 
 from app.db import make_session_factory
-from app.documents import list_documents
+from app.documents.deadline import IngestTimeLimit, time_limit
+from app.documents.ingest import delete_uploaded, ingest_uploaded
+from app.documents.state import mark_pending
+from app.documents.upload import list_documents
 from app.resources import Resources
 from app.settings import Settings
-from app.tenancy.deadline import IngestTimeLimit, time_limit
-from app.tenancy.ingest import delete_uploaded, ingest_uploaded
-from app.tenancy.uploads import mark_pending
 
 GOOD = "# Rotating keys\n\nTo rotate an API key, create a new key, deploy it, revoke the old one.\n"
 

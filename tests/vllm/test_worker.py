@@ -21,7 +21,7 @@ from sqlalchemy import select
 
 from app.client import SpecragClient
 from app.db import Answer, AnswerSource, GenerationStatsRecord, make_engine, make_session_factory
-from app.failures import BAD_REQUEST
+from app.lifecycle.failures import BAD_REQUEST
 from app.settings import Settings
 from tests.integration.conftest import Deployment
 from tests.integration.helpers import ApiServer, RedisServer, WorkerProcess, free_port, stored_rows
@@ -119,7 +119,7 @@ def test_a_vllm_worker_answers_streams_bursts_counts_and_survives_sigkill(
             }
 
         # A speculation this vLLM engine was not started with: failed, nothing stored; the client
-        # sees the stable message (app/failures.py), the worker's log the reason.
+        # sees the stable message (app/lifecycle/failures.py), the worker's log the reason.
         bad = client.wait(client.submit(QUESTIONS[0], docs, method="ngram"), timeout=120)
         assert (bad["status"], bad["error"]) == ("failed", BAD_REQUEST)
         assert stored_rows(settings, [bad["id"]])[bad["id"]][1:] == (0, 0)

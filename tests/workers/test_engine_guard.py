@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from app.db import Query
-from app.lease import claim, heartbeat
-from app.queries import create_query, get_or_create_tenant
+from app.lifecycle.lease import claim, heartbeat
+from app.lifecycle.queries import create_query, get_or_create_tenant
 from app.requests import validate_request
 from app.settings import Settings
 from tests.fakes import FakeResources, memory_session_factory

@@ -13,7 +13,7 @@ from app.api.body import ParsedRoute
 from app.api.deps import SessionDep, SettingsDep, TenantDep
 from app.api.schemas import ErrorOut
 from app.collection_prompts import set_system_prompt, system_prompt_view
-from app.queries import require_collection
+from app.lifecycle.queries import require_collection
 from app.requests import RequestError
 
 router = APIRouter(prefix="/v1/collections", tags=["collections"], route_class=ParsedRoute)

@@ -23,9 +23,9 @@ from app.api.deps import (
 )
 from app.api.errors import ApiError
 from app.api.schemas import ErrorOut
-from app.documents import list_documents, validate_uploads
+from app.documents.state import mark_pending, restore
+from app.documents.upload import list_documents, validate_uploads
 from app.tenancy.collections import check_new_collection
-from app.tenancy.uploads import mark_pending, restore
 
 router = APIRouter(prefix="/v1/documents", tags=["documents"], route_class=ParsedRoute)
 ERRORS: dict[int | str, dict[str, Any]] = {

@@ -19,9 +19,9 @@ from app.api.errors import ApiError
 from app.api.schemas import ErrorOut, QueryAccepted, QueryOut
 from app.api.tokens import check_question_tokens, token_counter
 from app.db import Tenant
-from app.outbox import admit
+from app.lifecycle.outbox import admit
+from app.lifecycle.queries import create_query, get_query, query_view, require_collection
 from app.privacy import matches_stored
-from app.queries import create_query, get_query, query_view, require_collection
 from app.requests import QueryRequest, QueryStatus, validate_request
 
 router = APIRouter(prefix="/v1/queries", tags=["queries"], route_class=ParsedRoute)
@@ -79,7 +79,7 @@ def submit_query(
             raise ApiError(409, "Idempotency-Key", "already used for a different request")
         return QueryAccepted(id=str(query.id), status=query.status)
     # Admission: sent now if the tenant has a free slot, else held (enqueued_at NULL) until one
-    # of its queries is answered; a failed send leaves it for the sweeper too (app/outbox.py).
+    # of its queries is answered; a failed send leaves it for the sweeper too (app/lifecycle/outbox.py).
     admit(request.app.state.session_factory, settings, dispatcher.send_query, tenant_id=tenant.id)
     return QueryAccepted(id=str(query.id), status=QueryStatus.QUEUED)
 

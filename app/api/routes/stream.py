@@ -22,7 +22,7 @@ from app.api.deps import Caller, bearer, bearer_key, lookup_caller
 from app.api.errors import ApiError
 from app.api.schemas import ErrorOut
 from app.keys import find_key
-from app.queries import get_query
+from app.lifecycle.queries import get_query
 from app.streams import END_ID, OPENED, Event, StreamSource, check_last_event_id
 
 router = APIRouter(prefix="/v1/queries", tags=["queries"])

@@ -16,10 +16,10 @@ from typing import Any
 
 from sqlalchemy import select
 
-from app.documents import upload_dir, write_uploads
-from app.tenancy.deadline import IngestTimeLimit, time_limit
-from app.tenancy.pdf_bounds import PdfBounds, pdf_problem
-from app.tenancy.uploads import forget, record_results
+from app.documents.deadline import IngestTimeLimit, time_limit
+from app.documents.pdf_bounds import PdfBounds, pdf_problem
+from app.documents.state import forget, record_results
+from app.documents.upload import upload_dir, write_uploads
 from retrieval.loaders import content_hash
 from retrieval.records import Document
 from retrieval.sources import normalise_source

@@ -2,7 +2,7 @@
 
 ``claim`` moves a query from queued to running atomically, so a duplicate message finds nothing
 to do. While a query runs, a heartbeat thread refreshes ``queries.heartbeat_at``; when the worker
-dies the heartbeat stops and the reaper (app/outbox.py) re-queues the query. ``release`` hands a
+dies the heartbeat stops and the reaper (app/lifecycle/outbox.py) re-queues the query. ``release`` hands a
 query back to the outbox when its work was interrupted through no fault of its own.
 
 The attempt number (``queries.attempts`` after the claim) is the query's lease epoch: the

@@ -20,8 +20,8 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from app.documents.state import upload_states
 from app.requests import RequestError, check_text
-from app.tenancy.uploads import upload_states
 from app.validation import text_problem
 from retrieval.errors import InvalidNameError, character_problem, check_name
 from retrieval.loaders import SUPPORTED_SUFFIXES

@@ -2,8 +2,8 @@
 
 A query handed back (``hand_back``) did nothing wrong: the database was away, its engine died, or
 its request was cancelled; it is queued again for another attempt. A failure (``fail``) is the
-query's own. Both are fenced by the attempt (app/lease.py): an attempt that no longer holds the
-query changes nothing. Database writes here ride out a short outage (app/outage.py).
+query's own. Both are fenced by the attempt (app/lifecycle/lease.py): an attempt that no longer holds the
+query changes nothing. Database writes here ride out a short outage (app/lifecycle/outage.py).
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import logging
 import uuid
 
 from app.db import Query
-from app.finish import finish_query
-from app.lease import Claimed, release
-from app.outage import DatabaseUnavailable, unreachable, with_database
+from app.lifecycle.finish import finish_query
+from app.lifecycle.lease import Claimed, release
+from app.lifecycle.outage import DatabaseUnavailable, unreachable, with_database
 from app.requests import QueryStatus
 from app.resources import Resources
 
