@@ -88,7 +88,7 @@ demo-pair: venv
 	$(PY) -m training.instruct --seed 0 --run-dir runs/instruct --out runs/instruct/pair --target-steps 70 --draft-steps 8
 	$(PY) -m training.distill_draft --seed 0 --models runs/instruct/pair --run-dir runs/instruct/distill --answers runs/instruct/distill/answers.jsonl --prompts 200 --epochs 2
 	cp runs/instruct/pair/target/* models/demo/target/ && cp runs/instruct/pair/draft/* models/demo/draft/
-	# The EAGLE head on the shipped target's own features (issue 35): 128 of the target's own
+	# The EAGLE head on the shipped target's own features : 128 of the target's own
 	# answers (through the engine) and 1,200 reference answers, batched features, head.
 	$(PY) -m training.train_eagle --seed 0 --run-dir runs/eagle --prompts 128 --reference-prompts 1200 --gen-engine --feature-batch-tokens 12288 --epochs 3 --max-steps 680
 

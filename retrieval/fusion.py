@@ -14,9 +14,8 @@ best lexical match stands above the rest (docs/benchmarks.md, "Hybrid search").
 scores, so a chunk that repeats one of the question's words can outscore the passage holding
 all of them, and min-max normalisation keeps only each leg's order. With the bonus at 1.0 (one
 leg's best match) the first passage holds the answer for 14 more of 300 generated questions
-over the demo corpus (15 better, 1 worse) and 2 more of issue 33's 30, the exact-name sets'
-MRR rises and the hand-written set's is unchanged (benchmarks/retrieval_ranking.py,
-docs/benchmarks.md "Ranking: the passage that answers").
+over the demo corpus (15 better, 1 worse) and 2 more of the held-out 30, the exact-name sets'
+MRR rises and the hand-written set's is unchanged.
 """
 
 from __future__ import annotations

@@ -86,7 +86,7 @@ def loop_stop_row(
     ``ids`` is prompt + answer + EOS (encode_example).  The answer is cut after token ``j`` and
     the span of its last ``c`` tokens (LOOP_CYCLE) is repeated -- what a greedy copier does once
     its induction heads latch onto its own output instead of the passage (the shipped pair's
-    looping answers, session 16).  The repeated tokens' labels carry no loss (``masked``: the
+    looping answers).  The repeated tokens' labels carry no loss (``masked``: the
     text is wrong); the correct prefix and the way out carry it, the way out's first token
     ``stop_weight`` times.  The way out:
 
@@ -145,7 +145,7 @@ def ambiguity_positions(
     ``q < p`` of the context (prompt + answer so far) whose next token ``ids[q+1]`` differs
     from ``ids[p+1]``: an induction head matching the last ``n`` tokens may continue from the
     wrong occurrence -- a line a code example repeats, or the answer's own earlier text.  The
-    loops of session 16 start at exactly such positions.  Sorted, each once.
+    demo pair's loops start at exactly such positions.  Sorted, each once.
     """
     lo, hi = n_range
     out: set[int] = set()

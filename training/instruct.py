@@ -160,7 +160,7 @@ def main(argv: list[str] | None = None) -> None:
         help="seed of the example stream (default seed + 33); a continuation takes a new one",
     )
     # One thread: the machine's two cores are shared, and two intra-op threads on a busy core
-    # spin at barriers (2-5x slower, measured in session 1).
+    # spin at barriers (2-5x slower, measured).
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args(argv)
 

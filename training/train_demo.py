@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--extra-lr", type=float, default=3e-4)
     ap.add_argument("--ckpt-every", type=int, default=25)
     # Two threads on an idle machine; one where the other core is busy (two intra-op threads
-    # on a shared core spin at barriers and ran 2-5x slower, measured in session 1).
+    # on a shared core spin at barriers and ran 2-5x slower, measured).
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument(
         "--export-now", action="store_true", help="export the latest checkpoint and exit"

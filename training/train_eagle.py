@@ -81,7 +81,7 @@ def engine_generate(
     training/distill_draft.py's ``generate`` writes them), through the torch engine: the draft
     model speculates (greedy answers are the target's own, tests/generation), continuous
     batching, bfloat16 where the CPU has it (so answers can differ from float32's at near-ties).
-    Not shown faster than ``generate`` on the loaded machine of session 15 (0.08 against 0.11
+    Not shown faster than ``generate`` on a loaded machine (0.08 against 0.11
     answers/s, not side by side). Resumable every ``chunk`` answers."""
     from generation import SamplingParams, SpeculativeEngine
 

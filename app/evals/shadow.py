@@ -9,7 +9,7 @@ speedup per segment (same engine, same dtype on both sides) and counts exactness
 
 A mismatch is judged (``judge``): in float32, the bit-exact mode, any mismatch is a violation. In
 another dtype (bfloat16) a mismatch is *excused* where the reference's top-2 logit gap at the first
-differing token is within that dtype's rounding (generation/exactness.py, issue 34), and a
+differing token is within that dtype's rounding (generation/exactness.py), and a
 violation at a clear margin; the logits are float32 ones (``shadow_dtype``) or the engine's own.
 An engine that exposes no logits (vLLM) leaves a non-float32 mismatch *unjudged*.
 

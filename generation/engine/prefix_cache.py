@@ -47,7 +47,7 @@ class ModelBlocks:
     def __init__(self, shape: KVShape, num_blocks: int, block_size: int, device: torch.device):
         size = (num_blocks, block_size, shape.kv_heads, shape.head_dim)
         # Zeros, not empty: the pages are committed now, not by the prefills that fill them
-        # (a fault per 4 KB page inside a prefill's save; docs/benchmarks.md, session 16).
+        # (a fault per 4 KB page inside a prefill's save).
         self.keys = [
             torch.zeros(size, dtype=shape.dtype, device=device) for _ in range(shape.num_layers)
         ]

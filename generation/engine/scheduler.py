@@ -98,7 +98,7 @@ class Scheduler:
         still being prefilled while a request above the slot has its prompt in; then that one
         moves in and the last takes its place (two moves), so requests whose prompt is in keep
         the lowest slots and a batched pass reads their KV as one view, not a gather of every
-        layer's (docs/benchmarks.md, "Session 15: where the torch engine's batched round goes")."""
+        layer's."""
         if seq in self.waiting:
             self.waiting.remove(seq)
             return

@@ -5,10 +5,10 @@ attends 1 + k queries a row (a draft pass 1) over hundreds of cached positions, 
 kernel costs 5 queries 2.5x one, nearly what 16 cost, and a batch of rows is padded to the
 longest row with a mask. A prompt's prefill is no better: on a CPU without AMX its bf16 flash
 kernel is no faster than float32's (a 500-token causal prefill, 6 heads of 64: 6.3 ms a layer
-against 6.1; docs/benchmarks.md, issue 34, session 17). ``attention.c`` reads each row's slot up to
+against 6.1). ``attention.c`` reads each row's slot up to
 its own length (no padding, no mask, no gather), each position's keys and values once for a
 block of 16 queries (a prompt reads the causal triangle block by block), as vLLM's CPU attention
-reads its paged cache (docs/benchmarks.md, issue 34, sessions 16 and 17). It is compiled on first
+reads its paged cache. It is compiled on first
 use with the system's C compiler into a per-user cache; where that fails, or the CPU lacks
 AVX-512 BF16, ``slot_attention`` returns None and the forward pass runs SDPA as before. float32
 always runs SDPA (its numerics stay as they were).

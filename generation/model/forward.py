@@ -335,7 +335,7 @@ class FastLlamaForward:
         projection over every prompt position would be read by no one)."""
         batch, n = input_ids.shape
         # Activations stay 2-D, [B * n, hidden]: a 2-D linear runs the same GEMM without the
-        # 3-D dispatch around it (docs/benchmarks.md, issue 24).
+        # 3-D dispatch around it.
         x = F.embedding(input_ids.reshape(-1), self.embed)  # [B * n, hidden]
         x = self.decode(x, self.layers, batch, n, store, slots, starts)
         if all_hidden and last is not None:

@@ -121,8 +121,7 @@ class ModelRunner:
 
         Why: oneDNN builds a GEMM primitive per input shape; a prompt length it has not seen
         costs ~0.7-1.4 ms a projection shape in bf16 (each model's 4, once a pass) on top of the
-        GEMM, so a prefill of fresh lengths paid for building kernels (docs/benchmarks.md,
-        "Session 15: engine prefill"). Bucketed, a few dozen lengths cover every chunk."""
+        GEMM, so a prefill of fresh lengths paid for building kernels. Bucketed, a few dozen lengths cover every chunk."""
         n = len(token_ids)
         padded = -(-n // PREFILL_BUCKET) * PREFILL_BUCKET
         if self.length(slot) + padded > self.capacity:

@@ -143,7 +143,7 @@ StepTimer = Callable[[int, list[int], bool], dict[int, float]]
 """(batch_size, ks, with_draft_model) -> seconds of one step for each k."""
 
 DENSE_KS = 8
-"""Every k up to this one is timed (docs/benchmarks.md, issue 24: the staircase a line missed)."""
+"""Every k up to this one is timed (a line through a few points misses the staircase)."""
 
 
 def measured_ks(k_max: int) -> list[int]:

@@ -1,4 +1,4 @@
-"""shadow_judgment: the dtype a shadow baseline ran in and the judgment of a mismatch (issue 34)
+"""shadow_judgment: the dtype a shadow baseline ran in and the judgment of a mismatch
 
 Revision ID: 0017
 Revises: 0016

@@ -1,4 +1,4 @@
-"""Shadow mismatches judged by dtype (issue 34): on a real torch engine in bfloat16 (the CPU check
+"""Shadow mismatches judged by dtype: on a real torch engine in bfloat16 (the CPU check
 forced, as tests/generation/test_dtype.py does) and a real PostgreSQL database, a speculative
 answer that leaves the ``none`` baseline at a near-tie is stored excused, one at a clear margin a
 violation; in float32 any mismatch is a violation; an engine without logits leaves it unjudged.

@@ -65,7 +65,7 @@ class OffByOne:
 
     def __init__(self, engine: Any) -> None:
         self.engine = engine
-        # Its numerics and the target's logits, so that the mismatch is judged (issue 34): in
+        # Its numerics and the target's logits, so that the mismatch is judged: in
         # bfloat16 (auto, on a CPU with AVX-512 BF16) only a clear margin is a violation.
         self.dtype = engine.dtype
         self.judge_greedy = engine.judge_greedy

@@ -42,7 +42,7 @@ def settings(tiny_models: dict[str, Path], tmp_path_factory: Any) -> Iterator[Se
                 broker_url=broker.url(0), target_model=tiny_models["target"],
                 draft_model=tiny_models["draft"], device="cpu", default_max_tokens=10,
                 shadow_sample_rate=1.0,
-                dtype="float32",  # the bit-exact mode: in bf16 a near-tie may differ (issue 34)
+                dtype="float32",  # the bit-exact mode: in bf16 a near-tie may differ
             )  # fmt: skip
         finally:
             broker.stop()

@@ -3,7 +3,7 @@
 An answer label is ambiguous when the n tokens before it (n in a range) also stand earlier in the
 context -- passage or answer so far -- followed by another token: a copier that matches the last
 n tokens may continue from the wrong occurrence, which is how the demo pair's loops start
-(docs/benchmarks.md, session 16).  Checked on hand-made ids, where the flagged set is known
+(docs/models.md).  Checked on hand-made ids, where the flagged set is known
 exactly, then on the real tokenizer and example stream through collate and the loss reduction.
 """
 

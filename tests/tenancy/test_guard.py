@@ -2,7 +2,7 @@
 read; bodies are bounded in size and depth, and every refusal is the shared shape naming a field.
 
 Each case was a 500, a 429 that could never succeed, or a body parsed on the event loop before
-the key was looked at (issue 27).
+the key was looked at.
 """
 
 from __future__ import annotations

@@ -49,7 +49,7 @@ def _vllm_settings(deployment: Deployment, redis: RedisServer, **update: object)
             "max_tokens_limit": 1500,
             # float32: the SIGKILL part below needs the pair's ~400-token answer to
             # LONG_QUESTION, and in bf16 that answer depends on the CPU's kernels (on an AMD
-            # Zen 4 host without AMX, vLLM bf16 ended it early: CI failed, session 17). float32 is
+            # Zen 4 host without AMX, vLLM bf16 ended it early). float32 is
             # vLLM's answer = the torch engine's on every CPU here (docs/vllm.md).
             "dtype": "float32",
             # Retrieval's torch beside vLLM's threads pinned to core 0 (docs/vllm.md).
