@@ -8,10 +8,11 @@ STAMP := $(VENV)/.installed
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py generation/model/attention.c
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	# torch is pinned to the CPU build that lies on local disk (see pyproject.toml).
+	# torch is pinned to the CPU build that lies on local disk (see pyproject.toml). The install
+	# also builds the optional attention kernel (setup.py) where a C compiler exists.
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $(STAMP)
 

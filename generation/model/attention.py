@@ -5,23 +5,22 @@ attends 1 + k queries a row (a draft pass 1) over hundreds of cached positions, 
 kernel costs 5 queries 2.5x one, nearly what 16 cost, and a batch of rows is padded to the
 longest row with a mask. A prompt's prefill is no better: on a CPU without AMX its bf16 flash
 kernel is no faster than float32's (a 500-token causal prefill, 6 heads of 64: 6.3 ms a layer
-against 6.1). ``attention.c`` reads each row's slot up to
-its own length (no padding, no mask, no gather), each position's keys and values once for a
-block of 16 queries (a prompt reads the causal triangle block by block), as vLLM's CPU attention
-reads its paged cache. It is compiled on first
-use with the system's C compiler into a per-user cache; where that fails, or the CPU lacks
-AVX-512 BF16, ``slot_attention`` returns None and the forward pass runs SDPA as before. float32
-always runs SDPA (its numerics stay as they were).
+against 6.1). ``attention.c`` reads each row's slot up to its own length (no padding, no mask, no
+gather), each position's keys and values once for a block of 16 queries (a prompt reads the
+causal triangle block by block), as vLLM's CPU attention reads its paged cache.
+
+It is built when the package is installed (setup.py, an optional extension) and never inside a
+request. Where it was not built, cannot be loaded, or the CPU lacks AVX-512 BF16,
+``slot_attention`` returns None and the forward pass runs SDPA; float32 always runs SDPA (its
+numerics stay as they are). The first pass of each kind (dtype, decode rows or prompt chunks)
+logs which attention it runs and why, once per process.
 """
 
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import os
-import shutil
-import subprocess
-import tempfile
+import logging
+import sysconfig
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -33,12 +32,16 @@ from generation.model.dtypes import cpu_bf16_flags
 BLOCK = 16
 """Queries a row whose scores the kernel computes together (``BLOCK`` in attention.c)."""
 
-SOURCE = Path(__file__).with_name("attention.c")
-FLAGS = ["-O3", "-mavx512f", "-mavx512bf16", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma"]
+LIBRARY = Path(__file__).with_name("_attention" + (sysconfig.get_config_var("EXT_SUFFIX") or ".so"))
+"""Where setup.py's optional extension puts the compiled kernel (a plain library, for ctypes)."""
+
+log = logging.getLogger(__name__)
 
 _lock = threading.Lock()
 _library: ctypes.CDLL | None = None
 _tried = False
+_why_not = ""
+_logged: set[tuple[str, str]] = set()
 
 Attention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor]
 """(q [B, heads, n, head_dim], keys, values [slots, kv_heads, capacity, head_dim], scale) ->
@@ -53,32 +56,17 @@ def _cpu_has_amx() -> bool:
     return "amx_bf16" in cpu_bf16_flags()
 
 
-def _build() -> ctypes.CDLL | None:
-    """The compiled kernel, built once per source version into ``~/.cache/specrag`` (None: no
-    compiler, a failed build, or a CPU without AVX-512 BF16)."""
-    compiler = shutil.which("cc") or shutil.which("gcc")
-    if compiler is None or not _cpu_has_avx512_bf16():
-        return None
-    source = SOURCE.read_bytes()
-    tag = hashlib.sha256(source + " ".join(FLAGS).encode()).hexdigest()[:16]
-    cache = Path(os.path.expanduser("~")) / ".cache" / "specrag"
-    target = cache / f"attention-{tag}.so"
-    if not target.exists():
-        try:
-            cache.mkdir(parents=True, exist_ok=True)
-            with tempfile.TemporaryDirectory(dir=cache) as tmp:
-                built = Path(tmp) / "attention.so"
-                subprocess.run(
-                    [compiler, *FLAGS, "-shared", "-fPIC", "-o", str(built), str(SOURCE)],
-                    check=True,
-                    capture_output=True,
-                    timeout=120,
-                )
-                os.replace(built, target)  # concurrent builders: each replaces whole
-        except (OSError, subprocess.SubprocessError):
-            return None
-    lib = ctypes.CDLL(str(target))
-    fn = lib.slot_attention_bf16
+def _load(path: Path) -> tuple[ctypes.CDLL | None, str]:
+    """The kernel's library at ``path`` with its entry point typed, or None and the reason."""
+    if not _cpu_has_avx512_bf16():
+        return None, "the CPU lacks AVX-512 BF16"
+    if not path.exists():
+        return None, f"the kernel was not built at install ({path.name} absent: no C compiler?)"
+    try:
+        lib = ctypes.CDLL(str(path))
+        fn = lib.slot_attention_bf16
+    except (OSError, AttributeError) as exc:
+        return None, f"the kernel at {path} cannot be loaded ({exc})"
     fn.restype = None
     fn.argtypes = [
         ctypes.c_void_p,  # q
@@ -92,17 +80,39 @@ def _build() -> ctypes.CDLL | None:
         ctypes.c_void_p,  # out
         ctypes.c_void_p,  # scratch
     ]
-    return lib
+    return lib, ""
 
 
 def library() -> ctypes.CDLL | None:
-    """The kernel's library, built on first call (None where it cannot run here)."""
-    global _library, _tried
+    """The kernel's library, loaded on first call (None where it cannot run here)."""
+    global _library, _tried, _why_not
     with _lock:
         if not _tried:
             _tried = True
-            _library = _build()
+            _library, _why_not = _load(LIBRARY)
         return _library
+
+
+def _say_once(dtype: torch.dtype, kind: str, path: str) -> None:
+    # One line per (dtype, shape kind) per process: which attention runs, and why.
+    key = (str(dtype), kind)
+    if key in _logged:
+        return
+    _logged.add(key)
+    log.info("attention for %s %s: %s", str(dtype).removeprefix("torch."), kind, path)
+
+
+def _why_sdpa(dtype: torch.dtype, device: torch.device, n: int, head_dim: int) -> str | None:
+    # Why this pass runs SDPA whatever the kernel's state (None: the kernel may run it).
+    if dtype != torch.bfloat16 or device.type != "cpu":
+        return f"the kernel is for bfloat16 on a CPU, not {dtype} on {device.type}"
+    if n < 1 or head_dim % 32:
+        return f"head_dim {head_dim} is not a multiple of 32" if n >= 1 else "no queries"
+    if torch.get_num_threads() != 1:
+        return "more than one torch thread (the kernel runs on one)"
+    if n > BLOCK and _cpu_has_amx():
+        return "AMX: torch's flash kernel has the tile units for prompt chunks"
+    return None
 
 
 def slot_attention(
@@ -119,18 +129,13 @@ def slot_attention(
     one), no kernel here, or a prompt chunk (more than ``BLOCK`` queries a row) on a CPU with
     AMX, where torch's flash kernel has tile units this kernel does not use and the kernel's
     prompt path was never measured against it."""
-    if (
-        dtype != torch.bfloat16
-        or device.type != "cpu"
-        or n < 1
-        or head_dim % 32
-        or torch.get_num_threads() != 1
-        or (n > BLOCK and _cpu_has_amx())
-    ):
-        return None
-    lib = library()
+    kind = "prompt chunks" if n > BLOCK else "decode rows"
+    why = _why_sdpa(dtype, device, n, head_dim)
+    lib = library() if why is None else None
     if lib is None:
+        _say_once(dtype, kind, f"SDPA ({why or _why_not})")
         return None
+    _say_once(dtype, kind, "the slot-attention kernel")
     rows = torch.tensor(slots, dtype=torch.int64)
     begins = torch.tensor(starts, dtype=torch.int64)
     batch = len(slots)

@@ -4,7 +4,10 @@ applies and where SDPA stays, and a bf16 engine that runs it (greedy speculation
 
 from __future__ import annotations
 
+import logging
 import random
+import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,7 +20,8 @@ from generation.model.attention import library, slot_attention
 from tests.generation.tiny_models import build_model, perturbed_copy
 
 needs_kernel = pytest.mark.skipif(
-    library() is None, reason="no C compiler or no AVX-512 BF16 here: the kernel cannot run"
+    library() is None,
+    reason="the kernel cannot run here (no AVX-512 BF16, or not built at install)",
 )
 CPU = torch.device("cpu")
 
@@ -122,18 +126,59 @@ def test_where_it_does_not_apply_sdpa_stays(monkeypatch: pytest.MonkeyPatch) -> 
         assert slot_attention(torch.bfloat16, CPU, *args, 5, 64) is None  # one thread only
     finally:
         torch.set_num_threads(previous)
-    # No compiler, or a CPU without AVX-512 BF16: nothing is built, SDPA runs.
-    for patch in (("shutil.which", lambda name: None),
-                  ("_cpu_has_avx512_bf16", lambda: False)):  # fmt: skip
-        monkeypatch.setattr(attention_module, "_tried", False)
-        monkeypatch.setattr(attention_module, "_library", None)
-        if patch[0] == "shutil.which":
-            monkeypatch.setattr(attention_module.shutil, "which", patch[1])
-        else:
-            monkeypatch.setattr(attention_module, patch[0], patch[1])
-        assert attention_module.library() is None
-        assert slot_attention(torch.bfloat16, CPU, *args, 5, 64) is None
-        monkeypatch.undo()
+
+
+def _fresh_load(monkeypatch: pytest.MonkeyPatch, path: Path) -> None:
+    # Forget the process's load so the next call loads from ``path`` on an AVX-512 BF16 CPU.
+    monkeypatch.setattr(attention_module, "_tried", False)
+    monkeypatch.setattr(attention_module, "_library", None)
+    monkeypatch.setattr(attention_module, "_logged", set())
+    monkeypatch.setattr(attention_module, "LIBRARY", path)
+    monkeypatch.setattr(attention_module, "_cpu_has_avx512_bf16", lambda: True)
+
+
+@pytest.mark.parametrize("state", ["absent", "corrupt", "no AVX-512 BF16"])
+def test_a_kernel_that_cannot_load_falls_back_to_sdpa_and_says_so_once(
+    state: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "_attention.so"
+    if state == "corrupt":
+        path.write_bytes(b"\x7fELF not a library")  # a cached file that fails to load
+    _fresh_load(monkeypatch, path)
+    if state == "no AVX-512 BF16":
+        monkeypatch.setattr(attention_module, "_cpu_has_avx512_bf16", lambda: False)
+    monkeypatch.setattr(attention_module, "_cpu_has_amx", lambda: False)
+    with caplog.at_level(logging.INFO, logger=attention_module.__name__):
+        for _ in range(3):
+            assert slot_attention(torch.bfloat16, CPU, [0, 1], [10, 20], 5, 64) is None
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1, lines  # once per process, not once per pass
+    reason = {"absent": "not built at install", "corrupt": "cannot be loaded"}.get(
+        state, "lacks AVX-512 BF16"
+    )
+    assert "bfloat16 decode rows: SDPA" in lines[0] and reason in lines[0], lines[0]
+
+
+def test_each_kind_of_pass_logs_its_path_once(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(attention_module, "_logged", set())
+    monkeypatch.setattr(attention_module, "_cpu_has_amx", lambda: True)
+    with caplog.at_level(logging.INFO, logger=attention_module.__name__):
+        for _ in range(2):
+            slot_attention(torch.float32, CPU, [0], [3], 5, 64)
+            slot_attention(torch.bfloat16, CPU, [0], [3], 40, 64)
+    lines = sorted(r.getMessage() for r in caplog.records)
+    assert len(lines) == 2, lines
+    assert lines[0].startswith("attention for bfloat16 prompt chunks: SDPA (AMX")
+    assert lines[1].startswith("attention for float32 decode rows: SDPA (the kernel is for")
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler: install skips the kernel")
+def test_install_built_the_kernel_where_a_compiler_exists() -> None:
+    # setup.py's optional extension: `pip install -e .` (make venv) compiles attention.c next
+    # to attention.py, so no worker ever compiles it inside a request.
+    assert attention_module.LIBRARY.exists(), f"{attention_module.LIBRARY} was not built"
 
 
 @needs_kernel
