@@ -177,7 +177,7 @@ class FakeEngine:
 class FakeLoop:
     """A ``GenerationLoop`` that answers each request at once, on the submitting thread.
 
-    Its handles are the real engine loop's (``generation.engine.handle.LoopHandle``): deltas one token
+    Its handles are the real engine loop's (``generation.handle.LoopHandle``): deltas one token
     at a time, then the result; a request the engine refuses fails its own handle.
     """
 
@@ -196,7 +196,7 @@ class FakeLoop:
         background: bool = False,
     ) -> Any:
         """The request's handle, already finished (or failed); ``background`` is recorded."""
-        from generation.engine.handle import LoopHandle
+        from generation.handle import LoopHandle
 
         if self.closed:
             raise RuntimeError("the loop is closed")

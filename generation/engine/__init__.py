@@ -5,7 +5,6 @@
 - ``step``: ``BatchEngine.step`` (schedule -> prefill -> propose -> run -> verify -> postprocess)
   and ``EngineState``, the runners, slots and prefix cache that one loop owns.
 - ``loop``: the online loop thread (submit, stream deltas, cancel at a step boundary).
-- ``handle``: the caller's side of one submitted request.
 - ``prefix_cache`` / ``block_index``: reuse of prompt KV across requests (hash-chained blocks).
 
 The package ``__init__`` imports nothing, so importing one module never drags in the others.

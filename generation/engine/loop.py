@@ -13,8 +13,8 @@ import threading
 
 import torch
 
-from generation.engine.handle import LoopHandle
 from generation.engine.step import BatchEngine
+from generation.handle import LoopHandle
 from generation.interface import Cancelled, DeltaCallback, GenerationResult
 from generation.params import SamplingParams
 from generation.requests import collect

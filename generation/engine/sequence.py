@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from generation.engine.handle import LoopHandle
+from generation.handle import LoopHandle
 from generation.interface import Cancelled, GenerationResult
 from generation.params import SamplingParams
 from generation.spec_decode.goodput import Acceptance

@@ -18,10 +18,10 @@ from typing import Any
 import torch
 
 from generation.config import EngineConfig
-from generation.engine.handle import LoopHandle
 from generation.engine.prefix_cache import PrefixCache
 from generation.engine.scheduler import Scheduler
 from generation.engine.sequence import Sequence, new_generator
+from generation.handle import LoopHandle
 from generation.model.dtypes import dtype_name
 from generation.model.kv_store import slot_kv
 from generation.model.model_runner import ModelRunner

@@ -24,7 +24,7 @@ from collections.abc import Callable, Coroutine
 from contextlib import aclosing
 from typing import Any, Protocol
 
-from generation.engine.handle import LoopHandle
+from generation.handle import LoopHandle
 from generation.interface import Cancelled, DeltaCallback, GenerationResult
 from generation.params import SamplingParams
 
@@ -123,7 +123,7 @@ class EventLoopThread:
 
 
 class VLLMRequest(LoopHandle):
-    """The ``LoopHandle`` of one request in flight in vLLM (generation/engine/handle.py): ``cancel``
+    """The ``LoopHandle`` of one request in flight in vLLM (generation/handle.py): ``cancel``
     aborts it in vLLM (``AsyncLLM.abort``), its slot freed at the next step."""
 
     def __init__(

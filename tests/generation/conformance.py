@@ -159,7 +159,7 @@ class EngineConformance:
         assert isinstance(engine.model_pair, str) and engine.model_pair
 
     def test_one_handle_behaviour(self, engine: Engine, prompts: list[list[int]]) -> None:
-        # generation/engine/handle.py, on every engine: a raising on_delta fails its own request with
+        # generation/handle.py, on every engine: a raising on_delta fails its own request with
         # that error while the others go on; once a request ended, a second deltas() ends at once.
         def broken(token_ids: list[int]) -> None:
             raise OSError("client socket gone")

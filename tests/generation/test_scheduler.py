@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from generation.engine.handle import LoopHandle
 from generation.engine.scheduler import Scheduler
 from generation.engine.sequence import Sequence
+from generation.handle import LoopHandle
 from generation.params import SamplingParams
 from generation.stats import GenerationStats
 
