@@ -85,7 +85,7 @@ demo-pair: venv
 	$(PY) -m training.distill_draft --seed 0 --run-dir runs/distill1 --prompts 1200 --epochs 3
 	$(PY) -m training.distill_draft --seed 0 --run-dir runs/distill2 --prompts 1200 --epochs 3 --phase train
 	$(PY) -m training.distill_draft --seed 0 --run-dir runs/distill3 --prompts 1800 --epochs 2
-	# The instruct pair (ChatML) from the raw-format pair above: models/README.md, "Instruct".
+	# The instruct pair (ChatML) from the raw-format pair above: models/README.md, "Stage 3: instruct".
 	$(PY) -m training.instruct --seed 0 --run-dir runs/instruct --out runs/instruct/pair --target-steps 70 --draft-steps 8
 	$(PY) -m training.distill_draft --seed 0 --models runs/instruct/pair --run-dir runs/instruct/distill --answers runs/instruct/distill/answers.jsonl --prompts 200 --epochs 2
 	cp runs/instruct/pair/target/* models/demo/target/ && cp runs/instruct/pair/draft/* models/demo/draft/

@@ -327,7 +327,7 @@ class Settings(BaseSettings):
             "Engine loop: most prompt tokens prefilled per step while other queries decode "
             "(None: the engine's default, 512 on the torch engine). "
             "Smaller keeps running answers smoother when a long prompt arrives, at some "
-            "throughput (docs/benchmarks.md, stall). vLLM schedules its own prefill."
+            "throughput (docs/engine.md, Decisions). vLLM schedules its own prefill."
         ),
     )
     prefix_cache_mb: float = Field(

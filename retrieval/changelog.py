@@ -157,7 +157,7 @@ def read_delta(
     for start in range(0, len(wanted), 5000):  # bounded IN lists
         batch = wanted[start : start + 5000]
         # By primary key alone: the log names this collection's chunks (a join on documents
-        # made PostgreSQL scan every chunk; docs/benchmarks.md, "Scale-out").
+        # made PostgreSQL scan every chunk; docs/scaleout.md).
         rows += session.execute(
             select(Chunk.id, Chunk.embedding, Chunk.lexical_terms)
             .where(Chunk.id.in_(batch))
@@ -236,7 +236,7 @@ def _vectors_query(tenant: str, collection: str):  # type: ignore[no-untyped-def
 
 def _binary_rows(session: Session, tenant: str, collection: str) -> list[Any]:
     """``(id, embedding, lexical_terms)`` rows in chunk-id order, in PostgreSQL's binary format: bytea as raw
-    bytes instead of hex text, about twice as fast at 100k chunks (docs/benchmarks.md).
+    bytes instead of hex text, about twice as fast at 100k chunks (docs/scaleout.md).
     Runs on the session's own connection, so inside its consistent view."""
     driver: Any = session.connection().connection.driver_connection
     with driver.cursor(binary=True) as cur:

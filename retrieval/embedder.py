@@ -45,7 +45,7 @@ class Embedder:
         self.device = "cpu" if device == "auto" else device
         self.batch_size = batch_size
         # A single question is latency-bound: one CPU thread skips the OpenMP hand-offs that,
-        # on a busy shared CPU, cost more than the work (docs/benchmarks.md).
+        # on a busy shared CPU, cost more than the work (docs/results.md, retrieval).
         self.query_threads = query_threads
         self._model = SentenceTransformer(self.model_path, device=self.device)
         self._model.eval()
@@ -90,7 +90,7 @@ class Embedder:
         """``encode([text])`` without its per-call work for many texts (sorting, batching, device
         resolution over every parameter, the eval() walk): the same modules on the same tokens
         in the same order, so the same bits (tests/retrieval/test_embedder.py), and sooner
-        (docs/benchmarks.md, search latency)."""
+        (docs/results.md, retrieval)."""
         import torch  # heavy
 
         with torch.inference_mode():

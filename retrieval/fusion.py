@@ -7,7 +7,7 @@ Reciprocal rank fusion (``rrf``, Cormack et al. 2009: ``sum of 1 / (RRF_K + rank
 default, was measured beside it (benchmarks/retrieval_quality.py): RRF gives a chunk that only
 the lexical leg ranks first, as an exact name's passage often is, no more than a chunk that both
 legs rank around tenth, and lost a tenth of the exact-name questions; min-max keeps how far the
-best lexical match stands above the rest (docs/benchmarks.md, "Hybrid search").
+best lexical match stands above the rest (docs/lexical.md, "Why min-max fusion and not RRF").
 
 ``reward_all_terms`` then lifts the chunks that contain every term of the question (Lucene's
 "coordination" idea, and what a user who types three keywords expects): BM25 adds up per-term

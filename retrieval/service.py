@@ -201,7 +201,7 @@ class RetrievalService:
         """Fill in every pending document's vectors, in full batches across files.
 
         Batches of similar length from many files run faster on a CPU than one small batch per
-        file (docs/benchmarks.md, "Ingest throughput"), so files are embedded together."""
+        file (docs/results.md, retrieval), so files are embedded together."""
         texts = [embedding_text(c.title, c.heading, c.text) for p in pending for c in p.chunks]
         vectors = np.zeros((len(texts), self.embedder.dim), dtype=np.float32)
         order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))  # little padding

@@ -24,6 +24,15 @@ sys.path.insert(0, str(REPO_ROOT))
 SPECRAG = Path(sys.executable).parent / "specrag"
 QUESTION = "What does the assert statement do?"
 COLLECTION = "demo"
+# Printed under the answer when the bundled pair answered: its answers look broken to a
+# newcomer (a quote that drifts, repeats), and the product is not.
+DEMO_PAIR_NOTICE = """\
+Note: this answer comes from the bundled demo pair (models/demo), a 27.5M-parameter target
+with a 4.0M-parameter draft trained on a CPU to show the path and the speed-up, not answer
+quality: its answers quote a passage, often the wrong part, and can loop. Look at the sources
+and the stats. For real answers, point the worker at an instruct pair you have on disk:
+  SPECRAG_TARGET_MODEL=/path/to/target SPECRAG_DRAFT_MODEL=/path/to/draft make demo
+(docs/models.md)."""
 
 
 def run_cli(*args: str) -> dict[str, Any]:
@@ -89,8 +98,13 @@ def stream_answer(client: Any, query_id: str, question: str, quiet: bool) -> dic
     return client.get(query_id)
 
 
-def show(view: dict[str, Any], question: str, streamed: bool = False) -> None:
-    """Print the answer (unless it was streamed), its sources and its stats for people."""
+def show(
+    view: dict[str, Any], question: str, streamed: bool = False, demo_pair: bool = False
+) -> None:
+    """Print the answer (unless it was streamed), its sources and its stats for people.
+
+    ``demo_pair``: the bundled pair answered; a notice says what its answers are for.
+    """
     if not streamed:
         print(f"\nQuestion: {question}\n")
     if view["status"] != "succeeded":
@@ -114,6 +128,8 @@ def show(view: dict[str, Any], question: str, streamed: bool = False) -> None:
     print(f"  mean acceptance length {mal}; accepted per position {s['accepted_per_position']}")
     timings = ("queue_ms", "retrieval_ms", "ttft_ms", "generation_ms", "total_ms")
     print("  " + ", ".join(f"{k[:-3]} {s[k]:.0f} ms" for k in timings if s.get(k) is not None))
+    if demo_pair:
+        print("\n" + DEMO_PAIR_NOTICE)
 
 
 def main() -> None:
@@ -123,7 +139,7 @@ def main() -> None:
     parser.add_argument("--json", action="store_true", help="Print the query as JSON.")
     args = parser.parse_args()
 
-    from app.settings import Settings
+    from app.settings import DEMO_MODELS, Settings
 
     settings = Settings()
     for name, path in (("target", settings.target_model), ("draft", settings.draft_model)):
@@ -165,7 +181,8 @@ def main() -> None:
     if args.json:
         print(json.dumps(view, indent=2))
     else:
-        show(view, args.question, streamed=True)
+        demo_pair = Path(settings.target_model).resolve() == (DEMO_MODELS / "target").resolve()
+        show(view, args.question, streamed=True, demo_pair=demo_pair)
     sys.exit(0 if view["status"] == "succeeded" else 1)
 
 

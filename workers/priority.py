@@ -55,7 +55,7 @@ def waiting(app: Celery, queue: str = QueueName.ANSWER) -> bool:
 
     Called every few milliseconds while a batch item generates, so on Redis it is one pipelined
     LLEN per priority list instead of kombu's passive queue_declare, whose Python cost slows the
-    generation it guards (docs/benchmarks.md, "History and measurements moved out of comments").
+    generation it guards (docs/batch.md, "Interactive first").
     """
     url = str(app.conf.broker_url or "")
     try:

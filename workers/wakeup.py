@@ -2,7 +2,7 @@
 
 A batch item's generation is preempted when interactive ``answer`` messages wait in the broker
 (app/batch/preempt.py).  Polling the queue alone makes an interactive query wait half a poll
-interval on average and a whole one at worst (docs/benchmarks.md, "Batch").  So whoever sends an
+interval on average and a whole one at worst (docs/batch.md).  So whoever sends an
 ``answer`` message on a Redis broker also PUBLISHes on the broker's announcement channel, and
 each batch worker keeps one subscriber thread that wakes the preemption watcher the moment a
 message arrives.  The queue poll stays as the fallback for

@@ -298,7 +298,8 @@ def cancel(sf: SessionFactory, batch_id: uuid.UUID) -> str | None:
         # Open items whose query never ran are cancelled, and their queries deleted (not left
         # queued, nor recorded as failures that never were). The DELETE decides which: it and a
         # worker's claim (queued -> running) lock the same query row, so for each query exactly
-        # one of them wins (docs/benchmarks.md, engine section: the race a status condition had).
+        # one of them wins (a condition on the status, read from an earlier snapshot, would race
+        # a claim).
         open_items = session.execute(
             select(BatchItem.id, BatchItem.query_id).where(
                 BatchItem.batch_id == batch_id, BatchItem.status.in_(("pending", "running"))

@@ -138,7 +138,7 @@ def test_warmup_allocates_the_kv_store_and_measures_step_costs_once() -> None:
     tables = dict(engine.step_costs().tables)
     assert set(tables) == {(1, False), (1, True), (4, False), (4, True)}
     # Every k is priced (no timing comparison here: on a shared machine a step's wall time
-    # says little; docs/benchmarks.md quotes the costs).
+    # says little; docs/results.md quotes the costs).
     assert all(len(t.measured) == engine.max_speculative_tokens + 1 for t in tables.values())
     assert [s.num_slots for s in engine.kv_stores] == [engine.max_concurrency] * 2 == [4, 4]
     engine.generate([1, 2, 3], SamplingParams(max_new_tokens=4, num_speculative_tokens="auto"))

@@ -1,7 +1,7 @@
 """Fair share on one live worker: a tenant's flood of 500 queries does not queue another tenant's
 5 queries behind it. Real PostgreSQL, Redis, worker, retrieval and the tiny model pair.
 
-The check is on order, not on time (timings are quoted in docs/benchmarks.md): once the small
+The check is on order, not on time (timings are quoted in docs/results.md): once the small
 tenant's queries are all on the broker, at most ``tenant_max_in_flight`` of the flood's are
 answered before the last of them, because admission keeps no more than that on the broker.
 Without admission all 500 would be (the flood's messages all lie ahead in the FIFO queue).
