@@ -29,7 +29,12 @@ from tests.integration.helpers import free_port
 from workers.cli import main
 from workers.process import WorkerProcess
 
-pytestmark = [pytest.mark.integration, pytest.mark.models, pytest.mark.timeout(900)]
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.models,
+    pytest.mark.slow,
+    pytest.mark.timeout(1200),
+]
 ROOT = Path(__file__).resolve().parents[2]
 WORKDIR = "/app"
 """The images' WORKDIR (docker/Dockerfile): where the repository's layout lies in a container."""
@@ -97,7 +102,7 @@ def test_the_cpu_profile_answer_worker_answers_on_the_demo_pair(
     assert env["SPECRAG_TARGET_MODEL"] == str(ROOT / "models" / "demo" / "target")
     worker = ComposeWorker(service["command"], env, tmp_path / "answer-cpu.log").start()
     try:
-        worker.wait_ready(timeout=540)
+        worker.wait_ready(timeout=900)
         api_env = service_env(compose["services"]["api"], host)
         view = ask(api_env, private_deployment.collection)
         assert view["status"] == "succeeded", view
