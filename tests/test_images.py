@@ -145,7 +145,10 @@ def required_paths() -> frozenset[str]:
 
     packages = {module.split(".")[0] for module in walk(runtime_roots())}
     data = {p.relative_to(ROOT).as_posix() for p in (MIGRATIONS_DIR, DEMO_MODELS)}
-    return frozenset(packages | data | {"pyproject.toml", "README.md"})
+    install = {
+        name for name in ("pyproject.toml", "setup.py", "README.md") if (ROOT / name).exists()
+    }
+    return frozenset(packages | data | install)
 
 
 def instructions(text: str) -> list[tuple[str, str]]:

@@ -23,7 +23,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from generation.dtypes import resolve_dtype
+from generation.model.dtypes import resolve_dtype
 from tests.integration.conftest import Deployment
 from tests.integration.helpers import free_port
 from workers.cli import main
