@@ -36,18 +36,21 @@ pytestmark = [
     pytest.mark.timeout(1200),
 ]
 ROOT = Path(__file__).resolve().parents[2]
-WORKDIR = "/app"
-"""The images' WORKDIR (docker/Dockerfile): where the repository's layout lies in a container."""
-
 DEFAULT = re.compile(r"\$\{(\w+):-([^}]*)\}")
+
+
+def image_workdir() -> str:
+    """The CPU image's WORKDIR, where the repository's layout lies in a container."""
+    lines = (ROOT / "docker" / "Dockerfile").read_text().splitlines()
+    return next(line.split()[1] for line in lines if line.startswith("WORKDIR "))
 
 
 def container_value(value: Any) -> str:
     """A compose environment value as a container on a bare host sees it, with the image's
     paths mapped to this checkout."""
-    text = DEFAULT.sub(lambda m: m.group(2), str(value))
-    if text == WORKDIR or text.startswith(WORKDIR + "/"):
-        text = str(ROOT) + text[len(WORKDIR) :]
+    text, workdir = DEFAULT.sub(lambda m: m.group(2), str(value)), image_workdir()
+    if text == workdir or text.startswith(workdir + "/"):
+        text = str(ROOT) + text[len(workdir) :]
     return text
 
 
