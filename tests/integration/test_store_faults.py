@@ -15,6 +15,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 from sqlalchemy import create_engine
 
 from app.documents.upload import list_documents
@@ -22,6 +23,8 @@ from app.settings import Settings
 from tests.disks import fill, small_disk
 from tests.integration.conftest import Deployment
 from tests.waiting import settled, wait_until
+
+pytestmark = pytest.mark.integration
 
 FRUIT = "# Orchards\n\nApple trees need cross-pollination from a second variety of apple.\n"
 
