@@ -54,10 +54,48 @@ def migrate(url: str) -> None:
     engine.dispose()
 
 
+_templates: dict[str, str] = {}
+"""Per admin URL, this process's database migrated to head that fresh migrated ones copy."""
+
+
+def _migrated_template(admin: str) -> str:
+    """The name of this process's migrated template database (made on first use, dropped at the
+    end of the session): copying it is a file copy, a fraction of running every migration."""
+    import psycopg
+
+    if admin not in _templates:
+        name = f"specrag_template_{uuid.uuid4().hex[:10]}"
+        raw = admin.replace("postgresql+psycopg://", "postgresql://")
+        with psycopg.connect(raw, autocommit=True) as conn:
+            conn.execute(f'CREATE DATABASE "{name}"')
+        # Nothing stays connected to it (migrate disposes its engine): PostgreSQL copies a
+        # template only while no one else is connected to it.
+        migrate(admin.rsplit("/", 1)[0] + f"/{name}")
+        _templates[admin] = name
+    return _templates[admin]
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Drop the migrated templates this process made."""
+    if not _templates:
+        return
+    import psycopg
+
+    for admin, name in list(_templates.items()):
+        raw = admin.replace("postgresql+psycopg://", "postgresql://")
+        with psycopg.connect(raw, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        del _templates[admin]
+
+
 @contextmanager
 def fresh_pg_database(*, migrated: bool = False) -> Iterator[str]:
     """Create an empty PostgreSQL database (``migrated``: at head), yield its URL, drop it after
-    (skips without PostgreSQL)."""
+    (skips without PostgreSQL).
+
+    A migrated one is a copy of this process's template at head (``_migrated_template``); the
+    migrations themselves run on empty databases in tests/app/test_migrations.py.
+    """
     import psycopg
 
     admin = _pg_admin_url()
@@ -67,13 +105,11 @@ def fresh_pg_database(*, migrated: bool = False) -> Iterator[str]:
         )
     name = f"specrag_test_{uuid.uuid4().hex[:10]}"
     raw = admin.replace("postgresql+psycopg://", "postgresql://")
+    template = f' TEMPLATE "{_migrated_template(admin)}"' if migrated else ""
     with psycopg.connect(raw, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
+        conn.execute(f'CREATE DATABASE "{name}"{template}')
     try:
-        url = admin.rsplit("/", 1)[0] + f"/{name}"
-        if migrated:
-            migrate(url)
-        yield url
+        yield admin.rsplit("/", 1)[0] + f"/{name}"
     finally:
         with psycopg.connect(raw, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
