@@ -203,7 +203,10 @@ def test_an_announcement_preempts_long_before_the_next_poll(private_redis_db: st
             redis.Redis.from_url(private_redis_db).flushdb()
     finally:
         preemptor.stop()
-    assert max(delays) < 0.25, delays
+    # Well under the 10 s poll: only the announcement can have preempted. How fast interactive
+    # work gets a batch worker's slot is benchmarks/batch.py's figure, not a bound here (a
+    # loaded host delays a thread by more than any tight bound would allow).
+    assert max(delays) < 2.0, delays
 
 
 def test_an_announcement_without_waiting_work_preempts_nothing(private_redis_db: str) -> None:
