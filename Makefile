@@ -66,9 +66,10 @@ pytest-vllm: vllm-venv services
 test: lint typecheck pytest pytest-vllm
 
 # The developer's loop: lint, types and the unit tests (fakes, in-memory SQLite, the engine's
-# logic on hand-made tensors; no services, no model weights). tests/conftest.py marks the rest by
-# what it needs (tests/generation: every file but its ENGINE_LOGIC list builds a model); the two
-# folders skipped here hold only such tests, and leaving them out spares collecting them.
+# logic on hand-made tensors; no services, no model weights). The rest is marked: files declare
+# `pytestmark` (integration, models) and tests/conftest.py marks a test by the fixtures it asks
+# for; the two folders skipped here hold only marked tests, and leaving them out spares
+# collecting them.
 FAST_TESTS := -m "not integration and not models" --ignore=tests/models --ignore=tests/integration
 
 test-fast: lint typecheck

@@ -54,10 +54,48 @@ def migrate(url: str) -> None:
     engine.dispose()
 
 
+_templates: dict[str, str] = {}
+"""Per admin URL, this process's database migrated to head that fresh migrated ones copy."""
+
+
+def _migrated_template(admin: str) -> str:
+    """The name of this process's migrated template database (made on first use, dropped at the
+    end of the session): copying it is a file copy, a fraction of running every migration."""
+    import psycopg
+
+    if admin not in _templates:
+        name = f"specrag_template_{uuid.uuid4().hex[:10]}"
+        raw = admin.replace("postgresql+psycopg://", "postgresql://")
+        with psycopg.connect(raw, autocommit=True) as conn:
+            conn.execute(f'CREATE DATABASE "{name}"')
+        # Nothing stays connected to it (migrate disposes its engine): PostgreSQL copies a
+        # template only while no one else is connected to it.
+        migrate(admin.rsplit("/", 1)[0] + f"/{name}")
+        _templates[admin] = name
+    return _templates[admin]
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Drop the migrated templates this process made."""
+    if not _templates:
+        return
+    import psycopg
+
+    for admin, name in list(_templates.items()):
+        raw = admin.replace("postgresql+psycopg://", "postgresql://")
+        with psycopg.connect(raw, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        del _templates[admin]
+
+
 @contextmanager
 def fresh_pg_database(*, migrated: bool = False) -> Iterator[str]:
     """Create an empty PostgreSQL database (``migrated``: at head), yield its URL, drop it after
-    (skips without PostgreSQL)."""
+    (skips without PostgreSQL).
+
+    A migrated one is a copy of this process's template at head (``_migrated_template``); the
+    migrations themselves run on empty databases in tests/app/test_migrations.py.
+    """
     import psycopg
 
     admin = _pg_admin_url()
@@ -67,13 +105,11 @@ def fresh_pg_database(*, migrated: bool = False) -> Iterator[str]:
         )
     name = f"specrag_test_{uuid.uuid4().hex[:10]}"
     raw = admin.replace("postgresql+psycopg://", "postgresql://")
+    template = f' TEMPLATE "{_migrated_template(admin)}"' if migrated else ""
     with psycopg.connect(raw, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
+        conn.execute(f'CREATE DATABASE "{name}"{template}')
     try:
-        url = admin.rsplit("/", 1)[0] + f"/{name}"
-        if migrated:
-            migrate(url)
-        yield url
+        yield admin.rsplit("/", 1)[0] + f"/{name}"
     finally:
         with psycopg.connect(raw, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
@@ -184,8 +220,11 @@ def chat_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str,
     return {kind: save_chat_pair(kind, root) for kind in KINDS}
 
 
-# What a test needs decides its marks, so that a new test cannot forget them: ``make test-fast``
-# runs what is left (`-m "not integration and not models"`), ``make test`` runs everything.
+# Marks: a file whose every test needs live services or weights declares it (``pytestmark =
+# pytest.mark.integration`` / ``pytest.mark.models``: every file in tests/integration and
+# tests/models, the tests/generation files that build a model). A test elsewhere that asks for
+# a fixture below gets the mark from what it asks for, so that a new test cannot forget it.
+# ``make test-fast`` runs what carries neither (`-m "not integration and not models"`).
 LIVE_FIXTURES = {
     "pg_url",
     "migrated_pg_url",
@@ -198,28 +237,16 @@ LIVE_FIXTURES = {
 """Fixtures that need a live PostgreSQL or Redis (every fixture built on them counts too)."""
 MODEL_FIXTURES = {"tiny_models", "chat_models", "embedder", "demo_dirs", "live"}
 """Fixtures that load real weights: tiny random model pairs, MiniLM, the shipped demo pair."""
-ENGINE_LOGIC = {
-    "test_config.py",
-    "test_cost_cache.py",
-    "test_goodput.py",
-    "test_prefix_cache.py",
-    "test_proposers_adaptive.py",
-    "test_rejection_sampler.py",
-    "test_scheduler.py",
-}
-"""tests/generation files that build no model (the engine's logic on hand-made tensors and
-tables): not ``models``, so ``make test-fast`` runs them; every other file there builds one."""
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark ``integration`` the tests that need live services, ``models`` those that load weights."""
+    """Mark ``integration`` the tests that ask for live services (a fixture of LIVE_FIXTURES or a
+    ``postgresql`` parameter), ``models`` those that ask for weights (MODEL_FIXTURES)."""
     for item in items:
         names = set(getattr(item, "fixturenames", ()))
         callspec = getattr(item, "callspec", None)
         params = set(map(str, callspec.params.values())) if callspec is not None else set()
-        parts = Path(str(item.path)).relative_to(REPO_ROOT).parts
-        if names & LIVE_FIXTURES or "postgresql" in params or parts[:2] == ("tests", "integration"):
+        if names & LIVE_FIXTURES or "postgresql" in params:
             item.add_marker(pytest.mark.integration)
-        builds_models = parts[:2] == ("tests", "generation") and parts[-1] not in ENGINE_LOGIC
-        if names & MODEL_FIXTURES or parts[:2] == ("tests", "models") or builds_models:
+        if names & MODEL_FIXTURES:
             item.add_marker(pytest.mark.models)

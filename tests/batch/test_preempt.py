@@ -11,8 +11,10 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from app.batch.preempt import Preemptor
+from tests.waiting import wait_until
 
 
 class FakeHandle:
@@ -37,23 +39,23 @@ def tasks(preemptor: Preemptor, kinds: list[str]) -> Iterator[list[FakeHandle | 
     entered = threading.Barrier(len(kinds) + 1)
     leave = threading.Event()
 
-    def run(i: int, kind: str) -> None:
+    def run(i: int, kind: str, ready: threading.Event) -> None:
         preemptor.enter(preemptible=kind == "batch")
         if kind == "batch":
             handles[i] = FakeHandle()
             preemptor.track(handles[i])
+        ready.set()
         entered.wait()
         leave.wait(10)
         preemptor.exit()
 
     threads = []
     for i, kind in enumerate(kinds):
-        # One at a time, so that the last one started is the newest.
+        # One at a time (each has entered before the next starts): the last one is the newest.
         ready = threading.Event()
-        t = threading.Thread(target=lambda i=i, k=kind, r=ready: (r.set(), run(i, k)))
+        t = threading.Thread(target=run, args=(i, kind, ready))
         t.start()
-        ready.wait(5)
-        time.sleep(0.01)
+        assert ready.wait(5), f"task {i} ({kind}) did not enter"
         threads.append(t)
     entered.wait(10)
     try:
@@ -137,15 +139,39 @@ def test_a_task_whose_cancel_came_too_late_still_yields_between_items() -> None:
 
 def test_the_watcher_cancels_within_a_poll_of_work_arriving() -> None:
     waiting = threading.Event()
-    preemptor = Preemptor(1, waiting.is_set, poll=0.01).start()
+    asked: list[bool] = []
+
+    def ask() -> bool:
+        asked.append(waiting.is_set())
+        return asked[-1]
+
+    preemptor = Preemptor(1, ask, poll=0.01).start()
     try:
         with tasks(preemptor, ["batch"]) as handles:
-            time.sleep(0.1)
+            # Polls that find nothing waiting cancel nothing.
+            wait_until(lambda: len(asked) >= 5, 5, "five polls of a full worker")
             assert cancelled(handles) == [False]
             waiting.set()
             assert handles[0] is not None and handles[0].cancelled.wait(2.0)
     finally:
         preemptor.stop()
+
+
+def subscribed(wake: Any, url: str) -> None:
+    """Return once ``wake``'s subscriber thread receives announcements on ``url``'s channel."""
+    from workers.wakeup import announce
+
+    heard = threading.Event()
+    wake.register(heard)
+    try:
+
+        def hears() -> bool:
+            announce(url)
+            return heard.wait(0.05)
+
+        wait_until(hears, 10, "the wake-up subscriber to hear an announcement")
+    finally:
+        wake.unregister(heard)
 
 
 def test_an_announcement_preempts_long_before_the_next_poll(private_redis_db: str) -> None:
@@ -161,7 +187,7 @@ def test_an_announcement_preempts_long_before_the_next_poll(private_redis_db: st
     redis.Redis.from_url(private_redis_db).flushdb()
     wake = listener(private_redis_db)
     assert wake is not None and listener(private_redis_db) is wake  # one subscriber per process
-    time.sleep(0.3)  # the subscriber thread is connected
+    subscribed(wake, private_redis_db)
     # A 10 s poll: only the announcement can make this cancel within the test.
     preemptor = Preemptor(1, lambda: answer_waiting(app), poll=10.0, wakeup=wake).start()
     delays = []
@@ -177,7 +203,10 @@ def test_an_announcement_preempts_long_before_the_next_poll(private_redis_db: st
             redis.Redis.from_url(private_redis_db).flushdb()
     finally:
         preemptor.stop()
-    assert max(delays) < 0.25, delays
+    # Well under the 10 s poll: only the announcement can have preempted. How fast interactive
+    # work gets a batch worker's slot is benchmarks/batch.py's figure, not a bound here (a
+    # loaded host delays a thread by more than any tight bound would allow).
+    assert max(delays) < 2.0, delays
 
 
 def test_an_announcement_without_waiting_work_preempts_nothing(private_redis_db: str) -> None:
@@ -185,23 +214,24 @@ def test_an_announcement_without_waiting_work_preempts_nothing(private_redis_db:
     from workers.wakeup import announce, listener
 
     wake = listener(private_redis_db)
-    time.sleep(0.3)
+    assert wake is not None
+    subscribed(wake, private_redis_db)
     checks: list[float] = []
 
     def waiting() -> bool:
         checks.append(time.monotonic())
         return False
 
-    preemptor = Preemptor(1, waiting, poll=10.0, wakeup=wake).start()
+    # A 10 s poll, and the task enters before the watcher starts: the watcher's first look (at
+    # the signal its entry left) is its only one until something announces.
+    preemptor = Preemptor(1, waiting, poll=10.0, wakeup=wake)
     try:
         with tasks(preemptor, ["batch"]) as handles:
-            time.sleep(0.1)  # the watcher's look at the task's start is done
+            preemptor.start()
+            wait_until(lambda: checks, 5, "the watcher's look at the task's start")
             checks.clear()
             announce(private_redis_db)
-            deadline = time.monotonic() + 5
-            while not checks and time.monotonic() < deadline:
-                time.sleep(0.01)
-            assert checks, "the announcement must make the watcher look"
+            wait_until(lambda: checks, 5, "the watcher's look after the announcement")
             assert cancelled(handles) == [False]
     finally:
         preemptor.stop()

@@ -19,6 +19,8 @@ from generation.model import attention as attention_module
 from generation.model.attention import library, slot_attention
 from tests.generation.tiny_models import build_model, perturbed_copy
 
+pytestmark = pytest.mark.models
+
 needs_kernel = pytest.mark.skipif(
     library() is None,
     reason="the kernel cannot run here (no AVX-512 BF16, or not built at install)",

@@ -22,6 +22,8 @@ from tests.generation.test_sampling_distribution import (
 )
 from tests.generation.tiny_models import build_model, perturbed_copy
 
+pytestmark = pytest.mark.models
+
 NUM_SAMPLES = 2000
 
 

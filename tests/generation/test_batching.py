@@ -18,6 +18,8 @@ from tests.generation.batch_support import References, check_greedy, mixed_reque
 from tests.generation.conformance import check_stats_invariants
 from tests.generation.tiny_models import build_model, perturbed_copy
 
+pytestmark = pytest.mark.models
+
 VOCAB = 96
 
 SHAPES = [

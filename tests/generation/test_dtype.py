@@ -26,6 +26,8 @@ from generation.model import dtypes, model_runner
 from generation.spec_decode.eagle import EagleHeadModule, head_config
 from tests.generation.tiny_models import build_model, perturbed_copy
 
+pytestmark = pytest.mark.models
+
 VOCAB = 96
 
 

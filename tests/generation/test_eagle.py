@@ -24,6 +24,8 @@ from generation.model.loading import IncompatibleDraftError
 from generation.spec_decode.eagle import EagleHeadModule, head_config, load_head, save_head
 from tests.generation.tiny_models import build_model, reference_greedy, save_checkpoint
 
+pytestmark = pytest.mark.models
+
 VOCAB = 48
 
 

@@ -15,6 +15,8 @@ from generation.interface import Cancelled, GenerationLoop
 from tests.generation.batch_support import References, check_greedy, mixed_requests
 from tests.generation.tiny_models import build_model, perturbed_copy
 
+pytestmark = pytest.mark.models
+
 VOCAB = 96
 WAIT = 120.0  # seconds; every wait in these tests is bounded
 

@@ -18,6 +18,8 @@ from generation.model.kv_store import KVStore, slot_kv
 from generation.model.model_runner import PREFILL_BUCKET, ModelRunner
 from tests.generation.tiny_models import FAMILIES, build_model
 
+pytestmark = pytest.mark.models
+
 VOCAB = 96
 SIZES = [1, 5, 1, 3, 9, 2]
 

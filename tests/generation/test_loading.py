@@ -17,6 +17,8 @@ from generation import (
 )
 from tests.generation.tiny_models import build_model, save_checkpoint, word_tokenizer
 
+pytestmark = pytest.mark.models
+
 WORDS = [f"w{i}" for i in range(48)]
 
 

@@ -26,6 +26,8 @@ from tests.generation.test_sampling_distribution import (
 )
 from tests.generation.tiny_models import build_model, perturbed_copy, reference_greedy
 
+pytestmark = pytest.mark.models
+
 BLOCK = 4
 MB = 1 << 20
 

@@ -20,6 +20,8 @@ from generation import SamplingParams, SpeculativeEngine
 from generation.spec_decode.eagle import EagleHeadModule, head_config
 from tests.generation.tiny_models import build_model, perturbed_copy
 
+pytestmark = pytest.mark.models
+
 VOCAB = 3
 NUM_TOKENS = 4
 NUM_SAMPLES = 2000

@@ -14,6 +14,8 @@ from generation.model.forward import can_pack
 from tests.generation.conformance import EngineConformance, check_stats_invariants, make_prompts
 from tests.generation.tiny_models import build_model, perturbed_copy, reference_greedy
 
+pytestmark = pytest.mark.models
+
 VOCAB = 96
 
 

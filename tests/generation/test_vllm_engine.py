@@ -43,6 +43,8 @@ from tests.generation.vllm_standin import (
 )
 from tests.generation.vllm_standin import SamplingParams as StandinSamplingParams
 
+pytestmark = pytest.mark.models
+
 
 # --- parameter and config mapping -----------------------------------------------------------
 def test_speculative_config_maps_each_method(tmp_path: Path) -> None:

@@ -22,6 +22,8 @@ from generation.interface import Cancelled
 from generation.vllm_engine import SpecMetricsMissingError
 from tests.generation.vllm_standin import PROMPT, WAIT, wait_until
 
+pytestmark = pytest.mark.models
+
 
 def _held(standin_vllm: Any, monkeypatch: pytest.MonkeyPatch) -> threading.Event:
     """Hold the stand-in's steps until the returned event is set."""

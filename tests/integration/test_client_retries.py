@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import pytest
 from sqlalchemy import func, select
 
 from app.client import ClientError, RetryPolicy, SpecragClient
@@ -10,6 +11,8 @@ from app.db import Query, make_engine, make_session_factory
 from app.settings import Settings
 from tests.integration.conftest import Deployment
 from tests.integration.streaming import api_server
+
+pytestmark = pytest.mark.integration
 
 
 def test_retries_ride_out_the_rate_limit_and_never_make_a_second_query(

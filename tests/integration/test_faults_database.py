@@ -100,6 +100,7 @@ def test_a_database_outage_strands_no_query_and_the_api_answers_503_meanwhile(
             headers={"Authorization": f"Bearer {keys['acme']}"},
             timeout=30,
         )
+        # The outage itself: the database stays down for down_seconds, whatever the requests did.
         time.sleep(max(0.0, down_seconds - (time.monotonic() - down_at)))
         private_pg.start()
         back_at = time.monotonic()

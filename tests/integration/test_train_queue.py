@@ -9,10 +9,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 from click.testing import CliRunner
 
 from app.settings import Settings
 from tests.app.test_drafts import _tiny_dataset, _tiny_head
+
+pytestmark = pytest.mark.integration
 
 
 def test_tune_sent_to_the_train_queue_runs_on_a_train_worker(

@@ -27,6 +27,8 @@ from training.data import (
 )
 from training.train_demo import weighted
 
+pytestmark = pytest.mark.models
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

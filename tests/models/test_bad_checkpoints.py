@@ -10,6 +10,8 @@ import pytest
 
 from generation import CheckpointError, SpeculativeEngine
 
+pytestmark = pytest.mark.models
+
 
 def _copy_demo(src: Path, dst: Path, skip: str) -> Path:
     dst.mkdir()

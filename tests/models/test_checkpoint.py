@@ -10,6 +10,8 @@ import torch
 from training.checkpoint import load_checkpoint, save_checkpoint
 from training.pair_run import PairRun
 
+pytestmark = pytest.mark.models
+
 
 def _model(seed: int) -> torch.nn.Module:
     torch.manual_seed(seed)

@@ -13,6 +13,8 @@ from generation.model.kv_store import KVShape
 from retrieval.chat import PromptFormat
 from retrieval.prompt import Passage, user_message
 
+pytestmark = pytest.mark.models
+
 MAX_TOTAL_BYTES = 80 * 1024 * 1024
 CORPUS = Path(__file__).resolve().parents[2] / "demo" / "corpus"
 

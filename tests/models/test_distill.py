@@ -6,12 +6,15 @@ from __future__ import annotations
 import random
 import re
 
+import pytest
 import torch
 
 from training.corpus import build_corpus
 from training.data import bucket
 from training.distill_draft import grow, training_prompts
 from training.model import DRAFT_SHAPE, make_model
+
+pytestmark = pytest.mark.models
 
 VOCAB, EOS = 512, 0
 

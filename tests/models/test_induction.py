@@ -10,6 +10,8 @@ from training.data import induction_batch
 from training.induction_init import wire_induction
 from training.model import DRAFT_SHAPE, TARGET_SHAPE, make_config, make_model
 
+pytestmark = pytest.mark.models
+
 VOCAB, EOS = 8192, 0
 
 

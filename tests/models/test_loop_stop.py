@@ -29,6 +29,8 @@ from training.data import (
 from training.qa import make_examples
 from training.train_demo import weighted
 
+pytestmark = pytest.mark.models
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

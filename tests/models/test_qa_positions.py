@@ -10,10 +10,13 @@ from __future__ import annotations
 import re
 from collections import Counter
 
+import pytest
 from scipy.stats import chisquare
 
 from training.corpus import build_corpus
 from training.qa import RETRIEVAL_GOLD_WEIGHTS, UNIFORM_GOLD_WEIGHTS, make_examples
+
+pytestmark = pytest.mark.models
 
 N = 600
 

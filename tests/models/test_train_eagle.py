@@ -17,6 +17,8 @@ from training.train_eagle import (
     target_features,
 )
 
+pytestmark = pytest.mark.models
+
 
 def test_batches_cover_every_row_once_within_the_token_budget() -> None:
     rng = random.Random(0)

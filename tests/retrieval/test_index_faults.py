@@ -15,7 +15,6 @@ import gc
 import json
 import logging
 import os
-import time
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +29,7 @@ from retrieval.records import Chunk, CollectionIndex, Document
 from tests.disks import fill, small_disk
 from tests.retrieval.conftest import ServiceFactory
 from tests.retrieval.docs import ENGINES, FRUIT, write
+from tests.waiting import settled
 
 QUESTIONS = ["How do governors control engine speed?", "Why do apple trees need a second variety?"]
 
@@ -177,8 +177,7 @@ def _settled_threads() -> int:
     """OS threads once Tantivy's watchers of dropped indexes have seen their stop flag (they
     poll every 500 ms); earlier tests' services collected first, so they cannot drop meanwhile."""
     gc.collect()
-    time.sleep(1.2)
-    return _os_threads()
+    return settled(_os_threads, quiet=0.6, timeout=30, message="this process's thread count")
 
 
 def test_held_indexes_are_an_lru_and_threads_stay_bounded(

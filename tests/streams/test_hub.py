@@ -61,16 +61,16 @@ def test_a_stream_redis_refuses_is_dropped_and_the_others_keep_flowing(redis_url
         hub = StreamHub(redis_url, block_ms=5_000)
         try:
             poisoned = hub.subscribe(bad_key, None)
-            await asyncio.sleep(0.3)  # the hub's XREAD now holds the bad key
+            # The hub's XREAD held the bad key, Redis refused it, and the hub dropped it.
+            async with asyncio.timeout(5):
+                refused = await poisoned.queue.get()
             loop = asyncio.get_running_loop()
             started = loop.time()
             reader = asyncio.create_task(_first_batch(hub, good_key, timeout=5))
-            await asyncio.sleep(0.2)
+            await asyncio.sleep(0)  # the reader subscribes; the hub's XREAD blocks for 5 s
             sync.xadd(good_key, {"type": "token", "text": "hi", "ids": "[1]"})
             got = await reader
             waited = loop.time() - started
-            async with asyncio.timeout(5):
-                refused = await poisoned.queue.get()
             return poisoned.failed and refused == [], got, waited
         finally:
             await hub.close()

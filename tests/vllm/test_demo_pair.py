@@ -7,7 +7,6 @@ and a close without tracebacks. One vLLM engine for the file (tests/vllm/support
 from __future__ import annotations
 
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +17,7 @@ from retrieval.chat import PromptFormat
 from retrieval.prompt import Passage
 from tests.generation.conformance import check_stats_invariants
 from tests.vllm.support import EnginePool
+from tests.waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 TARGET, DRAFT = REPO / "models" / "demo" / "target", REPO / "models" / "demo" / "draft"
@@ -106,11 +106,20 @@ def test_stats_sum_to_vllms_own_prometheus_counters(
     lengths = [5 + 7 * i for i in range(len(prompts))]  # many requests end mid-round
     params = [SamplingParams(max_new_tokens=n) for n in lengths]
     results = vllm_engine.generate_many(prompts, params)
-    time.sleep(0.5)  # vLLM's logger records an iteration's stats after its outputs are handed out
+    stats = [r.stats for r in results]
+    # vLLM's logger records an iteration's stats after its outputs are handed out: the counters
+    # catch up with the last iteration a moment after generate_many returns.
+    output_tokens = sum(s.num_output_tokens for s in stats)
+    wait_until(
+        lambda: vllm_counter(names[3]) - before[names[3]] >= output_tokens,
+        10,
+        f"vLLM's {names[3]} to count {output_tokens} more tokens",
+        interval=0.05,
+        explain=lambda: vllm_counter(names[3]) - before[names[3]],
+    )
     delta = {n: vllm_counter(n) - before[n] for n in names}
     pos = {p: v - pos_before.get(p, 0.0) for p, v in per_position_counter().items()}
-    stats = [r.stats for r in results]
-    assert delta["vllm:generation_tokens_total"] == sum(s.num_output_tokens for s in stats)
+    assert delta["vllm:generation_tokens_total"] == output_tokens
     assert delta["vllm:spec_decode_num_drafts_total"] == sum(s.num_drafts for s in stats)
     assert delta["vllm:spec_decode_num_draft_tokens_total"] == sum(
         s.num_draft_tokens for s in stats
@@ -165,10 +174,12 @@ def test_cancel_aborts_in_vllm_and_no_later_request_sees_its_tokens(
         for handle in long:
             with pytest.raises(Cancelled):
                 handle.result(60)
-        deadline = time.monotonic() + 10
-        while vllm_engine.llm.get_num_unfinished_requests() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert vllm_engine.llm.get_num_unfinished_requests() == 0  # vLLM freed them
+        wait_until(
+            lambda: vllm_engine.llm.get_num_unfinished_requests() == 0,
+            10,
+            "vLLM to free the cancelled requests",
+            interval=0.05,
+        )
         later = [loop.submit(p, SamplingParams(max_new_tokens=MAX_NEW)) for p in prompts[:8]]
         assert [h.result(120).token_ids for h in later] == torch_answers[:8]
     finally:
