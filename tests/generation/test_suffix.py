@@ -84,9 +84,7 @@ def test_greedy_suffix_equals_none(
         assert any(r.stats.num_accepted_tokens < r.stats.num_draft_tokens for r in results[3:5])
 
 
-def test_mixed_methods_in_one_batch(
-    engine: SpeculativeEngine, references: list[list[int]]
-) -> None:
+def test_mixed_methods_in_one_batch(engine: SpeculativeEngine, references: list[list[int]]) -> None:
     prompts = _prompts()
     kinds = [("suffix", 4, "seen"), ("ngram", 3, None), ("none", 1, None), ("suffix", "auto", None)]
     params = [

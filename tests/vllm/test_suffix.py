@@ -31,9 +31,7 @@ def vllm_suffix(engine_pool: EnginePool) -> Any:
     return engine_pool.get(TARGET, None, "suffix", K)
 
 
-def test_suffix_answers_equal_the_torch_engine(
-    vllm_suffix: Any, prompts: list[list[int]]
-) -> None:
+def test_suffix_answers_equal_the_torch_engine(vllm_suffix: Any, prompts: list[list[int]]) -> None:
     torch_engine = load_engine("torch", TARGET, DRAFT, device="cpu", dtype="float32")
     params = SamplingParams(max_new_tokens=MAX_NEW, method="suffix", num_speculative_tokens=K)
     none = SamplingParams(max_new_tokens=MAX_NEW, method="none")
