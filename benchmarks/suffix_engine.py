@@ -115,6 +115,8 @@ def main() -> None:
     ap.add_argument("--fresh", type=int, default=8, help="questions with no history")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--suffix-ks", default="16,auto", help="k of the suffix rows (comma list)")
+    ap.add_argument("--spec-factor", type=float, default=1.0,
+                    help="EngineConfig.suffix_max_spec_factor (vLLM's default: 1.0)")  # fmt: skip
     ap.add_argument("--scope", default="bench-tenant/demo")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--json", type=Path, default=ROOT / "var" / "bench" / "suffix_engine.json")
@@ -122,14 +124,16 @@ def main() -> None:
     import torch
 
     from generation import SamplingParams, SpeculativeEngine
+    from generation.config import EngineConfig
     from generation.spec_decode.suffix import SuffixMemory
 
     torch.set_num_threads(args.threads)
     models = ROOT / "models" / "demo"
     memory = SuffixMemory(max_answers_per_scope=10_000)
     engine = SpeculativeEngine.from_pretrained(
-        models / "target", models / "draft", device="cpu", dtype="float32", suffix_memory=memory
-    )
+        models / "target", models / "draft", device="cpu", dtype="float32",
+        config=EngineConfig(suffix_max_spec_factor=args.spec_factor), suffix_memory=memory,
+    )  # fmt: skip
     repeated = demo_prompts(args.questions)
     fresh = demo_prompts(args.fresh, skip=args.questions)
     ks: list[Any] = [int(k) if k.isdigit() else k for k in args.suffix_ks.split(",")]
@@ -157,6 +161,7 @@ def main() -> None:
         "torch_threads": args.threads,
         "model_pair": engine.model_pair,
         "max_tokens": args.max_tokens,
+        "suffix_max_spec_factor": args.spec_factor,
         "memory": {"answers": memory.size(args.scope), "bytes": memory.memory_bytes()},
         "repeated": table,
         "repeated_ratios": ratios(table, suffix_labels),
