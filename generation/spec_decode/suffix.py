@@ -130,7 +130,7 @@ class SuffixMemory:
                         del held.seq_ids[answer_id]
 
     def add(self, scope: str, answer_id: str, token_ids: Sequence[int]) -> bool:
-        """Add one past answer's token ids to ``scope``'s tree; return whether it was added
+        """Add one past answer's token ids to ``scope``'s tree; return True when the tree took it
         (False: already held, or a bad id list, which is logged and skipped)."""
         with self._lock:
             problem = bad_token_ids(token_ids, self.vocab_size)
