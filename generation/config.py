@@ -32,6 +32,15 @@ class EngineConfig:
     """Seconds a paused background request waits at most before it takes a step anyway."""
     ngram_max_n: int = 4
     """Longest n-gram that prompt lookup matches (down to 1)."""
+    suffix_max_depth: int = 64
+    """Deepest path of a request's own suffix tree (method ``suffix``): the longest context it
+    matches and the longest chain it proposes (a scope's tree has its ``SuffixMemory``'s)."""
+    suffix_max_spec_factor: float = 1.0
+    """A suffix lookup proposes at most this x the matched length (vLLM's
+    ``suffix_decoding_max_spec_factor``), and never more than the row's k."""
+    suffix_min_token_prob: float = 0.1
+    """A suffix chain stops before a token the tree's counts give less than this probability
+    (vLLM's ``suffix_decoding_min_token_prob``)."""
     kv_memory_fraction: float = 0.8
     """Share of the device's free memory the KV slots may take at the full context."""
     fast_forward: bool = True
@@ -54,7 +63,7 @@ class EngineConfig:
     def __post_init__(self) -> None:
         for name in ("max_batch_size", "max_speculative_tokens", "prefill_chunk",
                      "background_prefill_chunk", "batch_prefill_chunk", "ngram_max_n",
-                     "prefix_block_size"):  # fmt: skip
+                     "prefix_block_size", "suffix_max_depth"):  # fmt: skip
             value = getattr(self, name)
             if value is None and name == "batch_prefill_chunk":
                 continue  # None: prefill_chunk
@@ -64,6 +73,8 @@ class EngineConfig:
             ("max_background_pause", "a number >= 0", lambda v: v >= 0),
             ("kv_memory_fraction", "in (0, 1]", lambda v: 0 < v <= 1),
             ("prefix_cache_mb", "a number >= 0", lambda v: v >= 0),
+            ("suffix_max_spec_factor", "a number >= 0", lambda v: v >= 0),
+            ("suffix_min_token_prob", "in [0, 1]", lambda v: 0 <= v <= 1),
         ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not ok(value):

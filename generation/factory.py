@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from generation.config import EngineConfig
 from generation.interface import Engine
 from generation.model.dtypes import check_dtype_name, resolve_dtype
+
+if TYPE_CHECKING:
+    from generation.spec_decode.suffix import SuffixMemory
 
 ENGINE_KINDS = ("torch", "vllm")
 
@@ -24,6 +27,7 @@ def load_engine(
     config: EngineConfig | None = None,
     dtype: str | None = None,
     eagle_dir: str | Path | None = None,
+    suffix_memory: SuffixMemory | None = None,
 ) -> Engine:
     """Return a loaded engine of ``kind`` ("torch" or "vllm"); vLLM is imported only when asked.
 
@@ -37,6 +41,9 @@ def load_engine(
     ``eagle_dir``: an EAGLE head for the target (generation/spec_decode/eagle.py), serving method
     ``eagle`` on the torch engine; on the vLLM engine when ``options`` say ``method="eagle"``
     (the head is then vLLM's speculator in place of the draft; docs/vllm.md).
+    ``suffix_memory``: the scopes' past answers the torch engine's ``suffix`` requests draft
+    from (generation/spec_decode/suffix.py; None: an empty one of its own). vLLM keeps a suffix
+    cache of its own per process and takes none: passing one to it is refused.
     """
     options = options or {}
     if dtype is not None:
@@ -47,9 +54,15 @@ def load_engine(
         from generation.torch_engine import SpeculativeEngine  # heavy: torch
 
         return SpeculativeEngine.from_pretrained(
-            target_dir, draft_dir, device=device, config=config, dtype=dtype, eagle_dir=eagle_dir
-        )
+            target_dir, draft_dir, device=device, config=config, dtype=dtype,
+            eagle_dir=eagle_dir, suffix_memory=suffix_memory,
+        )  # fmt: skip
     if kind == "vllm":
+        if suffix_memory is not None:
+            raise ValueError(
+                "suffix_memory: the vLLM engine keeps its own suffix cache per process (method "
+                "'suffix' in options); the shared memory serves the torch engine"
+            )
         try:
             from generation.vllm_engine import VLLMEngine  # type: ignore[import-not-found]
             from generation.vllm_engine.engine import DEFAULT_MAX_NUM_SEQS

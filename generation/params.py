@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-Method = Literal["draft_model", "ngram", "eagle", "none"]
-METHODS: tuple[str, ...] = ("draft_model", "ngram", "eagle", "none")
+Method = Literal["draft_model", "ngram", "suffix", "eagle", "none"]
+METHODS: tuple[str, ...] = ("draft_model", "ngram", "suffix", "eagle", "none")
 
 
 @dataclass(frozen=True)
@@ -20,13 +20,18 @@ class SamplingParams:
     seed: int | None = None
     """Seed for a private generator: the same seed gives the same sampled output."""
     method: str = "draft_model"
-    """Proposer: ``draft_model``, ``ngram`` (prompt lookup), ``eagle`` (a head on the target's
-    features) or ``none`` (target only)."""
+    """Proposer: ``draft_model``, ``ngram`` (prompt lookup), ``suffix`` (suffix trees over the
+    request's tokens and its scope's past answers), ``eagle`` (a head on the target's features)
+    or ``none`` (target only)."""
     num_speculative_tokens: int | str = 4
     """Tokens drafted per verification round (k >= 1), or ``"auto"`` for adaptive k."""
     cache_salt: str | None = None
     """Requests with different salts never share cached prompt KV (vLLM's ``cache_salt``): the
     service salts with the tenant, so a cache hit's speed tells no tenant of another's prompts."""
+    suffix_scope: str | None = None
+    """Whose past answers a ``suffix`` request drafts from: a scope of the engine's
+    ``SuffixMemory`` (generation/spec_decode/suffix.py; the service's tenant + collection).
+    None: the request's own prompt and output only."""
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -59,4 +64,10 @@ class SamplingParams:
         ):
             raise ValueError(
                 f"cache_salt: must be a non-empty string or None, got {self.cache_salt!r}"
+            )
+        if self.suffix_scope is not None and (
+            not isinstance(self.suffix_scope, str) or not self.suffix_scope
+        ):
+            raise ValueError(
+                f"suffix_scope: must be a non-empty string or None, got {self.suffix_scope!r}"
             )

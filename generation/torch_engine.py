@@ -38,6 +38,7 @@ from generation.requests import BatchRequestError, check_prompt, collect, per_pr
 from generation.spec_decode.cost_cache import StepCostCache
 from generation.spec_decode.eagle import EagleHead, EagleHeadModule, check_head_config, load_head
 from generation.spec_decode.goodput import RecentAcceptance, StepCosts, measured_ks
+from generation.spec_decode.suffix import SuffixMemory, suffix_available
 
 
 def _label(model: Any) -> str:
@@ -55,9 +56,13 @@ class SpeculativeEngine:
         *,
         config: EngineConfig | None = None,
         eagle: EagleHeadModule | None = None,
+        suffix_memory: SuffixMemory | None = None,
     ) -> None:
         """``eagle``: an EAGLE head trained on this target (generation/spec_decode/eagle.py), which serves
-        method ``eagle``; it needs the engine's own forward pass of a Llama-family target."""
+        method ``eagle``; it needs the engine's own forward pass of a Llama-family target.
+        ``suffix_memory``: the past answers ``suffix`` requests draft from, shared with whoever
+        fills it (generation/spec_decode/suffix.py; None: an empty one of the engine's own,
+        where arctic-inference's suffix tree is installed)."""
         self.config = config = config or EngineConfig()
         self.device = next(target.parameters()).device
         if config.dtype is not None:  # else the models' own dtype
@@ -104,6 +109,13 @@ class SpeculativeEngine:
         """The methods this engine serves (draft_model with a draft, eagle with a head)."""
         self.methods += ("draft_model",) if draft is not None else ()
         self.methods += ("eagle",) if self.eagle_head is not None else ()
+        if suffix_memory is None and suffix_available():
+            suffix_memory = SuffixMemory()
+        if suffix_memory is not None:
+            suffix_memory.set_vocab_size(self.vocab_size)
+            self.methods += ("suffix",)
+        self.suffix_memory: SuffixMemory | None = suffix_memory
+        """The scopes' past answers ``suffix`` requests draft from (None: no ``suffix``)."""
         self.max_speculative_tokens = config.max_speculative_tokens
         models: list[Any] = [self.target_forward, self.draft_forward, self.eagle_head]
         models = [m for m in models if m is not None]
@@ -140,9 +152,10 @@ class SpeculativeEngine:
             costs=StepCosts(
                 timer, config.max_speculative_tokens, eagle_timer=eagle_timer if head else None
             ),
-            recent={m: RecentAcceptance() for m in ("draft_model", "ngram", "eagle")},
+            recent={m: RecentAcceptance() for m in ("draft_model", "ngram", "suffix", "eagle")},
             prefix=self.prefix_cache,
             head=runners[-1] if head is not None else None,
+            suffix_memory=suffix_memory,
         )
         self._lock = threading.Lock()
         """Held by whoever steps the KV stores: a running loop's thread, or ``generate_many``."""
@@ -157,6 +170,7 @@ class SpeculativeEngine:
         config: EngineConfig | None = None,
         dtype: str | None = None,
         eagle_dir: str | Path | None = None,
+        suffix_memory: SuffixMemory | None = None,
     ) -> SpeculativeEngine:
         """Return an engine with the checkpoints loaded once; a mismatched draft or EAGLE head
         (``eagle_dir``, vLLM's EAGLE format: generation/spec_decode/eagle.py) is refused.
@@ -175,7 +189,7 @@ class SpeculativeEngine:
                 output_vocab_size(target), output_vocab_size(draft), target_dir, draft_dir
             )
         eagle = load_head(eagle_dir, target) if eagle_dir is not None else None
-        return cls(target, draft, config=config, eagle=eagle)
+        return cls(target, draft, config=config, eagle=eagle, suffix_memory=suffix_memory)
 
     def reset_prefix_cache(self) -> int:
         """Forget every cached prompt prefix not in use (as vLLM's ``reset_prefix_cache``);
@@ -192,7 +206,8 @@ class SpeculativeEngine:
         """Raise ValueError naming the problem when this engine cannot serve the request."""
         check_prompt(prompt_token_ids, params, self.vocab_size, self.max_context)
         if params.method not in self.methods:
-            need = "a draft model" if params.method == "draft_model" else "an EAGLE head"
+            needs = {"draft_model": "a draft model", "suffix": "arctic-inference's suffix tree"}
+            need = needs.get(params.method, "an EAGLE head")
             raise ValueError(
                 f"method: {params.method!r} needs {need}; this engine has none and serves "
                 f"{', '.join(self.methods)}"
@@ -216,6 +231,8 @@ class SpeculativeEngine:
                 self._core.costs.table(size, with_draft)
             if self.eagle_head is not None:
                 self._core.costs.table(size, False, with_eagle=True)
+            if self.suffix_memory is not None:
+                self._core.costs.table(size, False, with_suffix=True)
 
     def warm_request(self, method: str, num_speculative_tokens: int | str) -> None:
         """Make ready what one request of ``method`` and k needs, alone, and nothing else: the KV
@@ -232,7 +249,7 @@ class SpeculativeEngine:
         if method == "none":
             ks = [0]
         elif k == "auto":
-            self._core.costs.table(1, with_draft, with_eagle)
+            self._core.costs.table(1, with_draft, with_eagle, method == "suffix")
             ks = measured_ks(self.max_speculative_tokens)
         else:
             ks = [0, int(k)]

@@ -12,6 +12,7 @@ from generation.interface import Cancelled, GenerationResult
 from generation.params import SamplingParams
 from generation.spec_decode.goodput import Acceptance
 from generation.spec_decode.ngram import NgramProposer
+from generation.spec_decode.suffix import SuffixProposer
 from generation.stats import GenerationStats
 
 
@@ -49,6 +50,7 @@ class Sequence:
     last_token: int = -1
     """The newest emitted token: not yet in the target's slot (the next pass feeds it)."""
     ngram: NgramProposer | None = None
+    suffix: SuffixProposer | None = None
     acceptance: Acceptance | None = None
     """The row's running alpha (None for method ``none``)."""
     finished: bool = False

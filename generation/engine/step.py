@@ -39,6 +39,7 @@ from generation.spec_decode.ngram import NgramProposer
 from generation.spec_decode.proposers import propose
 from generation.spec_decode.rejection_sampler import PLACEHOLDER, verify
 from generation.spec_decode.sampling import sample_from_logits
+from generation.spec_decode.suffix import SuffixMemory, SuffixProposer
 from generation.stats import GenerationStats
 
 
@@ -60,6 +61,8 @@ class EngineState:
     """KV of earlier prompts' prefixes (None: reuse off)."""
     head: ModelRunner | None = None
     """The EAGLE head on its own KV store (generation/spec_decode/eagle.py; None: no ``eagle`` method)."""
+    suffix_memory: SuffixMemory | None = None
+    """Past answers per scope that ``suffix`` requests draft from (None: no ``suffix`` method)."""
 
 
 class BatchEngine:
@@ -126,6 +129,12 @@ class BatchEngine:
         self._next_id += 1
         if params.method == "ngram":
             seq.ngram = NgramProposer(max_n=core.config.ngram_max_n)
+        elif params.method == "suffix":
+            config = core.config
+            seq.suffix = SuffixProposer(
+                core.suffix_memory, params.suffix_scope, config.suffix_max_depth,
+                config.suffix_max_spec_factor, config.suffix_min_token_prob,
+            )  # fmt: skip
         if params.method != "none":
             seq.acceptance = Acceptance(prior_alpha=core.recent[params.method].alpha)
         self.scheduler.add(seq)
@@ -173,6 +182,7 @@ class BatchEngine:
             any(p.uses_eagle for p in plans),
             max(ks),
             time.perf_counter() - started,
+            any(p.uses_suffix for p in plans),
         )
         self._release_finished()
 
@@ -308,6 +318,7 @@ def _plan(seq: Sequence) -> RowPlan:
         fixed_k=seq.fixed_k,
         uses_draft_model=method == "draft_model",
         uses_eagle=method == "eagle",
+        uses_suffix=method == "suffix",
     )
 
 

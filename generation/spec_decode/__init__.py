@@ -1,7 +1,10 @@
 """Speculative decoding: proposers, verification and the choice of k.
 
-- ``proposers``: what drafts each method proposes for a batch of rows (draft model, n-gram, EAGLE).
+- ``proposers``: what drafts each method proposes for a batch of rows (draft model, n-gram, suffix,
+  EAGLE).
 - ``ngram`` / ``eagle``: the n-gram index over a request's own tokens; the EAGLE head's drafts.
+- ``suffix``: suffix trees over a request's own tokens and its scope's past answers
+  (``SuffixMemory``, shared by every request of an engine).
 - ``rejection_sampler``: the target decides: accepted, recovered and bonus tokens.
 - ``sampling``: logits to probabilities and tokens (greedy ties to the lowest id; seeded draws).
 - ``goodput`` / ``cost_cache``: the adaptive k (expected tokens per second from measured costs).

@@ -11,9 +11,11 @@ and T(B, k) the seconds of a step of B rows drafting k. Rows that asked for a fi
 exactly that k; only ``"auto"`` rows follow the batch. As the batch grows, T(B, k) climbs with k
 and the chosen k falls, down to 0.
 
-T(B, k) is a table per batch-size bucket (powers of two) and kind of step (with or without
-draft-model passes), measured when first needed and refined from the engine's timed steps. A
-table, not a line: on a CPU a pass's cost is a staircase in its width.
+T(B, k) is a table per batch-size bucket (powers of two) and kind of step (with draft-model
+passes, EAGLE-head passes, suffix-tree lookups, or the target alone), measured when first needed
+and refined from the engine's timed steps. A table, not a line: on a CPU a pass's cost is a
+staircase in its width. A suffix step runs the same passes as a target-alone step, so its table
+starts from that measurement and follows its own steps (their tree lookups) from there.
 """
 
 from __future__ import annotations
@@ -174,6 +176,8 @@ class StepCosts:
     timer: StepTimer
     k_max: int
     tables: dict[tuple[int, bool | str], CostModel] = field(default_factory=dict)
+    """(bucket, kind) -> its table; kind: True (draft-model passes), False (the target alone),
+    "eagle" or "suffix"."""
 
     eagle_timer: Callable[[int, list[int]], dict[int, float]] | None = None
     """(batch_size, ks) -> seconds of a step whose drafts are an EAGLE head's passes."""
@@ -183,21 +187,38 @@ class StepCosts:
     generation/spec_decode/cost_cache.py); None: always measured."""
 
     def key(
-        self, batch_size: int, with_draft: bool, with_eagle: bool = False
+        self,
+        batch_size: int,
+        with_draft: bool,
+        with_eagle: bool = False,
+        with_suffix: bool = False,
     ) -> tuple[int, bool | str]:
-        """The table of steps of ``batch_size`` rows: (bucket, with_draft), or (bucket, "eagle")
-        for steps drafting with an EAGLE head (a batch with draft-model rows too is priced by
-        the draft's table)."""
+        """The table of steps of ``batch_size`` rows: (bucket, with_draft), (bucket, "eagle")
+        for steps drafting with an EAGLE head, or (bucket, "suffix") for steps with suffix rows
+        (a batch with model-drafted rows too is priced by that model's table)."""
         eagle = with_eagle and not with_draft and self.eagle_timer is not None
-        return (bucket(batch_size), "eagle") if eagle else (bucket(batch_size), with_draft)
+        if eagle:
+            return (bucket(batch_size), "eagle")
+        if with_suffix and not with_draft and not with_eagle:
+            return (bucket(batch_size), "suffix")
+        return (bucket(batch_size), with_draft)
 
-    def table(self, batch_size: int, with_draft: bool, with_eagle: bool = False) -> CostModel:
+    def table(
+        self,
+        batch_size: int,
+        with_draft: bool,
+        with_eagle: bool = False,
+        with_suffix: bool = False,
+    ) -> CostModel:
         """Return the cost table of the bucket of ``batch_size`` (loaded from ``cache``, else
         measured, the first time)."""
-        key = self.key(batch_size, with_draft, with_eagle)
+        key = self.key(batch_size, with_draft, with_eagle, with_suffix)
         if key not in self.tables:
             name = f"{key[0]}:{key[1]}"
             measured = self.cache.load(name, self.k_max + 1) if self.cache else None
+            if measured is None and key[1] == "suffix":
+                # The same passes as the target alone: start from that table's measurement.
+                measured = list(self.table(batch_size, False).measured)
             if measured is None:
                 if key[1] == "eagle":
                     assert self.eagle_timer is not None
@@ -211,11 +232,17 @@ class StepCosts:
         return self.tables[key]
 
     def observe(
-        self, batch_size: int, with_draft: bool, with_eagle: bool, k: int, seconds: float
+        self,
+        batch_size: int,
+        with_draft: bool,
+        with_eagle: bool,
+        k: int,
+        seconds: float,
+        with_suffix: bool = False,
     ) -> None:
         """Record a step's wall time in its table, if that table is in use (a batch of fixed-k
         rows never needs one, and is not made to measure one just to record its steps)."""
-        table = self.tables.get(self.key(batch_size, with_draft, with_eagle))
+        table = self.tables.get(self.key(batch_size, with_draft, with_eagle, with_suffix))
         if table is not None:
             table.observe(k, seconds)
 
@@ -231,6 +258,7 @@ class RowPlan:
     """The row's own k, or None when it follows the batch (``"auto"``)."""
     uses_draft_model: bool
     uses_eagle: bool = False
+    uses_suffix: bool = False
 
 
 def row_k(row: RowPlan, k: int) -> int:
@@ -245,7 +273,10 @@ def choose_k(rows: list[RowPlan], costs: StepCosts) -> int:
         return 0
     # One table for every k: a batch with draft-model rows prices their passes at every k > 0.
     table = costs.table(
-        len(rows), any(r.uses_draft_model for r in rows), any(r.uses_eagle for r in rows)
+        len(rows),
+        any(r.uses_draft_model for r in rows),
+        any(r.uses_eagle for r in rows),
+        any(r.uses_suffix for r in rows),
     )
     best_k, best = 0, -1.0
     for k in range(costs.k_max + 1):

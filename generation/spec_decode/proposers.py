@@ -2,7 +2,8 @@
 
 Draft-model rows are drafted together, one batched draft pass per position; EAGLE rows too,
 one batched pass of the head per position (generation/spec_decode/eagle.py). N-gram rows use prompt lookup
-(generation/spec_decode/ngram.py; a one-hot draft distribution).
+(generation/spec_decode/ngram.py), suffix rows suffix-tree lookup (generation/spec_decode/suffix.py);
+both are deterministic given the row's tokens, so their draft distribution is one-hot.
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ def propose(
     for b, (seq, k) in enumerate(zip(rows, ks, strict=True)):
         if k and seq.ngram is not None:
             host[b] = seq.ngram.propose(seq.tokens, k)
+        elif k and seq.suffix is not None:
+            host[b] = seq.suffix.propose(seq.tokens, k)
         elif k and seq.params.method == "draft_model":
             model_rows.append(b)
         elif k and seq.params.method == "eagle":

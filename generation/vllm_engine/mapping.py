@@ -23,6 +23,8 @@ logger = logging.getLogger(__name__)
 DRAFT_SAMPLE_METHODS = ("greedy", "probabilistic")
 NGRAM_LOOKUP_MIN, NGRAM_LOOKUP_MAX = 1, 4
 """n-gram lengths prompt lookup matches; the same range as the torch engine's proposer."""
+SUFFIX_MAX_TREE_DEPTH, SUFFIX_MAX_SPEC_FACTOR, SUFFIX_MIN_TOKEN_PROB = 64, 1.0, 0.1
+"""vLLM's suffix decoding as the torch engine's defaults (EngineConfig.suffix_*)."""
 
 
 class VLLMUnavailableError(RuntimeError):
@@ -47,8 +49,8 @@ class Speculation:
     """The proposer and k a vLLM engine is started with; vLLM cannot change them per request."""
 
     method: str = "draft_model"
-    """``draft_model``, ``eagle`` (the draft checkpoint is then an EAGLE head), ``ngram`` or
-    ``none``."""
+    """``draft_model``, ``eagle`` (the draft checkpoint is then an EAGLE head), ``ngram``,
+    ``suffix`` or ``none``."""
     num_speculative_tokens: int | str = 4
     """k >= 1, or ``"auto"``; ignored for ``none``."""
 
@@ -112,6 +114,17 @@ def speculative_config(
             "method": "ngram",
             "prompt_lookup_min": NGRAM_LOOKUP_MIN,
             "prompt_lookup_max": NGRAM_LOOKUP_MAX,
+        }
+    elif method == "suffix":
+        # vLLM's global suffix tree is one per process, shared by every request whatever its
+        # tenant: off (0 cached requests), so a request drafts from its own prompt and output
+        # only and no tenant's answer is proposed to another (the torch engine's scopes).
+        config = {
+            "method": "suffix",
+            "suffix_decoding_max_tree_depth": SUFFIX_MAX_TREE_DEPTH,
+            "suffix_decoding_max_spec_factor": SUFFIX_MAX_SPEC_FACTOR,
+            "suffix_decoding_min_token_prob": SUFFIX_MIN_TOKEN_PROB,
+            "suffix_decoding_max_cached_requests": 0,
         }
     else:
         raise UnsupportedSpeculationError(f"method: vLLM engine does not support {method!r}")

@@ -175,7 +175,9 @@ def test_mismatched_head_is_refused_at_start_naming_both_sizes(
 
 def test_eagle_without_a_head_is_refused_naming_the_methods_served() -> None:
     engine = SpeculativeEngine(build_model("llama", vocab_size=VOCAB))
-    with pytest.raises(ValueError, match="'eagle' needs an EAGLE head.*serves none, ngram$"):
+    with pytest.raises(
+        ValueError, match="'eagle' needs an EAGLE head.*serves none, ngram, suffix$"
+    ):
         engine.generate([1, 2, 3], SamplingParams(method="eagle"))
 
 

@@ -112,3 +112,29 @@ def test_a_fixed_k_is_kept_whatever_the_batch_chooses_and_the_budget_caps_every_
     assert [row_k(fixed, k) for k in (0, 1, 5)] == [2, 2, 2]
     assert row_k(auto(0.9, cap=3), 6) == 3
     assert row_k(RowPlan(alpha=0.9, cap=1, fixed_k=4, uses_draft_model=True), 6) == 1
+
+
+def test_suffix_steps_have_their_own_table_started_from_the_target_alone() -> None:
+    stairs = [0.030, 0.034, 0.044, 0.046, 0.064, 0.120, 0.125, 0.130, 0.150]
+    calls: list[tuple[int, bool]] = []
+
+    def timer(batch_size: int, ks: list[int], with_draft: bool) -> dict[int, float]:
+        calls.append((batch_size, with_draft))
+        return {k: stairs[k] for k in ks}
+
+    costs = StepCosts(timer, 8)
+    assert costs.key(3, False, with_suffix=True) == (4, "suffix")
+    assert costs.key(3, True, with_suffix=True) == (4, True)  # draft-model rows price the step
+    suffix = costs.table(4, False, with_suffix=True)
+    assert calls == [(4, False)]  # the target-alone passes, timed once for both tables
+    assert suffix is not costs.table(4, False) and suffix.measured == stairs
+    plain = [RowPlan(alpha=0.95, cap=64, fixed_k=None, uses_draft_model=False)] * 4
+    with_suffix = [RowPlan(alpha=0.95, cap=64, fixed_k=None, uses_draft_model=False,
+                           uses_suffix=True)] * 4  # fmt: skip
+    assert choose_k(plain, costs) == choose_k(with_suffix, costs) == 3
+    # Its own steps (tree lookups included) move it, not the target-alone table.
+    for _ in range(50):
+        costs.observe(4, False, False, 0, 0.030, with_suffix=True)
+        costs.observe(4, False, False, 3, 0.300, with_suffix=True)
+    assert suffix.relative(3) > costs.table(4, False).relative(3) * 2
+    assert choose_k(plain, costs) == 3 and choose_k(with_suffix, costs) != 3

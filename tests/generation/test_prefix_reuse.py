@@ -53,7 +53,9 @@ def _prompts(n: int, seed: int = 0) -> list[list[int]]:
     ]
 
 
-@pytest.mark.parametrize(("method", "k"), [("draft_model", 3), ("ngram", 2), ("none", 1)])
+@pytest.mark.parametrize(
+    ("method", "k"), [("draft_model", 3), ("ngram", 2), ("suffix", 4), ("none", 1)]
+)
 def test_greedy_answers_are_the_target_alone_and_reuse_is_counted(
     small_pair: tuple[Any, Any], method: str, k: int
 ) -> None:

@@ -3,7 +3,8 @@
 A three-token vocabulary keeps the joint distribution of the first four tokens small (81
 cells), so it is computed exactly from the target's logits and compared with the engine's
 samples by a chi-square test. The draft differs from the target, so drafts are rejected,
-recovered tokens and bonus tokens all occur, and caches roll back between rounds.
+recovered tokens and bonus tokens all occur, and caches roll back between rounds. Suffix rows
+draft from the prompt and from a scope of past answers the target often disagrees with.
 """
 
 from __future__ import annotations
@@ -69,12 +70,23 @@ def engine(request: pytest.FixtureRequest) -> SpeculativeEngine:
     # priced as a cheap draft, "auto" drafts and its rounds are tested.
     engine.step_costs().timer = lambda batch_size, ks, with_draft: {k: 0.01 for k in ks}
     engine.step_costs().eagle_timer = lambda batch_size, ks: {k: 0.01 for k in ks}
+    assert engine.suffix_memory is not None
+    for i, answer in enumerate(([0, 1, 2, 2, 1, 0, 0, 2], [1, 2, 0, 1, 1, 2, 2, 0], [2, 0, 1, 0])):
+        engine.suffix_memory.add("law", f"past-{i}", answer)
     return engine
 
 
 @pytest.mark.parametrize(
     ("method", "k"),
-    [("draft_model", 2), ("ngram", 3), ("draft_model", "auto"), ("eagle", 2), ("eagle", "auto")],
+    [
+        ("draft_model", 2),
+        ("ngram", 3),
+        ("suffix", 3),
+        ("suffix", "auto"),
+        ("draft_model", "auto"),
+        ("eagle", 2),
+        ("eagle", "auto"),
+    ],
 )
 def test_first_tokens_follow_the_target_joint_distribution(
     engine: SpeculativeEngine, method: str, k: int | str
@@ -89,6 +101,7 @@ def test_first_tokens_follow_the_target_joint_distribution(
             seed=seed,
             method=method,
             num_speculative_tokens=k,
+            suffix_scope="law" if method == "suffix" else None,
         )
         result = engine.generate(PROMPT, params)
         observed[index[tuple(result.token_ids)]] += 1

@@ -57,6 +57,11 @@ def test_speculative_config_maps_each_method(tmp_path: Path) -> None:
         "method": "ngram", "prompt_lookup_min": 1, "prompt_lookup_max": 4,
         "num_speculative_tokens": 3,
     }  # fmt: skip
+    assert speculative_config(Speculation("suffix", 16), None) == {
+        "method": "suffix", "suffix_decoding_max_tree_depth": 64,
+        "suffix_decoding_max_spec_factor": 1.0, "suffix_decoding_min_token_prob": 0.1,
+        "suffix_decoding_max_cached_requests": 0, "num_speculative_tokens": 16,
+    }  # fmt: skip
     assert speculative_config(Speculation("none", 4), draft) is None
     with pytest.raises(UnsupportedSpeculationError, match="needs a draft checkpoint"):
         speculative_config(Speculation("draft_model", 4), None)
