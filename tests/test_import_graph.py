@@ -311,3 +311,62 @@ def test_rooms_import_only_what_they_may(room: str) -> None:
             if bad:
                 wrong.append(f"{module} -> {target} (line {line})")
     assert not wrong, f"{room} imports outside its room:\n" + "\n".join(wrong)
+
+
+# generation/ in layers, lowest first: a module imports only its own layer and those below it
+# (type-only imports included). The model knows nothing of speculation or batching; the
+# proposers read rows through a protocol (generation/spec_decode/rows.py), not the engine's
+# sequences; both engines' loops sit above them; the face that builds engines sits on top.
+GENERATION_LAYERS = (
+    ("generation.model",),
+    (
+        "generation.params",
+        "generation.stats",
+        "generation.interface",
+        "generation.requests",
+        "generation.config",
+        "generation.handle",
+    ),
+    ("generation.spec_decode",),
+    ("generation.engine", "generation.vllm_engine"),
+    ("generation.torch_engine", "generation.exactness", "generation.factory", "generation"),
+)
+
+
+ENGINES = {"generation.engine", "generation.vllm_engine"}
+
+
+def _layer(module: str) -> tuple[int, str] | None:
+    # (layer, the group it belongs to) of a generation module; the longest matching prefix wins.
+    best: tuple[int, str] | None = None
+    for level, groups in enumerate(GENERATION_LAYERS):
+        for group in groups:
+            if module == group or module.startswith(group + "."):
+                if best is None or len(group) > len(best[1]):
+                    best = (level, group)
+    return best
+
+
+def test_generation_imports_point_down_its_layers() -> None:
+    graph = build_graph()
+    wrong = []
+    for module, targets in graph.items():
+        if not module.startswith("generation"):
+            continue
+        mine = _layer(module)
+        assert mine is not None, f"{module} has no layer in GENERATION_LAYERS"
+        for target, line in targets.items():
+            theirs = _layer(target)
+            if theirs is None or theirs[1] == mine[1]:
+                continue
+            # Upward, or sideways between the two engines (each stands on the layers below).
+            if theirs[0] > mine[0] or {mine[1], theirs[1]} == ENGINES:
+                wrong.append(f"{module} -> {target} (line {line})")
+    assert not wrong, "generation imports against its layers:\n" + "\n".join(wrong)
+
+
+def test_the_layer_rule_sees_an_upward_import() -> None:
+    assert _layer("generation.spec_decode.proposers") == (2, "generation.spec_decode")
+    assert _layer("generation.engine.sequence") == (3, "generation.engine")
+    assert _layer("generation") == (4, "generation")
+    assert _layer("generation.model.forward") == (0, "generation.model")

@@ -1,7 +1,7 @@
 """Speculative decoding: proposers, verification and the choice of k.
 
 - ``proposers``: what drafts each method proposes for a batch of rows (draft model, n-gram, suffix,
-  EAGLE).
+  EAGLE); ``rows``: what they read of a row (a protocol the engine's sequences satisfy).
 - ``ngram`` / ``eagle``: the n-gram index over a request's own tokens; the EAGLE head's drafts.
 - ``suffix``: suffix trees over a request's own tokens and its scope's past answers
   (``SuffixMemory``, shared by every request of an engine).

@@ -21,6 +21,7 @@ vLLM then shares the target's, as this engine does).
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,11 +32,11 @@ from torch import nn
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
 
-from generation.engine.sequence import Sequence
 from generation.model.forward import FastLlamaForward, Linear, _Layer, select_last
 from generation.model.kv_store import KVStore
 from generation.model.loading import CheckpointError, IncompatibleDraftError
 from generation.model.model_runner import ModelRunner
+from generation.spec_decode.rows import DraftRow
 from generation.spec_decode.sampling import draft_position
 
 ARCHITECTURE = "EagleLlamaForCausalLM"
@@ -200,7 +201,7 @@ class EagleHead:
 
 
 def draft_with_eagle(
-    runner: ModelRunner, rows: list[Sequence], ks: list[int], device: torch.device
+    runner: ModelRunner, rows: Sequence[DraftRow], ks: list[int], device: torch.device
 ) -> list[tuple[list[int], torch.Tensor | None]]:
     """Return each row's ``ks[i]`` draft tokens and, for a sampled row, their distributions.
 

@@ -8,13 +8,14 @@ both are deterministic given the row's tokens, so their draft distribution is on
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
-from generation.engine.sequence import Sequence
 from generation.model.model_runner import ModelRunner
 from generation.spec_decode.eagle import draft_with_eagle
+from generation.spec_decode.rows import DraftRow
 from generation.spec_decode.sampling import draft_position
 
 
@@ -32,7 +33,7 @@ class Drafts:
 
 
 def propose(
-    rows: list[Sequence],
+    rows: Sequence[DraftRow],
     ks: list[int],
     draft: ModelRunner | None,
     device: torch.device,
@@ -70,7 +71,7 @@ def propose(
 
 
 def draft_with_model(
-    runner: ModelRunner, rows: list[Sequence], ks: list[int], device: torch.device
+    runner: ModelRunner, rows: Sequence[DraftRow], ks: list[int], device: torch.device
 ) -> list[tuple[list[int], torch.Tensor | None]]:
     """Return each row's ``ks[i]`` draft tokens and, for a sampled row, their distributions.
 
