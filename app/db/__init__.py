@@ -21,6 +21,7 @@ from app.db.models import (
     Tenant,
     utcnow,
 )
+from app.db.groundings import AnswerGrounding
 from app.db.schema import SchemaNotCurrentError, check_current, upgrade
 from app.db.session import make_engine, make_session_factory
 from app.settings import Settings
@@ -44,6 +45,7 @@ def prepare(settings: Settings) -> tuple[Engine, sessionmaker[Session]]:
 __all__ = [
     "QUERY_STATUSES",
     "Answer",
+    "AnswerGrounding",
     "AnswerSource",
     "ApiKey",
     "Base",
