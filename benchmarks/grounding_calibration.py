@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import pickle
 import platform
 import random
 import time
@@ -107,6 +108,10 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-passages", type=int, default=400)
     parser.add_argument("--fit", action="store_true", help="print weights fitted on train")
+    parser.add_argument(
+        "--features", type=Path, default=None,
+        help="a .pkl of the sets' rows and features: read when present, else written",
+    )
     args = parser.parse_args()
     started = time.perf_counter()
     embedder = Embedder(Settings().embedding_model)
@@ -117,11 +122,19 @@ def main() -> None:
     docs = sorted({d for d, _ in demo})
     held = set(rng.sample(docs, int(len(docs) * 0.4)))
     lib = stdlib_passages()
+    cached = pickle.loads(args.features.read_bytes()) if args.features and args.features.exists() else {}
     for name, passages, held_docs in (("demo", demo, held), ("stdlib", lib, {d for d, _ in lib})):
-        if len(passages) > args.max_passages:
-            passages = rng.sample(passages, args.max_passages)
-        rows = examples(passages, held_docs, nearest_fn(embedder, passages), seed=args.seed)
-        x = featurize(scorer, rows)
+        if name in cached:
+            rows, x = cached[name]
+        else:
+            if len(passages) > args.max_passages:
+                passages = rng.sample(passages, args.max_passages)
+            rows = examples(passages, held_docs, nearest_fn(embedder, passages), seed=args.seed)
+            x = featurize(scorer, rows)
+            cached[name] = (rows, x)
+            if args.features:
+                args.features.write_bytes(pickle.dumps(cached))
+        print(f"{name}: {len(rows)} pairs featurised", flush=True)
         if name == "demo":
             train = np.array([r.split == "train" for r in rows])
             y = np.array([r.supported for r in rows])

@@ -13,7 +13,9 @@ from retrieval.grounding.scorer import passage_view
 
 
 def test_sentences_keep_their_spans_and_markers() -> None:
-    text = "The value is 3.12. [2] Next, e.g. this one [1][3]! Is it?\n\n- item one\n- item two [4, 5]"
+    text = (
+        "The value is 3.12. [2] Next, e.g. this one [1][3]! Is it?\n\n- item one\n- item two [4, 5]"
+    )
     said = split_sentences(text)
     assert [s.text for s in said] == [
         "The value is 3.12. [2]",
