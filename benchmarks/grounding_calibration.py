@@ -109,7 +109,9 @@ def main() -> None:
     parser.add_argument("--max-passages", type=int, default=400)
     parser.add_argument("--fit", action="store_true", help="print weights fitted on train")
     parser.add_argument(
-        "--features", type=Path, default=None,
+        "--features",
+        type=Path,
+        default=None,
         help="a .pkl of the sets' rows and features: read when present, else written",
     )
     args = parser.parse_args()
@@ -122,7 +124,9 @@ def main() -> None:
     docs = sorted({d for d, _ in demo})
     held = set(rng.sample(docs, int(len(docs) * 0.4)))
     lib = stdlib_passages()
-    cached = pickle.loads(args.features.read_bytes()) if args.features and args.features.exists() else {}
+    cached = (
+        pickle.loads(args.features.read_bytes()) if args.features and args.features.exists() else {}
+    )
     for name, passages, held_docs in (("demo", demo, held), ("stdlib", lib, {d for d, _ in lib})):
         if name in cached:
             rows, x = cached[name]
@@ -152,8 +156,10 @@ def main() -> None:
     args.out.write_text(json.dumps(results, indent=2) + "\n")
     for name, r in results["sets"].items():
         alone = " ".join(f"{k}={v}" for k, v in r["auroc_signal_alone"].items())
-        print(f"{name:14} pairs={r['pairs']:5} AUROC={r['auroc']:.3f}  P={r['precision']:.3f} "
-              f"R={r['recall']:.3f} @ {r['threshold']}  alone: {alone}")
+        print(
+            f"{name:14} pairs={r['pairs']:5} AUROC={r['auroc']:.3f}  P={r['precision']:.3f} "
+            f"R={r['recall']:.3f} @ {r['threshold']}  alone: {alone}"
+        )
         print(f"{'':14} by kind: {r['auroc_by_negative_kind']}")
     if args.fit:
         print("fitted on train:", json.dumps(results["fitted_on_train"]))

@@ -13,8 +13,8 @@ sentence, a clause of it, the sentence behind a lead-in phrase) and hard negativ
 
 from __future__ import annotations
 
-import inspect
 import importlib
+import inspect
 import random
 import re
 from collections.abc import Callable, Sequence
@@ -116,17 +116,33 @@ def examples(
     """The labeled pairs of ``(document, passage)``s; ``nearest(sentence, doc)`` is the most
     similar sentence of another document. Documents in ``held_docs`` are the held-out split."""
     rng = random.Random(seed)
-    sentences = {i: [s.text for s in split_sentences(p) if prose(s.text)] for i, (_, p) in enumerate(passages)}
-    pool = sorted({n for ss in sentences.values() for s in ss for n in re.findall(r"[\w.]+", s) if n.lower() in named(s)})
+    sentences = {
+        i: [s.text for s in split_sentences(p) if prose(s.text)]
+        for i, (_, p) in enumerate(passages)
+    }
+    pool = sorted(
+        {
+            n
+            for ss in sentences.values()
+            for s in ss
+            for n in re.findall(r"[\w.]+", s)
+            if n.lower() in named(s)
+        }
+    )
     everyone = [(passages[i][0], s) for i, ss in sentences.items() for s in ss]
     out: list[Example] = []
     for i, (doc, passage) in enumerate(passages):
         split = "held_out" if doc in held_docs else "train"
         picked = rng.sample(sentences[i], min(per_passage, len(sentences[i])))
 
-        def add(claim: str | None, supported: bool, kind: str) -> None:
+        def add(
+            claim: str | None,
+            supported: bool,
+            kind: str,
+            at: tuple[str, int, str] = (passage, i, split),
+        ) -> None:
             if claim and claim.strip():
-                out.append(Example(claim, passage, supported, kind, i, split))
+                out.append(Example(claim, at[0], supported, kind, at[1], at[2]))
 
         for s in picked:
             add(s, True, "verbatim")

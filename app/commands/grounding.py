@@ -37,9 +37,9 @@ def read_pairs(path: Path) -> list[tuple[str, list[str]]]:
                 raise ValueError(f"{path}: line {number}: must be a JSON object")
             answer, passages = item.get("answer"), item.get("passages")
             if not isinstance(answer, str):
-                raise ValueError(f"{path}: line {number}: \"answer\" must be a string")
+                raise ValueError(f'{path}: line {number}: "answer" must be a string')
             if not isinstance(passages, list) or not all(isinstance(p, str) for p in passages):
-                raise ValueError(f"{path}: line {number}: \"passages\" must be a list of strings")
+                raise ValueError(f'{path}: line {number}: "passages" must be a list of strings')
             pairs.append((answer, passages))
     return pairs
 

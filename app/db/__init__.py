@@ -9,6 +9,7 @@ from __future__ import annotations
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
+from app.db.groundings import AnswerGrounding
 from app.db.models import (
     QUERY_STATUSES,
     Answer,
@@ -21,7 +22,6 @@ from app.db.models import (
     Tenant,
     utcnow,
 )
-from app.db.groundings import AnswerGrounding
 from app.db.schema import SchemaNotCurrentError, check_current, upgrade
 from app.db.session import make_engine, make_session_factory
 from app.settings import Settings

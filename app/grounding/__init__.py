@@ -8,4 +8,11 @@ from app.grounding.hooks import ground_answer, install_hooks
 from app.grounding.scorer import load_scorer
 from app.grounding.store import ground_stored, store, wait_for_grounding
 
-__all__ = ["ground_answer", "ground_stored", "install_hooks", "load_scorer", "store", "wait_for_grounding"]
+__all__ = [
+    "ground_answer",
+    "ground_stored",
+    "install_hooks",
+    "load_scorer",
+    "store",
+    "wait_for_grounding",
+]
