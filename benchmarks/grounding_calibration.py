@@ -62,6 +62,22 @@ def featurize(scorer: FusedScorer, rows: list[Example]) -> np.ndarray:
     return out
 
 
+def relex(rows: list[Example], x: np.ndarray) -> np.ndarray:
+    """Cached features with the lexical ones computed afresh (they need no model): a change to
+    ``retrieval.grounding.checks`` is measured without re-embedding."""
+    from retrieval.grounding.checks import content_terms
+    from retrieval.grounding.scorer import _evidence, passage_view
+
+    out = x.copy()
+    views: dict[str, Any] = {}
+    for i, row in enumerate(rows):
+        view = views.setdefault(row.passage, passage_view(row.passage))
+        ev = _evidence(row.claim, content_terms(row.claim), view)
+        out[i, [0, 1, 4, 5, 6]] = (ev.containment, ev.window_containment, ev.missing_number,
+                                   ev.missing_name, ev.negation_mismatch)  # fmt: skip
+    return out
+
+
 def report(rows: list[Example], x: np.ndarray, threshold: float) -> dict[str, Any]:
     """AUROCs (fused, each signal, per negative kind) and the operating point of one set."""
     y = np.array([r.supported for r in rows])
@@ -130,6 +146,7 @@ def main() -> None:
     for name, passages, held_docs in (("demo", demo, held), ("stdlib", lib, {d for d, _ in lib})):
         if name in cached:
             rows, x = cached[name]
+            x = relex(rows, x)
         else:
             if len(passages) > args.max_passages:
                 passages = rng.sample(passages, args.max_passages)

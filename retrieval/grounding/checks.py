@@ -57,6 +57,24 @@ def negated(text: str) -> bool:
     return _NEGATION.search(text) is not None
 
 
+def negated_terms(text: str, reach: int = 3) -> set[str]:
+    """The terms of the ``reach`` words after each negation cue: what ``text`` says is not so."""
+    out: set[str] = set()
+    for match in _NEGATION.finditer(text):
+        words = text[match.end() :].split()[:reach]
+        out |= set(terms(" ".join(words)))
+    return out
+
+
+def negation_mismatch(
+    claim: str, claim_terms: set[str], window: str, window_terms: set[str]
+) -> bool:
+    """Whether claim and window disagree on what is negated: a term negated in one and present,
+    not negated, in the other (``is not defined`` against ``is defined``, either way round)."""
+    in_claim, in_window = negated_terms(claim), negated_terms(window)
+    return bool((in_claim & window_terms) - in_window) or bool((in_window & claim_terms) - in_claim)
+
+
 @dataclass(frozen=True)
 class Evidence:
     """The lexical features of one (claim, passage) pair, as the fused score reads them."""
@@ -72,7 +90,7 @@ class Evidence:
     missing_name: float
     """Share of the claim's names the passage does not hold."""
     negation_mismatch: float
-    """1.0 when the claim and its best window disagree on carrying a negation."""
+    """1.0 when the claim and its best window disagree on what is negated."""
 
 
 def evidence(
@@ -88,7 +106,7 @@ def evidence(
         share = containment(claim_terms, window_terms)
         if share > best_share:
             best, best_share = i, share
-    window_text = windows[best][0] if windows else passage
+    window_text, window_terms = windows[best] if windows else (passage, passage_terms)
     claim_numbers = numbers(claim)
     missing_number = float(bool(claim_numbers - numbers(passage)))
     claim_names = named(claim)
@@ -101,5 +119,5 @@ def evidence(
         window=best,
         missing_number=missing_number,
         missing_name=missing_name,
-        negation_mismatch=float(negated(claim) != negated(window_text)),
+        negation_mismatch=float(negation_mismatch(claim, claim_terms, window_text, window_terms)),
     )
