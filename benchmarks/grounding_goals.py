@@ -58,8 +58,13 @@ def run(args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
     from app.db import make_engine, make_session_factory
     from app.db.schema import upgrade
     from app.grounding import wait_for_grounding
-    from app.outbox import send_and_mark
-    from app.queries import create_query, get_or_create_tenant, query_view, validate_request
+    from app.lifecycle.outbox import send_and_mark
+    from app.lifecycle.queries import (
+        create_query,
+        get_or_create_tenant,
+        query_view,
+        validate_request,
+    )
     from app.resources import Resources
     from app.settings import Settings
     from workers import create_celery, send_query

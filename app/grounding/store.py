@@ -17,7 +17,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, selectinload, sessionmaker
 
 from app.db import Answer, AnswerGrounding
-from app.queries import get_query
+from app.lifecycle.queries import get_query
 from retrieval.grounding import Grounding, SupportScorer, ground
 
 log = logging.getLogger(__name__)
@@ -82,7 +82,7 @@ def store(
 def wait_for_grounding(
     session_factory: sessionmaker[Session], query_id: uuid.UUID, timeout: float, poll: float = 0.1
 ) -> Any:
-    """The succeeded query (``app.queries.get_query``) once its grounding is stored, or as it
+    """The succeeded query (``app.lifecycle.queries.get_query``) once its grounding is stored, or as it
     is after ``timeout`` seconds (a worker with grounding off never stores one)."""
     deadline = time.monotonic() + timeout
     while True:

@@ -13,8 +13,14 @@ from app.db import Answer, AnswerGrounding, AnswerSource, prepare
 from app.grounding import ground_stored, install_hooks
 from app.grounding.hooks import ground_answer
 from app.hooks import unregister_after_answer
+from app.lifecycle.queries import (
+    create_query,
+    get_or_create_tenant,
+    get_query,
+    query_json,
+    validate_request,
+)
 from app.pipeline import answer_query
-from app.queries import create_query, get_or_create_tenant, get_query, query_json, validate_request
 from app.resources import Resources
 from app.settings import Settings
 
