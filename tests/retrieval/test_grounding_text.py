@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from retrieval.grounding import Support, ground, split_sentences
-from retrieval.grounding.checks import evidence, named, negated, numbers
+from retrieval.grounding.checks import content_terms, evidence, named, negated, numbers
 from retrieval.grounding.scorer import passage_view
 
 
@@ -50,15 +50,20 @@ def test_checks_see_numbers_names_and_negations() -> None:
 def test_negation_mismatch_is_read_against_the_best_window() -> None:
     view = passage_view("Assignments to __debug__ are illegal. The value is not a constant.")
     windows = [(w[0], w[1]) for w in view.windows]
-    claim = "Assignments to __debug__ are not allowed."
-    from retrieval.grounding.checks import content_terms
 
-    ev = evidence(claim, content_terms(claim), view.text, view.terms, windows)
-    assert windows[ev.window][0].startswith("Assignments")
-    assert ev.negation_mismatch == 1.0
-    same = "Assignments to __debug__ are illegal."
-    ev2 = evidence(same, content_terms(same), view.text, view.terms, windows)
-    assert ev2.negation_mismatch == 0.0 and ev2.containment == 1.0
+    def mismatch(claim: str) -> tuple[str, float]:
+        ev = evidence(claim, content_terms(claim), view.text, view.terms, windows)
+        return windows[ev.window][0], ev.negation_mismatch
+
+    # A negation added, or removed, on a term the best window holds: a mismatch either way.
+    assert mismatch("Assignments to __debug__ are not illegal.") == (
+        "Assignments to __debug__ are illegal.",
+        1.0,
+    )
+    assert mismatch("The value is a constant.") == ("The value is not a constant.", 1.0)
+    # The same polarity, or a negation elsewhere in the passage: none.
+    assert mismatch("Assignments to __debug__ are illegal.")[1] == 0.0
+    assert mismatch("The value is not a constant.")[1] == 0.0
 
 
 class TableScorer:
