@@ -28,6 +28,10 @@ TRANSPORT_ERRORS = (httpx.TransportError,)
 """Connection refused or reset, timeouts, a response cut off: worth another try."""
 
 
+GROUNDING_WAIT_SECONDS = 30.0
+"""Longest ``wait(with_grounding=True)`` waits for a succeeded answer's grounding."""
+
+
 class ClientError(RuntimeError):
     """A 4xx/5xx from the API; ``status`` and ``field`` say what was wrong.
 
@@ -167,16 +171,27 @@ class SpecragClient:
         return str(data["id"])
 
     def get(self, query_id: str) -> dict[str, Any]:
-        """The query as ``GET /v1/queries/{id}`` shows it (status, answer, sources, stats, error)."""
+        """The query as ``GET /v1/queries/{id}`` shows it (status, answer, sources, stats,
+        grounding, error)."""
         return self._call(lambda: self._http.get(f"/v1/queries/{query_id}"))
 
-    def wait(self, query_id: str, *, timeout: float = 300.0, poll: float = 0.2) -> dict[str, Any]:
+    def wait(
+        self,
+        query_id: str,
+        *,
+        timeout: float = 300.0,
+        poll: float = 0.2,
+        with_grounding: bool = False,
+    ) -> dict[str, Any]:
         """The query once it succeeded or failed; TimeoutError after ``timeout`` seconds.
 
         Transient errors (after ``get``'s own retries) do not end the wait: polling goes on,
         backing off, until the timeout; a permanent error (404, 401, ...) is raised at once.
+        ``with_grounding``: a succeeded query is returned once it carries ``grounding`` (stored
+        just after the answer), or as it is ``GROUNDING_WAIT_SECONDS`` after it succeeded.
         """
         deadline = time.monotonic() + timeout
+        grounding_deadline: float | None = None
         failures = 0
         while True:
             try:
@@ -188,6 +203,13 @@ class SpecragClient:
                 self._sleep(self._pause(exc, failures, deadline))
                 continue
             failures = 0
+            if data["status"] == "succeeded" and with_grounding and "grounding" not in data:
+                # Grounding is stored just after the answer; a service with it off never does.
+                if grounding_deadline is None:
+                    grounding_deadline = time.monotonic() + GROUNDING_WAIT_SECONDS
+                if time.monotonic() < grounding_deadline:
+                    self._sleep(poll)
+                    continue
             if data["status"] in ("succeeded", "failed"):
                 return data
             if time.monotonic() >= deadline:
@@ -277,10 +299,17 @@ class SpecragClient:
                         fields[name] = value
 
     def ask(
-        self, question: str, collection: str, *, timeout: float = 300.0, **params: Any
+        self,
+        question: str,
+        collection: str,
+        *,
+        timeout: float = 300.0,
+        with_grounding: bool = False,
+        **params: Any,
     ) -> dict[str, Any]:
-        """Submit and wait: the finished query."""
-        return self.wait(self.submit(question, collection, **params), timeout=timeout)
+        """Submit and wait: the finished query (``with_grounding``: as ``wait``)."""
+        qid = self.submit(question, collection, **params)
+        return self.wait(qid, timeout=timeout, with_grounding=with_grounding)
 
     @staticmethod
     def _check(response: httpx.Response) -> dict[str, Any]:

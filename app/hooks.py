@@ -1,8 +1,9 @@
 """After-answer hooks: work that follows a query's final state, registered by the rooms that own it.
 
 The pipeline calls ``run_after_answer`` once a query became final (succeeded or failed) and its
-record is committed; audit (shadow sampling, privacy scrubbing) and metrics register here, so the
-pipeline imports none of them. A hook that raises is logged and does not touch the answer or the
+record is committed; audit (shadow sampling, privacy scrubbing), grounding and metrics register
+here, so the pipeline imports none of them. Grounding, once stored, calls the after-grounding
+hooks (the metrics' groundedness histogram). A hook that raises is logged and does not touch the answer or the
 other hooks.
 """
 
@@ -62,3 +63,31 @@ def run_after_answer(resources: Any, answered: Answered) -> None:
             hook(resources, answered)
         except Exception:
             log.exception("after-answer hook %r failed for query %s", hook, answered.query_id)
+
+
+AfterGroundingHook = Callable[[Any, Answered, dict[str, Any]], None]
+"""Gets the worker's resources, the answered query and its stored grounding (the JSON of
+``GET /v1/queries/{id}``'s ``grounding``): the metrics' histogram of groundedness."""
+
+_grounding_hooks: list[AfterGroundingHook] = []
+
+
+def register_after_grounding(hook: AfterGroundingHook) -> None:
+    """Run ``hook`` after every answer's grounding is stored (registering twice is a no-op)."""
+    if hook not in _grounding_hooks:
+        _grounding_hooks.append(hook)
+
+
+def unregister_after_grounding(hook: AfterGroundingHook) -> None:
+    """Stop running ``hook`` (tests; a hook not registered is ignored)."""
+    if hook in _grounding_hooks:
+        _grounding_hooks.remove(hook)
+
+
+def run_after_grounding(resources: Any, answered: Answered, grounding: dict[str, Any]) -> None:
+    """Call every after-grounding hook; a failing hook is logged, never raised."""
+    for hook in list(_grounding_hooks):
+        try:
+            hook(resources, answered, grounding)
+        except Exception:
+            log.exception("after-grounding hook %r failed for query %s", hook, answered.query_id)

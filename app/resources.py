@@ -24,6 +24,7 @@ if TYPE_CHECKING:  # both import torch; they load with the models, not with this
     from generation.spec_decode.cost_cache import StepCostCache
     from retrieval import RetrievalService
     from retrieval.chat import PromptFormat
+    from retrieval.grounding import SupportScorer
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +50,7 @@ class Resources:
         self._tokenizer: Tokenizer | None = None
         self._prompt_format: PromptFormat | None = None
         self._retrieval: RetrievalService | None = None
+        self._grounding_scorer: SupportScorer | None = None
         self._tenants: dict[int, str] = {}
         self._loop: GenerationLoop | None = None
         self._loop_lock = threading.Lock()
@@ -183,6 +185,19 @@ class Resources:
                 )
             return self._retrieval
 
+    @property
+    def grounding_scorer(self) -> SupportScorer:
+        """The grounding scorer (docs/grounding.md), loaded on first use beside the embedder."""
+        with self._lock:
+            scorer = self._grounding_scorer
+        if scorer is None:
+            from app.grounding import load_scorer  # heavy: retrieval, sentence-transformers
+
+            scorer = load_scorer(self.settings, self.retrieval.embedder)
+            with self._lock:
+                self._grounding_scorer = self._grounding_scorer or scorer
+        return self._grounding_scorer or scorer
+
     def step_cost_cache(self) -> StepCostCache:
         """Where this engine's measured step-cost tables are kept between processes: one file
         per identity (checkpoint files, engine numerics and kernels, CPU, torch threads) under
@@ -235,6 +250,9 @@ class Resources:
             # encode then warms the model's kernels.
             retrieval = self._open_retrieval(self.settings.warm_collections if answer else 0)
             retrieval.embedder.encode(["warm up"])
+        if answer and self.settings.grounding:
+            # A grounding checkpoint that cannot load refuses the worker here, naming it.
+            log.info("grounding scorer: %s", self.grounding_scorer.name)
         if answer:
             from generation import SamplingParams  # heavy: torch
 

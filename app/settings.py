@@ -63,6 +63,26 @@ class Settings(BaseSettings):
         default_factory=_default_embedding_model,
         description="Local sentence-transformers directory.",
     )
+    grounding: bool = Field(
+        default=True,
+        description=(
+            "Check every answer's grounding after it is recorded (docs/grounding.md); off: "
+            "answers carry no grounding."
+        ),
+    )
+    grounding_model: Path | None = Field(
+        default=None,
+        description=(
+            "Local sentence-transformers CrossEncoder directory replacing the default fused "
+            "scorer; a worker refuses to start when it cannot be loaded."
+        ),
+    )
+    grounding_threshold: float | None = Field(
+        default=None,
+        ge=0.0,
+        le=1.0,
+        description="Support score that counts as supported; unset: the scorer's calibrated one.",
+    )
     engine: Literal["torch", "vllm"] = Field(
         default="torch",
         description=(

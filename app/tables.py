@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import app.audit.records
 import app.batch.records
+import app.db.groundings
 import app.db.models
 import app.drafts.records
 import app.grading.records
@@ -19,6 +20,7 @@ from retrieval.records import metadata
 
 MODULES = (
     app.db.models,
+    app.db.groundings,
     app.audit.records,
     app.grading.records,
     app.batch.records,

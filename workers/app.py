@@ -23,6 +23,7 @@ import workers.train_tasks as train_tasks
 from app.dispatch import TaskName
 from app.drafts.hooks import install_hooks as install_draft_hooks
 from app.evals.hooks import install_hooks
+from app.grounding import install_hooks as install_grounding_hooks
 from app.requests import QueueName
 from app.settings import Settings
 
@@ -88,6 +89,7 @@ def create_celery(settings: Settings) -> SpecragCelery:
     )
     install_hooks()  # audit's after-answer work (shadow samples) in this process's pipeline
     install_draft_hooks()  # answers' token ids for draft tuning (clear questions only)
+    install_grounding_hooks()  # every succeeded answer grounded and stored (docs/grounding.md)
     tasks.register(app)
     batch_tasks.register(app)
     audit_tasks.register(app)

@@ -47,6 +47,7 @@ from sqlalchemy.orm import Session
 from app.audit.records import ShadowRun
 from app.audit.sql import percentiles, position_sums
 from app.audit.window import Window
+from app.db.groundings import AnswerGrounding
 from app.db.models import TRAFFIC_SOURCES, Answer, GenerationStatsRecord, Query, Tenant
 
 LATENCY_METRICS = ("queue", "retrieval", "ttft", "generation", "total")
@@ -93,7 +94,7 @@ def materialized(session: Session, window: Window) -> Iterator[Table]:
 def base_select(window: Window, sources: Sequence[str] = TRAFFIC_SOURCES) -> Select[Any]:
     """The statement behind ``base``: one row per query of ``sources`` queued in the window."""
     q, s, a = Query.__table__, GenerationStatsRecord.__table__, Answer.__table__
-    t, sh = Tenant.__table__, ShadowRun.__table__
+    t, sh, g = Tenant.__table__, ShadowRun.__table__, AnswerGrounding.__table__
     method = func.coalesce(s.c.method, Query.params["method"].as_string())
     k = func.coalesce(
         s.c.num_speculative_tokens, cast(Query.params["num_speculative_tokens"].as_string(), String)
@@ -117,6 +118,7 @@ def base_select(window: Window, sources: Sequence[str] = TRAFFIC_SOURCES) -> Sel
         q.c.collection,
         method.label("method"),
         a.c.model_pair,
+        a.c.index_version,
         a.c.prompt_tokens,
         k.label("num_speculative_tokens"),
         s.c.id.label("stats_id"),
@@ -141,6 +143,8 @@ def base_select(window: Window, sources: Sequence[str] = TRAFFIC_SOURCES) -> Sel
         sh.c.dtype.label("shadow_dtype"),
         sh.c.judgment,
         sh.c.divergence_gap,
+        g.c.groundedness,
+        g.c.citation_precision,
     ]
     stmt = (
         select(*cols)
@@ -149,6 +153,7 @@ def base_select(window: Window, sources: Sequence[str] = TRAFFIC_SOURCES) -> Sel
         .outerjoin(s, s.c.query_id == q.c.id)
         .outerjoin(a, a.c.query_id == q.c.id)
         .outerjoin(sh, sh.c.query_id == q.c.id)
+        .outerjoin(g, g.c.query_id == q.c.id)
         .where(q.c.queued_at >= window.since, q.c.queued_at < window.until)
         .where(q.c.source.in_(list(sources)))
     )
@@ -212,6 +217,11 @@ def counters(session: Session, b: FromClause, keys: Sequence[str]) -> dict[tuple
         # answers that recorded the figure (migration 0010 on) count in either.
         "prefix_queries": _sum(b.c.prompt_tokens, and_(answered, cached_known)),
         "prefix_hits": _sum(b.c.num_cached_prompt_tokens, answered),
+        # Grounding (docs/grounding.md): per-answer shares averaged over the answers that have one.
+        "grounded_n": _count(and_(answered, b.c.groundedness.is_not(None))),
+        "groundedness_sum": _sum(b.c.groundedness, answered),
+        "cited_n": _count(and_(answered, b.c.citation_precision.is_not(None))),
+        "citation_precision_sum": _sum(b.c.citation_precision, answered),
     }
     key_cols = [b.c[k] for k in keys]
     stmt = select(*key_cols, *(c.label(n) for n, c in cols.items())).group_by(*key_cols)
@@ -265,6 +275,9 @@ def summarize(c: dict[str, Any], pct: dict[str, dict], curve: list[int]) -> dict
             "hits": int(c["prefix_hits"] or 0),
             "hit_rate": _ratio(c["prefix_hits"], c["prefix_queries"]),
         },
+        "groundedness": _ratio(c["groundedness_sum"], c["grounded_n"]),
+        "citation_precision": _ratio(c["citation_precision_sum"], c["cited_n"]),
+        "grounded_answers": int(c["grounded_n"] or 0),
         "acceptance_curve": [
             {"position": i, "accepted": n, "rate": _ratio(n, drafts)}
             for i, n in enumerate(curve, start=1)

@@ -7,7 +7,8 @@ clear margin, or at all in float32; near-ties within bfloat16 rounding are count
 entirely below 1, or a group's shadow samples), ``acceptance_falling`` (a model pair's acceptance
 in the window's second half fell by more than ``acceptance_drop`` from its first half),
 ``acceptance_collapse`` (below a floor, or far below the trailing week) and
-``latency_regression`` (P95 above the previous window's).
+``latency_regression`` (P95 above the previous window's) and ``groundedness_falling``
+(app/audit/grounding_alerts.py).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from sqlalchemy.orm import Session
 
 import app.audit.units as units
 from app.audit.aggregate import base, counters, latency_percentiles
+from app.audit.grounding_alerts import groundedness_alerts
 from app.audit.trends import halves
 from app.audit.window import Window
 from app.settings import Settings
@@ -177,6 +179,7 @@ def alerts(
                     }
                 )
     found += speed_alerts(report, th)
+    found += groundedness_alerts(session, window, report, th.min_samples)
     order = {"critical": 0, "warning": 1}
     found.sort(key=lambda a: order.get(a["severity"], 2))
     for a in found:

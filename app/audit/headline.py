@@ -127,6 +127,9 @@ def build_headline(
         "speedup": _speedup(sums),
         "acceptance_rate": report["acceptance_rate"],
         "mean_acceptance_length": report["mean_acceptance_length"],
+        "groundedness": report["groundedness"],
+        "citation_precision": report["citation_precision"],
+        "grounded_answers": report["grounded_answers"],
         "speculative_requests": report["speculative_requests"],
         "quality": latest_verdict(session, window),
     }

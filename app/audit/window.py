@@ -18,6 +18,7 @@ GROUPINGS = (
     "collection",
     "method",
     "model_pair",
+    "index_version",
     "num_speculative_tokens",
     "batch_size",
     "chosen_k",
@@ -25,6 +26,7 @@ GROUPINGS = (
     "prompt_format",
 )
 """``batch_size``: buckets of mean_batch_size (load); ``chosen_k``: mean_chosen_k rounded;
+``index_version``: the collection index version the passages came from;
 ``dtype``: the numerics of the answer (float32, bfloat16); ``prompt_format``: ``chat`` (the
 target tokenizer's chat template) or ``raw``."""
 DEFAULT_GROUP_BY = ("tenant", "collection", "method", "model_pair")

@@ -3,8 +3,9 @@
 Each item is put in one class: ``identical`` / ``changed`` (both answered; same text or not),
 ``newly_failed`` (the original was answered, the re-run failed), ``fixed`` (the reverse),
 ``still_failed``, or, for items with no original (JSONL and golden batches), ``answered`` /
-``failed``; ``pending`` and ``cancelled`` items are counted as such. Latency and acceptance are
-compared over the items answered both times, so that before and after describe the same questions.
+``failed``; ``pending`` and ``cancelled`` items are counted as such. Latency, acceptance and
+groundedness (docs/grounding.md: item by item, and the mean of each side) are compared over the
+items answered both times, so that before and after describe the same questions.
 Latency is the service time (``total_ms - queue_ms``): a batch item's queue time is the batch's
 wait, which says nothing about the model.
 """
@@ -46,6 +47,8 @@ CSV_FIELDS = (
     "service_ms_after",
     "acceptance_before",
     "acceptance_after",
+    "groundedness_before",
+    "groundedness_after",
     "source_hit",
     "answer_before",
     "answer_after",
@@ -85,6 +88,12 @@ def _pct(values: list[float], q: float) -> float | None:
     return round(ordered[low] + (ordered[high] - ordered[low]) * (rank - low), 3)
 
 
+def _groundedness(query: Query | None) -> float | None:
+    # Query.grounding: app/db/groundings.py (None until grounded, or grounding off).
+    grounding = getattr(query, "grounding", None) if query is not None else None
+    return None if grounding is None else grounding.groundedness
+
+
 def _side(queries: list[Query]) -> dict[str, Any]:
     stats = [q.stats for q in queries if q.stats is not None]
     service = [v for v in (_service_ms(q) for q in queries) if v is not None]
@@ -101,13 +110,23 @@ def _side(queries: list[Query]) -> dict[str, Any]:
         "mean_acceptance_length": round(1 + accepted / drafts, 4) if drafts else None,
         "model_pairs": sorted({a.model_pair for a in answers}),
         "index_versions": sorted({a.index_version for a in answers if a.index_version is not None}),
+        "groundedness": _mean([_groundedness(q) for q in queries]),
     }
+
+
+def _mean(values: list[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return round(sum(known) / len(known), 4) if known else None
 
 
 def build_report(session: Session, batch: Batch) -> dict[str, Any]:
     """The report as a JSON-ready dict: batch view, class counts, before/after, per-item rows."""
     new_q, old_q = aliased(Query), aliased(Query)
-    loads = (selectinload(Query.answer).selectinload(Answer.sources), selectinload(Query.stats))
+    loads = (
+        selectinload(Query.answer).selectinload(Answer.sources),
+        selectinload(Query.stats),
+        selectinload(Query.grounding),  # type: ignore[attr-defined]
+    )
     rows = session.execute(
         select(BatchItem, new_q, old_q)
         .outerjoin(new_q, new_q.id == BatchItem.query_id)
@@ -162,6 +181,8 @@ def _item_row(
         "service_ms_after": _service_ms(new),
         "acceptance_before": acc(old),
         "acceptance_after": acc(new),
+        "groundedness_before": _groundedness(old),
+        "groundedness_after": _groundedness(new),
         "source_hit": hit,
         "answer_before": old.answer.text if old is not None and old.answer else None,
         "answer_after": new.answer.text if new is not None and new.answer else None,

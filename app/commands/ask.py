@@ -21,6 +21,8 @@ from app.commands.common import (
 )
 from app.db import prepare, utcnow
 from app.evals.hooks import install_hooks
+from app.grounding import install_hooks as install_grounding_hooks
+from app.grounding import wait_for_grounding
 from app.lifecycle.lease import Claimed
 from app.lifecycle.outbox import admit
 from app.lifecycle.queries import (
@@ -108,6 +110,7 @@ def ask(
         require_collection(session, tenant, request.collection)
     if local:
         install_hooks()
+        install_grounding_hooks()
         apply_torch_threads(settings)  # SPECRAG_TORCH_THREADS, as a worker applies it
         resources = Resources(settings, session_factory)
         # A fresh process loads its models and makes its kernels ready in its first passes;
@@ -137,6 +140,9 @@ def ask(
         except TimeoutError as exc:
             raise CommandError(str(exc)) from None
         view = query_view(done)
+        if view["status"] == "succeeded" and settings.grounding and "grounding" not in view:
+            # Grounding follows the commit of the answer: a moment later, from the worker.
+            view = query_view(wait_for_grounding(session_factory, query.id, timeout=30.0))
         emit(view, as_json, text=_human(view))
     if view["status"] != "succeeded":
         raise CommandError(f"query {view['id']} failed: {view.get('error')}")
@@ -188,7 +194,26 @@ def _human(view: dict[str, Any], with_answer: bool = True) -> str:
         )
     stats = view.get("stats") or {}
     lines += ["", "Stats:", "  " + json.dumps(stats, default=str)]
+    if view.get("grounding") is not None:
+        lines += ["", grounding_line(view["grounding"])]
     return "\n".join(lines)
+
+
+def grounding_line(grounding: dict[str, Any]) -> str:
+    """One line for people: groundedness and citation shares, or why there are none."""
+    if grounding.get("groundedness") is None:
+        return f"Grounding: none ({grounding.get('reason')})"
+
+    def share(name: str) -> str:
+        value = grounding.get(name)
+        return "n/a" if value is None else f"{value:.2f}"
+
+    unsupported = sum(1 for s in grounding.get("sentences", []) if not s["supported_by"])
+    return (
+        f"Grounding: groundedness {share('groundedness')}, citation precision "
+        f"{share('citation_precision')}, recall {share('citation_recall')}; "
+        f"{unsupported} sentence(s) unsupported"
+    )
 
 
 COMMANDS = [ask]

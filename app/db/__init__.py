@@ -9,6 +9,7 @@ from __future__ import annotations
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
+from app.db.groundings import AnswerGrounding
 from app.db.models import (
     QUERY_STATUSES,
     Answer,
@@ -44,6 +45,7 @@ def prepare(settings: Settings) -> tuple[Engine, sessionmaker[Session]]:
 __all__ = [
     "QUERY_STATUSES",
     "Answer",
+    "AnswerGrounding",
     "AnswerSource",
     "ApiKey",
     "Base",

@@ -132,6 +132,7 @@ def get_query(session: Session, query_id: str | uuid.UUID, tenant_id: int | None
         .where(Query.id == qid)
         .options(selectinload(Query.answer).selectinload(Answer.sources))
         .options(selectinload(Query.stats))
+        .options(selectinload(Query.grounding))  # type: ignore[attr-defined]
         .execution_options(populate_existing=True)
     )
     if tenant_id is not None:
@@ -148,6 +149,9 @@ class QueryOut(BaseModel):
     sources: list[dict[str, Any]] | None = None
     stats: dict[str, Any] | None = None
     error: str | None = None
+    grounding: dict[str, Any] | None = None
+    """Absent until computed (just after ``succeeded``); ``groundedness`` null with a reason
+    when the answer cannot be judged (docs/grounding.md)."""
     model_pair: str | None = None
     index_version: int | None = None
 
@@ -162,6 +166,9 @@ def query_view(query: Query) -> dict[str, Any]:
         view["index_version"] = query.answer.index_version
     if query.stats is not None:
         view["stats"] = query.stats.to_dict()
+    grounding = getattr(query, "grounding", None)  # Query.grounding: app/db/groundings.py
+    if grounding is not None:
+        view["grounding"] = grounding.to_dict()
     if query.error:
         view["error"] = query.error
     return view

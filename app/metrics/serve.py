@@ -13,7 +13,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, start_http_server
 
-from app.hooks import register_after_answer
+from app.hooks import register_after_answer, register_after_grounding
 from app.metrics.worker import WorkerMetrics
 
 
@@ -78,4 +78,5 @@ def start_worker_metrics(settings: Any) -> tuple[Any, MetricsServer] | None:
     metrics = WorkerMetrics(tenant_label=settings.metrics_tenant_label)
     server = serve(metrics.registry, port, settings.metrics_host)
     register_after_answer(metrics)
+    register_after_grounding(metrics.observe_grounding)
     return metrics, server

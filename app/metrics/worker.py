@@ -24,6 +24,8 @@ LATENCY_BUCKETS = (
 )  # fmt: skip
 """Seconds; from a cached retrieval (ms) to a long answer behind a backed-up queue (minutes)."""
 BATCH_SIZE_BUCKETS = (1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 24.0, 32.0, 64.0)
+GROUNDEDNESS_BUCKETS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+"""Share of an answer's sentences that a retrieved passage supports (docs/grounding.md)."""
 CHOSEN_K_BUCKETS = (0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0)
 STAGES = ("queue", "retrieval", "ttft", "generation", "total")
 """Stages of ``specrag_request_latency_seconds`` and the stats field (``<stage>_ms``) each reads."""
@@ -111,6 +113,13 @@ class WorkerMetrics:
             buckets=CHOSEN_K_BUCKETS,
             registry=reg,
         )
+        self.groundedness = Histogram(
+            "specrag_answer_groundedness",
+            "Per-answer share of sentences a retrieved passage supports (answers with sentences).",
+            base,
+            buckets=GROUNDEDNESS_BUCKETS,
+            registry=reg,
+        )
         # Labelled children per label set: .labels() costs a lock and a dict lookup per call.
         self._children: dict[tuple[str, ...], _Children] = {}
         self._lock = threading.Lock()
@@ -148,6 +157,19 @@ class WorkerMetrics:
         if stats.get("mean_chosen_k") is not None:
             children.chosen_k.observe(float(stats["mean_chosen_k"]))
 
+    def observe_grounding(
+        self, resources: Any, answered: Answered, grounding: dict[str, Any]
+    ) -> None:
+        """The after-grounding hook: one observation per answer that has a groundedness."""
+        value = grounding.get("groundedness")
+        if value is None:
+            return
+        method = answered.method or (answered.stats or {}).get("method") or UNKNOWN
+        base: tuple[str, ...] = (str(method), answered.model_pair or UNKNOWN)
+        if self.tenant_label:
+            base += (answered.tenant or UNKNOWN,)
+        self._children_for(base).groundedness.observe(float(value))
+
     def _children_for(self, base: tuple[str, ...]) -> _Children:
         found = self._children.get(base)
         if found is None:
@@ -170,6 +192,7 @@ class _Children:
         self.latency = {stage: metrics.latency.labels(stage, *base) for stage in STAGES}
         self.batch_size = metrics.batch_size.labels(*base)
         self.chosen_k = metrics.chosen_k.labels(*base)
+        self.groundedness = metrics.groundedness.labels(*base)
         self._per_pos: list[Any] = []
 
     def per_pos(self, position: int) -> Any:

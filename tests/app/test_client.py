@@ -150,3 +150,30 @@ def test_stream_resumes_after_transient_statuses_from_the_last_event() -> None:
     resumed = [r.headers.get("Last-Event-ID") for r in script.requests]
     assert resumed == [None, "1-0", "1-0", "1-0"]
     assert len(sleeps) == 3 and sleeps[2] >= 1.0  # the cut, the 503, the 429 (Retry-After)
+
+
+def test_wait_with_grounding_polls_past_succeeded_until_grounding_is_there() -> None:
+    done = {"id": "q", "status": "succeeded", "answer": "A."}
+    grounded = {**done, "grounding": {"groundedness": 1.0, "sentences": []}}
+    script = Script(
+        httpx.Response(200, json={"id": "q", "status": "running"}),
+        httpx.Response(200, json=done),
+        httpx.Response(200, json=grounded),
+    )
+    sleeps: list[float] = []
+    assert _client(script, sleeps).wait("q", poll=0.01, with_grounding=True) == grounded
+    assert len(script.requests) == 3
+    # Without it, succeeded is enough.
+    again = Script(httpx.Response(200, json=done))
+    assert _client(again, []).wait("q") == done
+
+
+def test_wait_with_grounding_gives_up_on_it_after_its_own_limit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import app.client as client_module
+
+    monkeypatch.setattr(client_module, "GROUNDING_WAIT_SECONDS", 0.0)
+    done = {"id": "q", "status": "succeeded", "answer": "A."}
+    script = Script(httpx.Response(200, json=done))
+    assert _client(script, []).wait("q", with_grounding=True) == done

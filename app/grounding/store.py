@@ -1,0 +1,95 @@
+"""Grounding an answered query from what its record holds, and storing the result.
+
+The answer text and the passages it was given are read back from ``answers`` and
+``answer_sources`` (the passages as copied there, in citation order), so grounding needs nothing
+from the run that produced them and can follow the commit that made the query ``succeeded``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session, selectinload, sessionmaker
+
+from app.db import Answer, AnswerGrounding
+from app.lifecycle.queries import get_query
+from retrieval.grounding import Grounding, SupportScorer, ground
+
+log = logging.getLogger(__name__)
+
+
+def ground_stored(
+    session_factory: sessionmaker[Session], scorer: SupportScorer, query_id: uuid.UUID
+) -> AnswerGrounding | None:
+    """The stored grounding of the query's answer, computed and stored now unless it is there;
+    None when the query has no answer (failed, or deleted meanwhile)."""
+    with session_factory() as session:
+        found = session.scalar(select(AnswerGrounding).where(AnswerGrounding.query_id == query_id))
+        if found is not None:
+            return found
+        answer = session.scalar(
+            select(Answer).where(Answer.query_id == query_id).options(selectinload(Answer.sources))
+        )
+        if answer is None:
+            return None
+        text, passages = answer.text, [s.text for s in answer.sources]
+    started = time.perf_counter()
+    result = ground(text, passages, scorer)
+    elapsed_ms = (time.perf_counter() - started) * 1000.0
+    return store(session_factory, query_id, result, elapsed_ms)
+
+
+def store(
+    session_factory: sessionmaker[Session],
+    query_id: uuid.UUID,
+    result: Grounding,
+    grounding_ms: float,
+) -> AnswerGrounding | None:
+    """Store ``result`` for the query (the first one stored wins: a re-run task keeps it)."""
+    data: dict[str, Any] = result.to_dict()
+    row = AnswerGrounding(
+        query_id=query_id,
+        groundedness=result.groundedness,
+        citation_precision=result.citation_precision,
+        citation_recall=result.citation_recall,
+        reason=result.reason,
+        scorer=result.scorer or "unknown",
+        threshold=float(result.threshold or 0.0),
+        num_sentences=len(result.sentences),
+        sentences=data["sentences"],
+        grounding_ms=grounding_ms,
+    )
+    with session_factory() as session:
+        session.add(row)
+        try:
+            session.commit()
+        except IntegrityError:
+            session.rollback()  # stored by another run of the same query, or the query is gone
+            log.info("grounding of query %s not stored: present already or query gone", query_id)
+            return session.scalar(
+                select(AnswerGrounding).where(AnswerGrounding.query_id == query_id)
+            )
+        session.refresh(row)
+        session.expunge(row)
+    return row
+
+
+def wait_for_grounding(
+    session_factory: sessionmaker[Session], query_id: uuid.UUID, timeout: float, poll: float = 0.1
+) -> Any:
+    """The succeeded query (``app.lifecycle.queries.get_query``) once its grounding is stored, or as it
+    is after ``timeout`` seconds (a worker with grounding off never stores one)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with session_factory() as session:
+            query = get_query(session, query_id, None)
+            if query is None:
+                raise LookupError(f"query {query_id} does not exist")
+            if getattr(query, "grounding", None) is not None or time.monotonic() >= deadline:
+                return query
+        time.sleep(poll)

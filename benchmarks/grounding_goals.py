@@ -1,0 +1,173 @@
+"""Grounding through a live worker on the demo pair: held-out 30, sources shown and its cost.
+
+    python -m benchmarks.grounding_goals --out runs/grounding_goals.json
+
+The held-out 30 of ``benchmarks.instruct_goals`` (questions about demo topics the pair never
+trained on, each with the verbatim sentence that answers it), asked once each through one live
+worker (Redis, PostgreSQL, the shipped pair, grounding on), waiting for each answer's grounding.
+Reported from the stored answers:
+
+- ``retrieved``: questions whose retrieved passages include one holding the answer (its first
+  six words, as instruct_goals reads it);
+- ``shown``: of those, questions where the supporting sources shown for the answer (the union of
+  its sentences' ``supported_by``) include such a passage; ``cited``: where the model's own
+  markers do (``instruct_goals.cites_answer``, strict), for comparison;
+- grounding time against generation time: p50 of each and the p50 of their per-answer ratio.
+
+Needs PostgreSQL on 127.0.0.1:5432 and ``redis-server`` (a private one is started).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.instruct_goals import cites_answer, held_out_questions, holds_quote
+from benchmarks.support import RedisServer, create_database, database_url, drop_database
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def judge(row: dict[str, Any]) -> dict[str, Any]:
+    """One answer's verdicts: retrieved / shown / cited hold the answer, and the timings."""
+    view, quote = row["view"], row["quote"]
+    sources = view.get("sources") or []
+    holding = {j for j, s in enumerate(sources) if holds_quote(s["text"], quote)}
+    grounding = view.get("grounding") or {}
+    shown = {j for s in grounding.get("sentences") or [] for j in s["supported_by"]}
+    return {
+        "question": row["question"],
+        "retrieved": bool(holding),
+        "shown": bool(holding & shown),
+        "cited": cites_answer(view.get("answer") or "", sources, row["file"], quote)[1],
+        "groundedness": grounding.get("groundedness"),
+        "reason": grounding.get("reason"),
+        "grounding_ms": grounding.get("grounding_ms"),
+        "generation_ms": (view.get("stats") or {}).get("generation_ms"),
+    }
+
+
+def run(args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
+    """Ask the held-out questions through a live worker; each row's view carries its grounding."""
+    from app.db import make_engine, make_session_factory
+    from app.db.schema import upgrade
+    from app.grounding import wait_for_grounding
+    from app.lifecycle.outbox import send_and_mark
+    from app.lifecycle.queries import (
+        create_query,
+        get_or_create_tenant,
+        query_view,
+        validate_request,
+    )
+    from app.resources import Resources
+    from app.settings import Settings
+    from workers import create_celery, send_query
+    from workers.process import WorkerProcess, settings_env
+
+    questions = held_out_questions(args.questions)
+    dbname = create_database()
+    redis = RedisServer(work)
+    redis.start()
+    worker = None
+    rows = []
+    try:
+        settings = Settings(
+            data_dir=work / "data", database_url=database_url(dbname), broker_url=redis.url(0),
+            target_model=Path(args.models) / "target", draft_model=Path(args.models) / "draft",
+            device="cpu", torch_threads=1, worker_concurrency=1,
+            max_tokens_limit=args.max_tokens, default_top_k=args.top_k,
+        )  # fmt: skip
+        engine = make_engine(settings)
+        upgrade(engine)
+        factory = make_session_factory(engine)
+        corpus = sorted((ROOT / "demo" / "corpus").glob("*.md"))
+        Resources(settings, factory).retrieval.ingest(corpus, collection="demo", tenant="bench")
+        worker = WorkerProcess(settings_env(settings), work / "worker.log", name="grounding",
+                               cwd=ROOT).start()  # fmt: skip
+        worker.wait_ready(timeout=900)
+        celery = create_celery(settings)
+        with factory() as session:
+            tenant = get_or_create_tenant(session, "bench")
+
+        def ask(question: str) -> dict[str, Any]:
+            request = validate_request(settings, {
+                "question": question, "collection": "demo", "max_tokens": args.max_tokens,
+                "method": args.method, "num_speculative_tokens": 4,
+            })  # fmt: skip
+            with factory() as session:
+                query, _ = create_query(session, tenant, request)
+            send_and_mark(
+                factory, query.id, "answer", lambda q, queue: send_query(celery, q, queue)
+            )
+            deadline = time.monotonic() + 900
+            while time.monotonic() < deadline:
+                found = wait_for_grounding(factory, query.id, timeout=0)
+                if found.status == "failed" or getattr(found, "grounding", None) is not None:
+                    return json.loads(json.dumps(query_view(found), default=str))
+                time.sleep(0.1)
+            raise TimeoutError(f"query {query.id} still open")
+
+        ask(f"{questions[0]['question']} (warm-up)")
+        for i, q in enumerate(questions):
+            rows.append({**q, "view": ask(q["question"])})
+            print(f"[{time.strftime('%H:%M:%S')}] {i + 1}/{len(questions)}", flush=True)
+        engine.dispose()
+    finally:
+        if worker is not None:
+            worker.stop()
+        redis.stop()
+        drop_database(dbname)
+    return rows
+
+
+def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The goal figures over the judged answers."""
+    judged = [judge(r) for r in rows]
+    retrieved = [j for j in judged if j["retrieved"]]
+    timed = [j for j in judged if j["grounding_ms"] is not None and j["generation_ms"]]
+    g_ms = [float(j["grounding_ms"]) for j in timed]
+    gen_ms = [float(j["generation_ms"]) for j in timed]
+    return {
+        "questions": len(judged),
+        "retrieved": len(retrieved),
+        "shown": sum(j["shown"] for j in retrieved),
+        "cited": sum(j["cited"] for j in retrieved),
+        "grounding_ms_p50": statistics.median(g_ms) if g_ms else None,
+        "generation_ms_p50": statistics.median(gen_ms) if gen_ms else None,
+        "ratio_p50": statistics.median(g / t for g, t in zip(g_ms, gen_ms, strict=True))
+        if timed
+        else None,
+        "groundedness_mean": statistics.fmean(
+            j["groundedness"] for j in judged if j["groundedness"] is not None
+        )
+        if any(j["groundedness"] is not None for j in judged)
+        else None,
+        "host": {"machine": platform.machine(), "processor": platform.processor()},
+        "answers": judged,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default=str(ROOT / "models" / "demo"))
+    ap.add_argument("--questions", type=int, default=30)
+    ap.add_argument("--max-tokens", type=int, default=96)
+    ap.add_argument("--method", default="draft_model")
+    ap.add_argument("--top-k", type=int, default=3)
+    ap.add_argument("--out", type=Path, default=Path("runs/grounding_goals.json"))
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="grounding-goals-") as tmp:
+        result = summarise(run(args, Path(tmp)))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps({k: v for k, v in result.items() if k != "answers"}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

