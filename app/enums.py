@@ -23,13 +23,19 @@ FINAL_STATUSES = (QueryStatus.SUCCEEDED, QueryStatus.FAILED)
 
 
 class Method(StrEnum):
-    """How drafts are proposed: a draft model, n-gram lookup over the prompt, an EAGLE head on
-    the target's own features, or not at all."""
+    """How drafts are proposed: a draft model, n-gram lookup over the prompt, suffix trees over
+    the prompt and the tenant's past answers, an EAGLE head on the target's own features, or not
+    at all."""
 
     DRAFT_MODEL = "draft_model"
     NGRAM = "ngram"
+    SUFFIX = "suffix"
     EAGLE = "eagle"
     NONE = "none"
+
+
+METHOD_CHOICES = " | ".join(Method)
+"""The methods as a help text shows them: ``draft_model | ngram | ...``."""
 
 
 class QueueName(StrEnum):

@@ -31,7 +31,13 @@ from app.lifecycle.queries import (
     wait_for,
 )
 from app.pipeline import answer_query, build_request, retrieve
-from app.requests import DEFAULT_NUM_SPECULATIVE_TOKENS, QueryRequest, QueueName, validate_request
+from app.requests import (
+    DEFAULT_NUM_SPECULATIVE_TOKENS,
+    METHOD_CHOICES,
+    QueryRequest,
+    QueueName,
+    validate_request,
+)
 from app.resources import Resources, apply_torch_threads
 
 log = logging.getLogger(__name__)
@@ -52,9 +58,7 @@ def _spec_tokens(value: str) -> int | str:
 @click.option(
     "--tenant", default="default", show_default=True, help="Tenant that owns the collection."
 )
-@click.option(
-    "--method", default=None, help="draft_model | ngram | eagle | none (default from settings)."
-)
+@click.option("--method", default=None, help=f"{METHOD_CHOICES} (default from settings).")
 @click.option(
     "--num-speculative-tokens",
     "k",
