@@ -25,6 +25,7 @@ from app.drafts.hooks import install_hooks as install_draft_hooks
 from app.evals.hooks import install_hooks
 from app.requests import QueueName
 from app.settings import Settings
+from app.suffix.hooks import install_hooks as install_suffix_hooks
 
 QUEUES: tuple[str, ...] = tuple(queue.value for queue in QueueName)
 """Every queue a worker may consume, in the order it serves them (answer before batch)."""
@@ -88,6 +89,7 @@ def create_celery(settings: Settings) -> SpecragCelery:
     )
     install_hooks()  # audit's after-answer work (shadow samples) in this process's pipeline
     install_draft_hooks()  # answers' token ids for draft tuning (clear questions only)
+    install_suffix_hooks()  # after the token ids: the suffix trees learn them from the database
     tasks.register(app)
     batch_tasks.register(app)
     audit_tasks.register(app)
