@@ -256,7 +256,7 @@ class Resources:
             if callable(warmup):
                 warmup(**_batch_warmup(warmup, self.settings))
             if self.shared_suffix_memory is not None:  # filled before any query drafts from it
-                self.shared_suffix_memory.start(self.engine.vocab_size)
+                self.shared_suffix_memory.start()
             self.loop  # noqa: B018 - started (and its concurrency checked) before any query
 
 

@@ -11,7 +11,7 @@ it to the most recent ``suffix_max_answers`` qualifying answers of each scope (a
   leave the trees, answers it missed join them.
 
 Stored ids that are not a list of ints within the target's vocabulary (a corrupt row, another
-tokenizer's) are skipped and logged once: never proposed.
+tokenizer's) are refused by the trees, logged once and never read again: never proposed.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from typing import Any
 from sqlalchemy.orm import Session, sessionmaker
 
 import app.suffix.store as store
+from app.requests import Method, served_methods
 from app.settings import Settings
 from app.suffix.feed import Feed
 
@@ -52,7 +53,7 @@ class SharedSuffixMemory:
         self._max = max_answers
         self._sync_seconds = sync_seconds
         self._feed = Feed(feed_url) if feed_url else None
-        self._vocab_size: int | None = None
+        self._started = False
         self._lock = threading.Lock()
         self._held: dict[str, dict[uuid.UUID, tuple[int, int]]] = {}
         """scope -> query id -> (row id, the add's sequence number)."""
@@ -66,22 +67,28 @@ class SharedSuffixMemory:
     def for_settings(
         cls, settings: Settings, session_factory: sessionmaker[Session]
     ) -> SharedSuffixMemory | None:
-        """A new, empty shared memory for this process's engine (None: ``suffix`` is off)."""
-        if not settings.suffix:
+        """A new, empty shared memory for this process's engine (None: ``suffix`` is not served
+        here, ``app.requests.served_methods``); ValueError naming the fix when the suffix tree
+        library is missing."""
+        if Method.SUFFIX not in served_methods(settings):
             return None
         from generation.spec_decode.suffix import SuffixMemory  # heavy: generation loads torch
 
+        try:
+            memory = SuffixMemory(max_answers_per_scope=settings.suffix_max_answers)
+        except ImportError as exc:
+            raise ValueError(f"SPECRAG_SUFFIX: {exc}; or set SPECRAG_SUFFIX=0") from None
         return cls(
-            SuffixMemory(max_answers_per_scope=settings.suffix_max_answers),
+            memory,
             session_factory,
             max_answers=settings.suffix_max_answers,
             sync_seconds=settings.suffix_sync_seconds,
             feed_url=settings.resolved_stream_url,
         )
 
-    def start(self, vocab_size: int) -> SharedSuffixMemory:
+    def start(self) -> SharedSuffixMemory:
         """Fill the trees from the database and listen for answers and syncs from now on."""
-        self._vocab_size = vocab_size
+        self._started = True
         position = self._feed_position()  # before the fill: nothing stored after it is missed
         self.sync()
         log.info(
@@ -116,7 +123,7 @@ class SharedSuffixMemory:
     def learn(self, query_ids: Iterable[uuid.UUID]) -> int:
         """Add the qualifying stored answers among ``query_ids``; how many were added."""
         wanted = [q for q in query_ids if q not in self._scope_of and q not in self._refused]
-        if not wanted or self._vocab_size is None:
+        if not wanted or not self._started:
             return 0
         with self._sf() as session:
             found = store.answers(session, wanted)
@@ -144,19 +151,8 @@ class SharedSuffixMemory:
             return set(self._held.get(scope, ()))
 
     def _add(self, answer: store.StoredAnswer) -> bool:
-        assert self._vocab_size is not None
         if answer.query_id in self._scope_of:
             return False  # heard twice (its own announcement, a sync racing a learn)
-        token_ids = store.valid_token_ids(answer.token_ids, self._vocab_size)
-        if token_ids is None:
-            self._refused.add(answer.query_id)
-            log.warning(
-                "suffix memory: the stored token ids of query %s are not token ids of this "
-                "target (vocabulary %d); skipped",
-                answer.query_id,
-                self._vocab_size,
-            )
-            return False
         held = self._held.setdefault(answer.scope, {})
         if len(held) >= self._max:
             oldest = min(held, key=lambda q: held[q][0])
@@ -164,10 +160,16 @@ class SharedSuffixMemory:
                 return False  # older than every answer the scope keeps
             self._remove(answer.scope, oldest)
             held = self._held.setdefault(answer.scope, {})
+        # The trees check the ids (a list of ints within the target's vocabulary) and log a
+        # refusal; a refused answer is remembered so that no sync reads or logs it again.
+        if not self.memory.add(answer.scope, str(answer.query_id), answer.token_ids):
+            self._refused.add(answer.query_id)
+            if not held:
+                self._held.pop(answer.scope, None)
+            return False
         self._seq += 1
         held[answer.query_id] = (answer.row_id, self._seq)
         self._scope_of[answer.query_id] = answer.scope
-        self.memory.add(answer.scope, str(answer.query_id), token_ids)
         return True
 
     def _remove(self, scope: str, query_id: uuid.UUID) -> None:

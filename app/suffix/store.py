@@ -10,7 +10,7 @@ the stored row's id, so "the most recent N of a scope" is the same set for every
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from sqlalchemy import func, select
@@ -35,7 +35,7 @@ class StoredAnswer:
     """``answer_token_ids.id``: the recency order within a scope."""
     scope: str
     token_ids: object
-    """The stored JSON as read; ``valid_token_ids`` checks it before any tree sees it."""
+    """The stored JSON as read: the trees check it (``SuffixMemory.add`` refuses a bad list)."""
 
 
 @dataclass(frozen=True)
@@ -95,14 +95,3 @@ def answers(session: Session, query_ids: Iterable[uuid.UUID]) -> list[StoredAnsw
         StoredAnswer(r.query_id, r.id, scope_of(r.tenant_id, r.collection), r.output_token_ids)
         for r in rows
     ]
-
-
-def valid_token_ids(value: object, vocab_size: int) -> Sequence[int] | None:
-    """``value`` as token ids when it is a non-empty list of ints in ``range(vocab_size)``,
-    else None (a corrupt row, or one written for another tokenizer)."""
-    if not isinstance(value, list) or not value:
-        return None
-    for t in value:
-        if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab_size:
-            return None
-    return value
