@@ -27,31 +27,26 @@ VOCAB = 100
 
 
 class Trees:
-    """Records what a SuffixMemory is told (the interface of generation/spec_decode/suffix.py)."""
+    """The engine's SuffixMemory with a view of which answers each scope's tree holds."""
 
-    def __init__(self) -> None:
-        self.scopes_: dict[str, dict[str, list[int]]] = {}
+    def __init__(self, max_answers: int) -> None:
+        from generation.spec_decode.suffix import SuffixMemory
 
-    def add(self, scope: str, answer_id: str, token_ids: Sequence[int]) -> None:
-        self.scopes_.setdefault(scope, {}).setdefault(answer_id, list(token_ids))
-
-    def remove(self, scope: str, answer_id: str) -> None:
-        self.scopes_.get(scope, {}).pop(answer_id, None)
-
-    def drop_scope(self, scope: str) -> None:
-        self.scopes_.pop(scope, None)
+        self.memory = SuffixMemory(max_answers_per_scope=max_answers)
+        self.memory.set_vocab_size(VOCAB)  # what the engine that takes it does
+        self.shared: SharedSuffixMemory | None = None
 
     def scopes(self) -> list[str]:
-        return list(self.scopes_)
-
-    def size(self, scope: str) -> int:
-        return len(self.scopes_.get(scope, {}))
-
-    def memory_bytes(self) -> int:
-        return 0
+        return self.memory.scopes()
 
     def ids(self, scope: str) -> set[uuid.UUID]:
-        return {uuid.UUID(a) for a in self.scopes_.get(scope, {})}
+        assert self.shared is not None
+        held = self.shared.held(scope)
+        assert self.memory.size(scope) == len(held)  # the trees hold what the service says
+        return held
+
+    def proposes(self, scope: str, context: list[int], k: int = 8) -> list[int]:
+        return self.memory.speculate(scope, context, k, 4.0, 0.0).token_ids
 
 
 @pytest.fixture
@@ -70,15 +65,15 @@ def make(
     def build(
         max_answers: int = 5, sync_seconds: float = 60.0, redis: bool = True
     ) -> tuple[SharedSuffixMemory, Trees]:
-        trees = Trees()
-        shared = SharedSuffixMemory(
-            trees,
+        trees = Trees(max_answers)
+        shared = trees.shared = SharedSuffixMemory(
+            trees.memory,
             sf,
             max_answers=max_answers,
             sync_seconds=sync_seconds,
             feed_url=private_redis_db if redis else None,
         )
-        started.append(shared.start(VOCAB))
+        started.append(shared.start())
         return shared, trees
 
     yield build
@@ -130,8 +125,9 @@ def test_start_fills_the_most_recent_answers_of_each_scope(sf: Any, make: Any) -
     other = answer(sf, a, [50, 51], collection="manuals")
     b_ids = [answer(sf, b, [60, 61])]
     shared, trees = make(max_answers=5)
-    assert trees.ids(scope(sf, a)) == set(a_ids[-5:]) == shared.held(scope(sf, a))
-    assert trees.scopes_[scope(sf, a)][str(a_ids[-1])] == [6, 7, 8]
+    assert trees.ids(scope(sf, a)) == set(a_ids[-5:])
+    assert trees.proposes(scope(sf, a), [6, 7]) == [8]
+    assert trees.proposes(scope(sf, a), [0, 1]) == []  # the oldest answers are out
     assert trees.ids(scope(sf, a, "manuals")) == {other}
     assert trees.ids(scope(sf, b)) == set(b_ids)
 
@@ -145,15 +141,27 @@ def test_private_questions_and_foreign_ids_never_reach_the_trees(
     answer(sf, t, [1, 2, 3], stored="redacted")
     corrupt = [
         answer(sf, t, bad)
-        for bad in ([1, VOCAB], [-1, 2], [1, "2"], [True, 2], {"ids": [1]}, "1 2 3", [], [1.5])
+        for bad in ([1, VOCAB], [-1, 2], [1, "2"], [True, 2], {"ids": [1]}, "1 2 3", [1.5])
     ]
-    with caplog.at_level(logging.WARNING, logger="app.suffix.memory"):
+    with caplog.at_level(logging.WARNING):
         shared, trees = make(max_answers=50)
         shared.sync()  # a refused row is logged once, not at every sync
     assert trees.ids(scope(sf, t)) == {good}
-    logged = [r.getMessage() for r in caplog.records if "not token ids" in r.getMessage()]
+    logged = [r.getMessage() for r in caplog.records if "skipped" in r.getMessage()]
     assert len(logged) == len(corrupt)
     assert all(any(str(q) in m for m in logged) for q in corrupt)
+
+
+def test_a_tenants_answers_are_never_proposed_for_another_tenant(sf: Any, make: Any) -> None:
+    a, b = _tenant(), _tenant()
+    planted = [91, 17, 93, 42, 95, 96, 13, 98]
+    answer(sf, a, planted)
+    answer(sf, b, [1, 2, 3, 4])
+    shared, trees = make()
+    assert trees.proposes(scope(sf, a), planted[:2]) == planted[2:]
+    for context in (planted[:2], planted[:5], planted):
+        assert trees.proposes(scope(sf, b), context) == []
+    assert trees.proposes(scope(sf, a, "other"), planted[:2]) == []
 
 
 def test_an_answer_recorded_by_one_worker_is_heard_by_another(sf: Any, make: Any) -> None:
@@ -181,7 +189,8 @@ def test_a_restart_rebuilds_the_same_trees(sf: Any, make: Any) -> None:
         first.recorded(answer(sf, t, [i, 9]))
     first.stop()
     _, again = make()
-    assert again.scopes_[scope(sf, t)] == first_trees.scopes_[scope(sf, t)]
+    assert again.ids(scope(sf, t)) == first_trees.ids(scope(sf, t))
+    assert again.proposes(scope(sf, t), [2]) == [9]
 
 
 def test_deleted_tenants_and_scrubbed_questions_leave_the_trees(
