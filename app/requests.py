@@ -218,10 +218,6 @@ def _missing_for(method: str, settings: Settings) -> str | None:
         return "'eagle' needs an EAGLE head (SPECRAG_EAGLE_MODEL), which this service has not"
     if method == Method.SUFFIX and not settings.suffix:
         return "'suffix' is off on this service (SPECRAG_SUFFIX=0)"
-    if method == Method.SUFFIX and settings.engine != "torch":
-        # vLLM's suffix cache is one per process, shared by every tenant: drafts (and their
-        # speed) would tell one tenant what another asked.
-        return "'suffix' needs the torch engine (its trees are per tenant; vLLM's are not)"
     return None
 
 

@@ -114,6 +114,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                 data_dir=work / "data", database_url=url, broker_url=redis.url(0),
                 device="cpu", worker_concurrency=1, torch_threads=args.threads,
                 max_tokens_limit=args.max_tokens, eagle_model=None,
+                max_speculative_tokens=max(args.k, args.suffix_k),
             )  # fmt: skip
             engine = make_engine(settings)
             sf = make_session_factory(engine)
@@ -129,8 +130,9 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             celery = create_celery(settings)
 
             def ask(tenant: str, question: str, method: str) -> dict[str, Any]:
+                k = args.suffix_k if method == "suffix" else args.k
                 body = {"question": question, "collection": "demo", "method": method,
-                        "max_tokens": args.max_tokens, "num_speculative_tokens": args.k}  # fmt: skip
+                        "max_tokens": args.max_tokens, "num_speculative_tokens": k}  # fmt: skip
                 request = validate_request(settings, body)
                 with sf() as session:
                     owner = get_or_create_tenant(session, tenant)
@@ -163,6 +165,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             )  # fmt: skip
             ask("warm-up", "What is this document about?", "suffix")
             warm = [ask(f"suffix-{it['tenant']}", it["question"], "suffix") for it in trace]
+            worker.stop()  # before its database is dropped
             engine.dispose()
     finally:
         if worker is not None:
@@ -233,14 +236,20 @@ def main() -> None:
     parser.add_argument("--repeat", type=float, default=0.5, help="Share of repeated asks.")
     parser.add_argument("--docs", type=int, default=6, help="Corpus files per tenant.")
     parser.add_argument("--max-tokens", type=int, default=96)
-    parser.add_argument("-k", type=int, default=4, help="num_speculative_tokens of every ask.")
+    parser.add_argument("-k", type=int, default=4, help="k of draft_model and ngram.")
+    parser.add_argument(
+        "--suffix-k", type=int, default=16, help="k of suffix (its drafts follow the match)."
+    )
     parser.add_argument("--threads", type=int, default=1, help="The worker's torch threads.")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=None, help="Write the JSON here too.")
+    parser.add_argument("--work", type=Path, default=None, help="Keep data and logs here.")
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     with tempfile.TemporaryDirectory(prefix="specrag-suffix-") as tmp:
-        result = {"args": {k: str(v) for k, v in vars(args).items()}, **run(args, Path(tmp))}
+        work = args.work or Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        result = {"args": {k: str(v) for k, v in vars(args).items()}, **run(args, work)}
     print(
         "| method | kind | MAL | tokens/s | p50 total ms | p95 total ms |\n|---|---|---|---|---|---|"
     )

@@ -68,9 +68,10 @@ class SharedSuffixMemory:
         cls, settings: Settings, session_factory: sessionmaker[Session]
     ) -> SharedSuffixMemory | None:
         """A new, empty shared memory for this process's engine (None: ``suffix`` is not served
-        here, ``app.requests.served_methods``); ValueError naming the fix when the suffix tree
-        library is missing."""
-        if Method.SUFFIX not in served_methods(settings):
+        here, or the engine is vLLM, whose suffix requests draft from their own prompt and
+        output only: its one tree per process would mix tenants); ValueError naming the fix
+        when the suffix tree library is missing."""
+        if Method.SUFFIX not in served_methods(settings) or settings.engine != "torch":
             return None
         from generation.spec_decode.suffix import SuffixMemory  # heavy: generation loads torch
 
