@@ -34,6 +34,7 @@ from app.pipeline import answer_query, build_request, retrieve
 from app.requests import (
     DEFAULT_NUM_SPECULATIVE_TOKENS,
     METHOD_CHOICES,
+    Method,
     QueryRequest,
     QueueName,
     validate_request,
@@ -159,6 +160,9 @@ def warm_one_shot(resources: Resources, request: QueryRequest, tenant_id: int) -
     prefill's kernels at that length are made while the answer reuses none of its KV.
     """
     engine = resources.engine
+    shared = resources.shared_suffix_memory
+    if shared is not None and request.method == Method.SUFFIX:
+        shared.fill()  # the stored answers a worker's trees hold
     warm_request = getattr(engine, "warm_request", None)
     if callable(warm_request):  # the torch engine; vLLM has nothing to measure
         k = request.num_speculative_tokens

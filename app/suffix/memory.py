@@ -87,11 +87,15 @@ class SharedSuffixMemory:
             feed_url=settings.resolved_stream_url,
         )
 
+    def fill(self) -> None:
+        """Fill the trees from the database once (a one-shot process: ``specrag ask --local``)."""
+        self._started = True
+        self.sync()
+
     def start(self) -> SharedSuffixMemory:
         """Fill the trees from the database and listen for answers and syncs from now on."""
-        self._started = True
         position = self._feed_position()  # before the fill: nothing stored after it is missed
-        self.sync()
+        self.fill()
         log.info(
             "suffix memory: %d answers in %d scopes (%d bytes)",
             len(self._scope_of),
