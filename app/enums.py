@@ -24,7 +24,7 @@ FINAL_STATUSES = (QueryStatus.SUCCEEDED, QueryStatus.FAILED)
 
 class Method(StrEnum):
     """How drafts are proposed: a draft model, n-gram lookup over the prompt, suffix trees over
-    the prompt and the scope's past answers, an EAGLE head on the target's own features, or not
+    the prompt and the tenant's past answers, an EAGLE head on the target's own features, or not
     at all."""
 
     DRAFT_MODEL = "draft_model"
@@ -32,6 +32,10 @@ class Method(StrEnum):
     SUFFIX = "suffix"
     EAGLE = "eagle"
     NONE = "none"
+
+
+METHOD_CHOICES = " | ".join(Method)
+"""The methods as a help text shows them: ``draft_model | ngram | ...``."""
 
 
 class QueueName(StrEnum):

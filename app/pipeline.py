@@ -35,10 +35,11 @@ from app.lifecycle.finish import finish_query
 from app.lifecycle.handback import engine_died, fail, hand_back, not_the_querys
 from app.lifecycle.lease import Claimed, await_hand_back, claim, heartbeat
 from app.lifecycle.outage import with_database
-from app.requests import QueryStatus
+from app.requests import Method, QueryStatus, served_methods
 from app.resources import Resources
 from app.settings import Settings
 from app.streams import QueryStream, open_stream
+from app.suffix import scope_of
 from retrieval.prompt import fit_passages
 
 if TYPE_CHECKING:  # generation imports torch: loaded with the engine, not with this module
@@ -204,6 +205,9 @@ def build_request(resources: Resources, claimed: Claimed, hits: list[Any]) -> Bu
     from generation import SamplingParams  # heavy: torch
 
     engine, fmt, params = resources.engine, resources.prompt_format, claimed.params
+    served = served_methods(resources.settings)
+    if params["method"] not in served:  # an API whose settings differ from this worker's
+        raise ValueError(f"method: this worker serves {', '.join(served)}, not {params['method']}")
     max_tokens = int(params["max_tokens"])
     budget = engine.max_context - max_tokens
     if budget <= MIN_PROMPT_BUDGET:
@@ -229,6 +233,10 @@ def build_request(resources: Resources, claimed: Claimed, hits: list[Any]) -> Bu
         num_speculative_tokens=params["num_speculative_tokens"],
         # Cached prompt KV is shared within a tenant only: a hit's speed is a timing side channel.
         cache_salt=f"tenant-{claimed.tenant_id}",
+        # Drafts from this tenant's own past answers in this collection, for the same reason.
+        suffix_scope=scope_of(claimed.tenant_id, claimed.collection)
+        if params["method"] == Method.SUFFIX
+        else None,
     )
     return BuiltRequest(encode(passages), sampling, cited, fmt.name)
 

@@ -21,7 +21,7 @@ import logging
 import re
 import uuid
 
-from sqlalchemy import select, update
+from sqlalchemy import ColumnElement, select, update
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -77,6 +77,11 @@ def stored_in_clear(query: Query) -> bool:
         return query.question_stored == "clear"
     # Rows scrubbed before ``question_stored`` existed: a hash is recognisable by its form.
     return not re.fullmatch(r"sha256:[0-9a-f]{64}", query.question)
+
+
+def kept_in_clear() -> ColumnElement[bool]:
+    """SQL: the query's question is kept as asked (what may feed drafts and datasets)."""
+    return Query.question_stored.is_(None) | (Query.question_stored == "clear")
 
 
 def scrub_question(

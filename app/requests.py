@@ -21,12 +21,26 @@ from pydantic import (
     field_validator,
 )
 
-from app.enums import ANSWER_QUEUES, FINAL_STATUSES, Method, QueryStatus, QueueName
+from app.enums import (
+    ANSWER_QUEUES,
+    FINAL_STATUSES,
+    METHOD_CHOICES,
+    Method,
+    QueryStatus,
+    QueueName,
+)
 from app.settings import Settings
 from app.validation import text_problem
 
 # The vocabulary lives in app/enums.py (Settings names a method); callers import it from here.
-__all__ = ["ANSWER_QUEUES", "FINAL_STATUSES", "Method", "QueryStatus", "QueueName"]
+__all__ = [
+    "ANSWER_QUEUES",
+    "FINAL_STATUSES",
+    "METHOD_CHOICES",
+    "Method",
+    "QueryStatus",
+    "QueueName",
+]
 
 
 DEFAULT_NUM_SPECULATIVE_TOKENS = 4
@@ -84,7 +98,7 @@ class QueryRequest(BaseModel):
     method: Method = Field(
         default=None,
         validate_default=True,
-        description="draft_model | ngram | eagle | none (default: SPECRAG_DEFAULT_METHOD).",
+        description=f"{METHOD_CHOICES} (default: SPECRAG_DEFAULT_METHOD).",
     )
     num_speculative_tokens: StrictInt | Literal["auto"] = Field(
         default=DEFAULT_NUM_SPECULATIVE_TOKENS,
@@ -140,12 +154,9 @@ class QueryRequest(BaseModel):
         value = value or settings.default_method
         if value not in settings.allowed_methods:
             raise ValueError(f"must be one of {', '.join(settings.allowed_methods)}, got {value!r}")
-        if value == "eagle" and settings.eagle_model is None:
-            served = ", ".join(m for m in settings.allowed_methods if m != "eagle")
-            raise ValueError(
-                f"'eagle' needs an EAGLE head (SPECRAG_EAGLE_MODEL), which this service has "
-                f"not; it serves {served}"
-            )
+        missing = _missing_for(value, settings)
+        if missing is not None:
+            raise ValueError(f"{missing}; it serves {', '.join(served_methods(settings))}")
         return value
 
     @field_validator("num_speculative_tokens", mode="before")
@@ -199,6 +210,20 @@ class QueryRequest(BaseModel):
     def params(self) -> dict[str, Any]:
         """The decoding parameters as stored in ``queries.params`` (plain JSON values)."""
         return self.model_dump(mode="json", exclude={"question", "collection"})
+
+
+def _missing_for(method: str, settings: Settings) -> str | None:
+    """What this service lacks to serve ``method`` (None: nothing)."""
+    if method == Method.EAGLE and settings.eagle_model is None:
+        return "'eagle' needs an EAGLE head (SPECRAG_EAGLE_MODEL), which this service has not"
+    if method == Method.SUFFIX and not settings.suffix:
+        return "'suffix' is off on this service (SPECRAG_SUFFIX=0)"
+    return None
+
+
+def served_methods(settings: Settings) -> list[str]:
+    """The methods this service answers: the allowed ones it has what they need for."""
+    return [m for m in settings.allowed_methods if _missing_for(m, settings) is None]
 
 
 def validate_request(settings: Settings, data: Any) -> QueryRequest:

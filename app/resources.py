@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from app.db import Tenant
 from app.serving import check_concurrency, worker_concurrency
 from app.settings import Settings
+from app.suffix import SharedSuffixMemory
 
 if TYPE_CHECKING:  # both import torch; they load with the models, not with this module
     from generation import Engine
@@ -54,6 +55,8 @@ class Resources:
         self._tenants: dict[int, str] = {}
         self._loop: GenerationLoop | None = None
         self._loop_lock = threading.Lock()
+        self.shared_suffix_memory: SharedSuffixMemory | None = None
+        """The engine's suffix trees over the stored answers (method suffix), once it loads."""
 
     @property
     def engine(self) -> Engine:
@@ -80,6 +83,8 @@ class Resources:
                     s.target_model,
                     s.draft_model,
                 )
+                shared = SharedSuffixMemory.for_settings(s, self.session_factory)
+                self.shared_suffix_memory = shared
                 self._engine = load_engine(
                     s.engine,
                     str(s.target_model),
@@ -89,6 +94,7 @@ class Resources:
                     config=engine_config(s),
                     dtype=dtype,
                     eagle_dir=str(s.eagle_model) if s.eagle_model else None,
+                    suffix_memory=shared.memory if shared is not None else None,
                 )
             return self._engine
 
@@ -127,6 +133,8 @@ class Resources:
             loop, self._loop = self._loop, None
         if loop is not None:
             loop.close()
+        if self.shared_suffix_memory is not None:
+            self.shared_suffix_memory.stop()
 
     @property
     def tokenizer(self) -> Tokenizer:
@@ -265,6 +273,8 @@ class Resources:
             warmup = getattr(self.engine, "warmup", None)
             if callable(warmup):
                 warmup(**_batch_warmup(warmup, self.settings))
+            if self.shared_suffix_memory is not None:  # filled before any query drafts from it
+                self.shared_suffix_memory.start()
             self.loop  # noqa: B018 - started (and its concurrency checked) before any query
 
 

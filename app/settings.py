@@ -138,6 +138,26 @@ class Settings(BaseSettings):
         default=8,
         description="Largest fixed k a request may ask for; also the engine's k_max of 'auto'.",
     )
+    suffix: bool = Field(
+        default=True,
+        description=(
+            "Serve method suffix: drafts from suffix trees over the prompt and the past answers "
+            "of the query's tenant and collection (docs/suffix.md). Off: the method is refused."
+        ),
+    )
+    suffix_max_answers: int = Field(
+        default=1000,
+        ge=1,
+        description="Most recent answers per tenant and collection in a worker's suffix trees.",
+    )
+    suffix_sync_seconds: float = Field(
+        default=30.0,
+        gt=0,
+        description=(
+            "How often a worker checks its suffix trees against the stored answers: deleted ones "
+            "(tenant data deletion, retention, scrubbed questions) leave, missed ones join."
+        ),
+    )
     default_top_k: int = Field(default=3, description="Passages retrieved per question.")
     system_prompt: str = Field(
         default=DEFAULT_SYSTEM_PROMPT,

@@ -26,6 +26,7 @@ from app.evals.hooks import install_hooks
 from app.grounding import install_hooks as install_grounding_hooks
 from app.requests import QueueName
 from app.settings import Settings
+from app.suffix.hooks import install_hooks as install_suffix_hooks
 
 QUEUES: tuple[str, ...] = tuple(queue.value for queue in QueueName)
 """Every queue a worker may consume, in the order it serves them (answer before batch)."""
@@ -89,6 +90,7 @@ def create_celery(settings: Settings) -> SpecragCelery:
     )
     install_hooks()  # audit's after-answer work (shadow samples) in this process's pipeline
     install_draft_hooks()  # answers' token ids for draft tuning (clear questions only)
+    install_suffix_hooks()  # after the token ids: the suffix trees learn them from the database
     install_grounding_hooks()  # every succeeded answer grounded and stored (docs/grounding.md)
     tasks.register(app)
     batch_tasks.register(app)

@@ -33,7 +33,14 @@ from app.lifecycle.queries import (
     wait_for,
 )
 from app.pipeline import answer_query, build_request, retrieve
-from app.requests import DEFAULT_NUM_SPECULATIVE_TOKENS, QueryRequest, QueueName, validate_request
+from app.requests import (
+    DEFAULT_NUM_SPECULATIVE_TOKENS,
+    METHOD_CHOICES,
+    Method,
+    QueryRequest,
+    QueueName,
+    validate_request,
+)
 from app.resources import Resources, apply_torch_threads
 
 log = logging.getLogger(__name__)
@@ -54,9 +61,7 @@ def _spec_tokens(value: str) -> int | str:
 @click.option(
     "--tenant", default="default", show_default=True, help="Tenant that owns the collection."
 )
-@click.option(
-    "--method", default=None, help="draft_model | ngram | eagle | none (default from settings)."
-)
+@click.option("--method", default=None, help=f"{METHOD_CHOICES} (default from settings).")
 @click.option(
     "--num-speculative-tokens",
     "k",
@@ -161,6 +166,9 @@ def warm_one_shot(resources: Resources, request: QueryRequest, tenant_id: int) -
     prefill's kernels at that length are made while the answer reuses none of its KV.
     """
     engine = resources.engine
+    shared = resources.shared_suffix_memory
+    if shared is not None and request.method == Method.SUFFIX:
+        shared.fill()  # the stored answers a worker's trees hold
     warm_request = getattr(engine, "warm_request", None)
     if callable(warm_request):  # the torch engine; vLLM has nothing to measure
         k = request.num_speculative_tokens

@@ -24,6 +24,7 @@ from app.commands.common import (
 )
 from app.db import prepare
 from app.lifecycle.queries import get_or_create_tenant
+from app.requests import METHOD_CHOICES
 
 
 @click.group("batch")
@@ -42,7 +43,7 @@ def batch_group() -> None:
 @click.option("--until", default=None, help="With --stored: asked before (ISO 8601).")
 @click.option("--original-method", default=None, help="With --stored: only queries that used M.")
 @click.option("--failed-only", is_flag=True, help="With --stored: only queries that failed.")
-@click.option("--method", default=None, help="Override: draft_model | ngram | eagle | none.")
+@click.option("--method", default=None, help=f"Override: {METHOD_CHOICES}.")
 @click.option("--num-speculative-tokens", "k", default=None, help="Override: k >= 1, or auto.")
 @click.option("--max-tokens", type=int, default=None, help="Override: most tokens to generate.")
 @json_option

@@ -30,6 +30,7 @@ from sqlalchemy.orm import Session
 from app.audit.window import Window
 from app.db.models import Answer, Query, Tenant
 from app.drafts.records import AnswerTokens
+from app.privacy import kept_in_clear
 
 FORMAT = "specrag-draft-dataset/1"
 TRAFFIC_SOURCES = ("api", "cli", "batch")
@@ -69,11 +70,6 @@ def _scope(stmt: Any, window: Window, filters: Filters) -> Any:
     return stmt
 
 
-def _clear() -> Any:
-    # The privacy filter as SQL: a question kept in clear has no ``question_stored`` (or "clear").
-    return (Query.question_stored.is_(None)) | (Query.question_stored == "clear")
-
-
 def collect(
     session: Session, window: Window, filters: Filters
 ) -> tuple[list[dict[str, Any]], dict[str, int]]:
@@ -83,13 +79,13 @@ def collect(
     never selected: neither their question nor any token id leaves the database.
     """
     base = select(func.count()).select_from(Query).join(Tenant, Tenant.id == Query.tenant_id)
-    private = session.scalar(_scope(base, window, filters).where(~_clear())) or 0
+    private = session.scalar(_scope(base, window, filters).where(~kept_in_clear())) or 0
     stmt = (
         select(Query, Tenant.name, Answer.model_pair, AnswerTokens)
         .join(Tenant, Tenant.id == Query.tenant_id)
         .join(Answer, Answer.query_id == Query.id)
         .outerjoin(AnswerTokens, AnswerTokens.query_id == Query.id)
-        .where(_clear())
+        .where(kept_in_clear())
     )
     items: list[dict[str, Any]] = []
     left = Counter[str]()

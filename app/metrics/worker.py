@@ -5,8 +5,8 @@ Every number comes from the stats the pipeline stores for the same answer (``Ans
 window equals the sum of the stored stats of the answers recorded in it, and each answer adds one
 observation to every stage of ``specrag_request_latency_seconds``.
 
-Labels stay bounded: ``method`` (three values), ``model_pair`` (one per worker), ``queue``,
-``status``, ``stage``, ``position`` (below the largest k) and, only when
+Labels stay bounded: ``method`` (one per ``app.enums.Method``), ``model_pair`` (one per worker),
+``queue``, ``status``, ``stage``, ``position`` (below the largest k) and, only when
 ``SPECRAG_METRICS_TENANT_LABEL`` is on, ``tenant``. Question text is never a label.
 """
 

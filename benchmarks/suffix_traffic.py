@@ -1,0 +1,272 @@
+"""Method ``suffix`` on repeating tenant traffic, side by side with draft_model, ngram and none.
+
+    python -m benchmarks.suffix_traffic --questions 300 --fresh 30 --out runs/suffix.json
+
+Three tenants, each with its own slice of the demo corpus, ask questions about their documents,
+interleaved; about half the asks (``--repeat``) repeat or paraphrase one of the same tenant's
+earlier questions. Then a fresh set: a fourth tenant, with no history, asks new questions. Every
+ask goes through one live worker (Redis, PostgreSQL, the shipped demo pair, warmed), one query at
+a time, each method in a tenant of its own (so trees and prefix caches learn only from that
+method's own run) and the methods in a rotated order per ask. The trees start empty and learn
+from the run itself. Then the warm case: the worker restarts (its trees rebuilt from the stored
+answers) and ``suffix`` asks the same trace again.
+
+Reported per method and per kind of ask (``new``, ``repeat``, ``fresh``): mean acceptance length
+(1 + accepted / drafts, summed), generation tokens/s (output tokens over generation_ms, summed),
+and over the whole trace p50 / p95 of the stored total latency; whether every answer equals
+``none``'s; the goals' ratios. Needs PostgreSQL on 127.0.0.1:5432 and ``redis-server``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.support import REPO, RedisServer, note, percentile, scratch_database
+
+METHODS = ("suffix", "draft_model", "ngram", "none")
+PARAPHRASES = ("{q}", "Quick question: {q}", "Please answer this: {q}", "{lower}")
+"""How a tenant asks an earlier question again: as it was, or reworded around it."""
+TEMPLATES = ("What is {t}?", "How does {t} work?", "Explain {t}.", "When is {t} used?")
+
+
+def topics(path: Path) -> list[str]:
+    """The headings of one corpus file (its title first), as question topics."""
+    heads = [ln.lstrip("#").strip() for ln in path.read_text().splitlines() if ln.startswith("#")]
+    return [h.replace('"', "") for h in heads if 3 <= len(h) <= 80]
+
+
+def build_trace(
+    slices: list[list[Path]], n: int, fresh: int, repeat: float, seed: int
+) -> list[dict[str, Any]]:
+    """``n`` interleaved asks of tenants 0..2 (``repeat`` of them again an earlier question of
+    the same tenant), then ``fresh`` new asks of tenant 3; each ``{tenant, question, kind}``."""
+    rng = random.Random(seed)
+    pools = []
+    for files in slices:
+        pool = [tpl.format(t=t) for f in files for t in topics(f) for tpl in TEMPLATES]
+        rng.shuffle(pool)
+        pools.append(pool)
+    asked: list[list[str]] = [[], [], []]
+    trace = []
+    for _ in range(n):
+        t = rng.randrange(3)
+        if asked[t] and rng.random() < repeat:
+            q = rng.choice(asked[t])
+            form = rng.choice(PARAPHRASES)
+            trace.append({"tenant": t, "question": form.format(q=q, lower=q.lower()),
+                          "kind": "repeat"})  # fmt: skip
+        else:
+            q = pools[t].pop()
+            asked[t].append(q)
+            trace.append({"tenant": t, "question": q, "kind": "new"})
+    trace += [{"tenant": 3, "question": pools[3].pop(), "kind": "fresh"} for _ in range(fresh)]
+    return trace
+
+
+def sums(views: list[dict[str, Any]]) -> dict[str, Any]:
+    """Acceptance length, generation tokens/s and latency percentiles of some answers."""
+    stats = [v["stats"] for v in views if v.get("status") == "succeeded"]
+    drafts = sum(s["num_drafts"] or 0 for s in stats)
+    accepted = sum(s["num_accepted_tokens"] or 0 for s in stats)
+    gen_ms = sum(s["generation_ms"] for s in stats)
+    totals = [s["total_ms"] for s in stats]
+    return {
+        "answers": len(stats),
+        "failed": len(views) - len(stats),
+        "mean_acceptance_length": 1 + accepted / drafts if drafts else None,
+        "tokens_per_s": sum(s["num_output_tokens"] for s in stats) / gen_ms * 1000.0
+        if gen_ms
+        else None,
+        "total_ms_p50": percentile(totals, 50) if totals else None,
+        "total_ms_p95": percentile(totals, 95) if totals else None,
+    }
+
+
+def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    from app.db import Query, make_engine, make_session_factory
+    from app.lifecycle.outbox import send_and_mark
+    from app.lifecycle.queries import create_query, get_or_create_tenant, query_view, wait_for
+    from app.requests import validate_request
+    from app.resources import Resources
+    from app.settings import Settings
+    from benchmarks.support import start_worker
+    from workers import create_celery, send_query
+    from workers.process import settings_env
+
+    files = sorted((REPO / "demo" / "corpus").glob("*.md"))
+    random.Random(args.seed).shuffle(files)
+    slices = [files[i * args.docs : (i + 1) * args.docs] for i in range(4)]
+    trace = build_trace(slices, args.questions, args.fresh, args.repeat, args.seed)
+    redis = RedisServer(work)
+    redis.start()
+    worker = None
+    try:
+        with scratch_database("specrag_suffix") as url:
+            settings = Settings(
+                data_dir=work / "data", database_url=url, broker_url=redis.url(0),
+                device="cpu", worker_concurrency=1, torch_threads=args.threads,
+                max_tokens_limit=args.max_tokens, eagle_model=None,
+                max_speculative_tokens=max(args.k, args.suffix_k),
+            )  # fmt: skip
+            engine = make_engine(settings)
+            sf = make_session_factory(engine)
+            retrieval = Resources(settings, sf).retrieval
+            note(f"ingesting {len(METHODS) * 4 + 1} tenant collections")
+            for method in METHODS:
+                for t, docs in enumerate(slices):
+                    retrieval.ingest(docs, collection="demo", tenant=f"{method}-{t}")
+            retrieval.ingest(files[-1:], collection="demo", tenant="warm-up")
+            env = settings_env(settings)
+            worker = start_worker(env, work / "worker.log", queues="answer", name="suffix")
+            worker.wait_ready(timeout=600)
+            celery = create_celery(settings)
+
+            def ask(tenant: str, question: str, method: str) -> dict[str, Any]:
+                k = args.suffix_k if method == "suffix" else args.k
+                body = {"question": question, "collection": "demo", "method": method,
+                        "max_tokens": args.max_tokens, "num_speculative_tokens": k}  # fmt: skip
+                request = validate_request(settings, body)
+                with sf() as session:
+                    owner = get_or_create_tenant(session, tenant)
+                    query, _ = create_query(session, owner, request, source="benchmark")
+                send_and_mark(sf, query.id, "answer", lambda q, name: send_query(celery, q, name))
+                wait_for(sf, query.id, timeout=600, poll=0.02)
+                with sf() as session:
+                    view = query_view(session.get_one(Query, query.id))
+                return json.loads(json.dumps(view, default=str))
+
+            for method in METHODS:  # kernels and adaptive costs, in a tenant of its own
+                ask("warm-up", "What is this document about?", method)
+            started = time.monotonic()
+            cold: dict[str, list[dict[str, Any]]] = {m: [] for m in METHODS}
+            for i, item in enumerate(trace):
+                shift = i % len(METHODS)
+                for method in METHODS[shift:] + METHODS[:shift]:
+                    view = ask(f"{method}-{item['tenant']}", item["question"], method)
+                    cold[method].append(view)
+                if (i + 1) % 20 == 0:
+                    note(f"{i + 1}/{len(trace)} asks x {len(METHODS)} methods")
+            cold_s = time.monotonic() - started
+            worker.stop()
+            note("warm case: a new worker, its trees rebuilt from the stored answers")
+            worker = start_worker(env, work / "worker2.log", queues="answer", name="warm")
+            worker.wait_ready(timeout=600)
+            memory_line = next(
+                (ln for ln in (work / "worker2.log").read_text().splitlines()
+                 if "suffix memory:" in ln), ""
+            )  # fmt: skip
+            ask("warm-up", "What is this document about?", "suffix")
+            warm = [ask(f"suffix-{it['tenant']}", it["question"], "suffix") for it in trace]
+            worker.stop()  # before its database is dropped
+            engine.dispose()
+    finally:
+        if worker is not None:
+            worker.stop()
+        redis.stop()
+    return summarise(trace, cold, warm, cold_s, memory_line)
+
+
+def summarise(
+    trace: list[dict[str, Any]],
+    cold: dict[str, list[dict[str, Any]]],
+    warm: list[dict[str, Any]],
+    cold_s: float,
+    memory_line: str,
+) -> dict[str, Any]:
+    """Per method and kind of ask, the figures; the goals' ratios and verdicts."""
+    kinds = ("new", "repeat", "fresh")
+    table: dict[str, dict[str, Any]] = {}
+    for method, views in [*cold.items(), ("suffix_warm", warm)]:
+        table[method] = {"trace": sums(views)}
+        for kind in kinds:
+            table[method][kind] = sums([v for v, it in zip(views, trace, strict=True)
+                                        if it["kind"] == kind])  # fmt: skip
+    none_answers = [v.get("answer") for v in cold["none"]]
+    identical = {
+        m: sum(v.get("answer") == a for v, a in zip(views, none_answers, strict=True))
+        for m, views in [*cold.items(), ("suffix_warm", warm)]
+    }
+
+    def ratio(a: str, b: str, kind: str, field: str) -> float | None:
+        x, y = table[a][kind][field], table[b][kind][field]
+        return x / y if x and y else None
+
+    goals = {
+        "repeat MAL suffix / draft_model >= 2": ratio("suffix", "draft_model", "repeat",
+                                                      "mean_acceptance_length"),
+        "repeat tokens/s suffix / none >= 3": ratio("suffix", "none", "repeat", "tokens_per_s"),
+        "repeat tokens/s suffix / draft_model >= 1.5": ratio("suffix", "draft_model", "repeat",
+                                                            "tokens_per_s"),
+        "fresh tokens/s suffix / ngram >= 0.95": ratio("suffix", "ngram", "fresh", "tokens_per_s"),
+        "trace p50 suffix / draft_model < 1": ratio("suffix", "draft_model", "trace",
+                                                    "total_ms_p50"),
+        "trace p95 suffix / draft_model < 1": ratio("suffix", "draft_model", "trace",
+                                                    "total_ms_p95"),
+        "trace p50 suffix / ngram < 1": ratio("suffix", "ngram", "trace", "total_ms_p50"),
+        "trace p95 suffix / ngram < 1": ratio("suffix", "ngram", "trace", "total_ms_p95"),
+    }  # fmt: skip
+    met = {}
+    for name, value in goals.items():
+        bound = float(re.findall(r"[\d.]+$", name)[0])
+        met[name] = value is not None and (value < bound if "<" in name else value >= bound)
+    return {
+        "asks": {k: sum(it["kind"] == k for it in trace) for k in kinds},
+        "cold_run_s": cold_s,
+        "methods": table,
+        "identical_to_none": identical,
+        "goals": goals,
+        "met": met,
+        "warm_worker_memory_line": memory_line.split("suffix memory:")[-1].strip(),
+        "host": os.uname().machine,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--questions", type=int, default=300, help="Asks of the 3 tenants.")
+    parser.add_argument("--fresh", type=int, default=30, help="Asks of the tenant with none.")
+    parser.add_argument("--repeat", type=float, default=0.5, help="Share of repeated asks.")
+    parser.add_argument("--docs", type=int, default=6, help="Corpus files per tenant.")
+    parser.add_argument("--max-tokens", type=int, default=96)
+    parser.add_argument("-k", type=int, default=4, help="k of draft_model and ngram.")
+    parser.add_argument(
+        "--suffix-k", type=int, default=16, help="k of suffix (its drafts follow the match)."
+    )
+    parser.add_argument("--threads", type=int, default=1, help="The worker's torch threads.")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=None, help="Write the JSON here too.")
+    parser.add_argument("--work", type=Path, default=None, help="Keep data and logs here.")
+    args = parser.parse_args()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    with tempfile.TemporaryDirectory(prefix="specrag-suffix-") as tmp:
+        work = args.work or Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        result = {"args": {k: str(v) for k, v in vars(args).items()}, **run(args, work)}
+    print(
+        "| method | kind | MAL | tokens/s | p50 total ms | p95 total ms |\n|---|---|---|---|---|---|"
+    )
+    for method, kinds in result["methods"].items():
+        for kind, f in kinds.items():
+            mal, tps = f["mean_acceptance_length"], f["tokens_per_s"]
+            print(f"| {method} | {kind} | {mal or 0:.2f} | {tps or 0:.1f} | "
+                  f"{f['total_ms_p50'] or 0:.0f} | {f['total_ms_p95'] or 0:.0f} |")  # fmt: skip
+    for name, value in result["goals"].items():
+        print(f"{name}: {value if value is None else round(value, 3)} "
+              f"({'met' if result['met'][name] else 'NOT met'})")  # fmt: skip
+    text = json.dumps(result, indent=2)
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
