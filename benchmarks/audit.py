@@ -1,32 +1,28 @@
 """Time the audit report over 100k stored requests (PostgreSQL, with SQLite beside it).
 
-Seeds a fresh database per dialect with bulk inserts (``benchmarks/seeding.py``): ``--rows``
+Seeds a fresh database per dialect with bulk inserts (``testkit/seeding.py``): ``--rows``
 queries in a one-day window (answers with two sources each, stats, shadow baselines on a few)
 plus a fifth as many in the previous day, so the alert queries have something to compare.
 Then times ``render_report`` per format (median of ``--repeat`` runs) and prints a table.
 
-    .venv/bin/python benchmarks/audit.py [--rows 100000] [--repeat 3] [--skip-sqlite]
+    .venv/bin/python -m benchmarks.audit [--rows 100000] [--repeat 3] [--skip-sqlite]
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import tempfile
 import time
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 from sqlalchemy import Engine, create_engine
 from sqlalchemy.orm import Session
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from app.audit import render_report  # noqa: E402
-from app.db.schema import upgrade  # noqa: E402
-from benchmarks.seeding import seed  # noqa: E402
-from benchmarks.support import scratch_database  # noqa: E402
+from app.audit import render_report
+from app.db.schema import upgrade
+from benchmarks.support import scratch_database
+from testkit.seeding import seed
 
 START = datetime(2026, 6, 1, tzinfo=UTC)
 DAY = timedelta(days=1)

@@ -15,7 +15,7 @@ Phases (one run, side by side, so that machine noise hits all of them):
    ``total_ms`` (queued → answered) and ``queue_ms`` (queued → started: the wait the batch
    causes), and a bootstrap interval of the p95 ratio.
 
-    .venv/bin/python benchmarks/batch.py [--items 16] [--rounds 3] [--interactive 10] [--max-tokens 12]
+    .venv/bin/python -m benchmarks.batch [--items 16] [--rounds 3] [--interactive 10] [--max-tokens 12]
         [--latency-rounds 4] [--batch-items 300] [--all-variants] [--skip-interactive]
 """
 
@@ -25,7 +25,6 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import tempfile
 import time
 import uuid
@@ -34,20 +33,20 @@ from typing import Any
 
 from sqlalchemy import create_engine, select
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from app.db.schema import upgrade  # noqa: E402
-from benchmarks.support import (  # noqa: E402 - the path above makes the package importable
+from app.audit.stats import quantile
+from app.db.schema import upgrade
+from benchmarks.support import (
     claim_redis_db,
     create_database,
     database_url,
     drop_database,
     note,
-    pct,
     start_worker,
     train_tokenizer,
 )
+
+REPO = Path(__file__).resolve().parent.parent
+
 
 QUESTIONS = (
     "What exception does a failing assert raise?",
@@ -395,14 +394,14 @@ def report_latency(
         "| condition | n | total p50 ms | total p95 ms | p95 vs idle | queue p50 ms | queue p95 ms"
         " | generation p50 ms |\n|---|---|---|---|---|---|---|---|"
     )
-    base = pct([v[0] for v in idle], 95)
+    base = quantile([v[0] for v in idle], 0.95)
     intervals = []
     for label, values in [("idle", idle), *lat]:
         total, waits, gen = ([v[i] for v in values] for i in range(3))
         print(
-            f"| {label} | {len(values)} | {pct(total, 50):.0f} | {pct(total, 95):.0f} | "
-            f"{pct(total, 95) / base:.2f} | {pct(waits, 50):.0f} | {pct(waits, 95):.0f} | "
-            f"{pct(gen, 50):.0f} |"
+            f"| {label} | {len(values)} | {quantile(total, 0.5):.0f} | {quantile(total, 0.95):.0f} | "
+            f"{quantile(total, 0.95) / base:.2f} | {quantile(waits, 0.5):.0f} | {quantile(waits, 0.95):.0f} | "
+            f"{quantile(gen, 0.5):.0f} |"
         )
         if label != "idle":
             lo, hi = p95_ratio_interval([v[0] for v in idle], total)
@@ -418,7 +417,8 @@ def p95_ratio_interval(
 
     rng = random.Random(0)
     ratios = sorted(
-        pct(rng.choices(loaded, k=len(loaded)), 95) / pct(rng.choices(idle, k=len(idle)), 95)
+        quantile(rng.choices(loaded, k=len(loaded)), 0.95)
+        / quantile(rng.choices(idle, k=len(idle)), 0.95)
         for _ in range(n)
     )
     return ratios[int(0.05 * n)], ratios[int(0.95 * n)]

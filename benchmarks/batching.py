@@ -11,8 +11,8 @@ Parts (``--parts``, default all), each comparing its variants side by side in on
   rounds, per prefill chunk size.
 - ``memory``: KV bytes per slot and for the default batch.
 
-    SPECRAG_TORCH_THREADS=1 .venv/bin/python benchmarks/batching.py
-    .venv/bin/python benchmarks/batching.py --parts many --repeats 3
+    SPECRAG_TORCH_THREADS=1 .venv/bin/python -m benchmarks.batching
+    .venv/bin/python -m benchmarks.batching --parts many --repeats 3
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ import argparse
 import dataclasses
 import os
 import statistics
-import sys
 import threading
 import time
 from pathlib import Path
@@ -29,12 +28,10 @@ from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from generation import SamplingParams, SpeculativeEngine  # noqa: E402
-from generation.config import EngineConfig  # noqa: E402
-from generation.model.kv_store import KVShape  # noqa: E402
-from generation.model.loading import load_tokenizer  # noqa: E402
+from generation import SamplingParams, SpeculativeEngine
+from generation.config import EngineConfig
+from generation.model.kv_store import KVShape
+from generation.model.loading import load_tokenizer
 
 MAX_NEW = 64
 

@@ -1,6 +1,6 @@
 """Issue 38's goals: tune the demo draft on stored traffic over a corpus the pair never saw.
 
-    nice -n 10 env PYTHONPATH=. .venv/bin/python benchmarks/draft_goals.py \
+    nice -n 10 env .venv/bin/python -m benchmarks.draft_goals \
         --questions 400 --fresh 30 --demo 30 --tune-seconds 1500 --work runs/draft_goals
 
 1. ``traffic``: a fresh PostgreSQL database and a private Redis; the standard-library modules
@@ -34,12 +34,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
+from benchmarks.instruct_goals import held_out_questions
+from benchmarks.support import RedisServer, create_database, database_url, drop_database
 
-from benchmarks.instruct_goals import held_out_questions  # noqa: E402
-from benchmarks.support import RedisServer, create_database, database_url, drop_database  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
+
 
 MAX_TOKENS = 96
 
@@ -229,6 +228,7 @@ def items_file(run: Run, query_ids: list[str], out: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the models are local directories
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--models", default=str(ROOT / "models" / "demo"))
     ap.add_argument("--work", type=Path, default=ROOT / "runs" / "draft_goals")

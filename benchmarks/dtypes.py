@@ -19,9 +19,9 @@ After each vLLM request the next engine's request waits until vLLM's worker stop
 (``Settle``): that spin, though pinned to core 0, pushed other sessions' processes onto the torch
 engines' core and ran their prompt-by-prompt scenarios 2-3x slow (docs/benchmarks.md, session 16).
 
-    flock /tmp/bench.lock .venv-vllm/bin/python benchmarks/dtypes.py [--prompts 16]
+    flock /tmp/bench.lock .venv-vllm/bin/python -m benchmarks.dtypes [--prompts 16]
         [--max-tokens 64] [--k 4] [--burst 48] [--torch-threads 1] [--only burst]
-    .venv/bin/python benchmarks/dtypes.py --ties 96   # only how often bf16 changes answers
+    .venv/bin/python -m benchmarks.dtypes --ties 96   # only how often bf16 changes answers
 """
 
 from __future__ import annotations
@@ -30,16 +30,15 @@ import argparse
 import contextlib
 import os
 import statistics
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from benchmarks.vllm_engines import DEMO, rag_prompts
 
-from benchmarks.vllm_engines import DEMO, rag_prompts  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
+
 
 ENGINES = ("torch f32", "torch bf16", "vllm bf16", "vllm f32")
 
@@ -274,7 +273,7 @@ def burst_rows(
     """Scenario 4 into ``rows``: ``args.burst_rounds`` times, the engines' order alternating,
     each run behind a marker of its own (cold prefixes)."""
     from app.settings import Settings
-    from benchmarks.prefix_traffic import build_traffic
+    from benchmarks.prefix_workload import build_traffic
     from generation import load_tokenizer
 
     tokenizer = load_tokenizer(str(DEMO / "target"))

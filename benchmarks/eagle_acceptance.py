@@ -1,6 +1,6 @@
 """Acceptance length of each proposer on held-out questions (issue 35), the torch engine alone.
 
-    PYTHONPATH=. .venv/bin/python benchmarks/eagle_acceptance.py --questions 24
+    .venv/bin/python -m benchmarks.eagle_acceptance --questions 24
 
 Held-out demo-corpus questions (training/corpus.py's held-out split, as benchmarks/instruct_goals.py
 builds them), each prompted through the demo pair's chat template with its answering chunk and
@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 
 def prompts(count: int, seed: int = 0) -> list[list[int]]:

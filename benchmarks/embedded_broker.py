@@ -5,7 +5,7 @@ kombu polls that transport; a lone query waits for the next poll. For each polli
 does), answers ``--queries`` short queries sent one after another, and the service-measured
 ``queue_ms`` (stored → claimed) is reported.
 
-    .venv/bin/python benchmarks/embedded_broker.py [--intervals 1.0,0.05] [--queries 8]
+    .venv/bin/python -m benchmarks.embedded_broker [--intervals 1.0,0.05] [--queries 8]
 """
 
 from __future__ import annotations
@@ -13,15 +13,14 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from app.audit.stats import quantile
+from benchmarks.support import note, start_worker
 
-from benchmarks.support import note, pct, start_worker  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
 
 
 def run(interval: float, queries: int, tmp: Path) -> list[float]:
@@ -81,7 +80,7 @@ def main() -> None:
     print("| polling interval | queue p50 ms | queue max ms | mean ms |\n|---|---|---|---|")
     for interval, waits in rows:
         print(
-            f"| {interval} s | {pct(waits, 50):.0f} | {max(waits):.0f} | "
+            f"| {interval} s | {quantile(waits, 0.5):.0f} | {max(waits):.0f} | "
             f"{statistics.mean(waits):.0f} |"
         )
 

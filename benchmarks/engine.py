@@ -9,8 +9,8 @@ the baseline's tokens. Per row: E = num_output_tokens / num_target_forwards, the
 alpha solved from E = (1 - alpha^(k+1)) / (1 - alpha), and the speedup the measured pass costs
 predict, S = E / (r_k + k c), against the measured one (efficiency).
 
-    .venv/bin/python benchmarks/engine.py                      # random-weight pairs
-    .venv/bin/python benchmarks/engine.py --target models/demo/target --draft models/demo/draft
+    .venv/bin/python -m benchmarks.engine                      # random-weight pairs
+    .venv/bin/python -m benchmarks.engine --target models/demo/target --draft models/demo/draft
 """
 
 from __future__ import annotations
@@ -19,20 +19,17 @@ import argparse
 import copy
 import random
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from generation import SamplingParams, SpeculativeEngine  # noqa: E402
-from generation.config import EngineConfig  # noqa: E402
-from generation.model.forward import Forward  # noqa: E402
-from generation.model.loading import has_tokenizer, load_tokenizer  # noqa: E402
-from generation.model.model_runner import ModelRunner  # noqa: E402
+from generation import SamplingParams, SpeculativeEngine
+from generation.config import EngineConfig
+from generation.model.forward import Forward
+from generation.model.loading import has_tokenizer, load_tokenizer
+from generation.model.model_runner import ModelRunner
 
 
 def random_pair(vocab: int, hidden: int, layers: int, weak: float, seed: int) -> tuple[Any, Any]:

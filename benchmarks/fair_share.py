@@ -11,32 +11,29 @@ PostgreSQL database, the tiny random-weight pair:
 Latency is stored → answer recorded (``done_at - queued_at``). The goal (issue 16): the small
 tenant's P95 under the flood within 5x of its idle P95.
 
-    SPECRAG_TORCH_THREADS=1 .venv/bin/python benchmarks/fair_share.py --flood 500
+    SPECRAG_TORCH_THREADS=1 .venv/bin/python -m benchmarks.fair_share --flood 500
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import sys
 import tempfile
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
-from benchmarks.service import tiny_pair  # noqa: E402
-from benchmarks.support import (  # noqa: E402
+from app.audit.stats import quantile
+from benchmarks.service import tiny_pair
+from benchmarks.support import (
     RedisServer,
     create_database,
     database_url,
     drop_database,
-    percentile,
 )
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def run(args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
@@ -150,19 +147,20 @@ def run(args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
 
 def main() -> None:
     """Print the table quoted in docs/benchmarks.md."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the models are local directories
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--flood", type=int, default=500)
     parser.add_argument("--max-tokens", type=int, default=8)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="specrag-bench-") as tmp:
         rows = run(args, Path(tmp))
-    idle = percentile(rows[0]["latencies"], 95)
+    idle = quantile(rows[0]["latencies"], 0.95)
     print(f"flood={args.flood}, small tenant 5 queries, one worker, max_tokens={args.max_tokens}")
     print("| variant | small p50 ms | small p95 ms | p95 / idle p95 | flood answered by then |")
     print("|---|---|---|---|---|")
     for r in rows:
-        p95 = percentile(r["latencies"], 95)
-        print(f"| {r['variant']} | {percentile(r['latencies'], 50):.0f} | {p95:.0f} | "
+        p95 = quantile(r["latencies"], 0.95)
+        print(f"| {r['variant']} | {quantile(r['latencies'], 0.5):.0f} | {p95:.0f} | "
               f"{p95 / idle:.2f} | {r['flood_answered']} |")  # fmt: skip
 
 

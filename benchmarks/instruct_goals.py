@@ -1,6 +1,6 @@
 """The instruct demo pair's goals through a warmed worker: held-out questions over the demo corpus.
 
-    PYTHONPATH=. .venv/bin/python benchmarks/instruct_goals.py --questions 30 --out runs/goals.json
+    .venv/bin/python -m benchmarks.instruct_goals --questions 30 --out runs/goals.json
 
 30 questions about the demo-corpus topics the pair never trained on (training/corpus.py's seeded
 held-out split), built as training/qa.py builds questions, each with the document and sentence
@@ -42,11 +42,10 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
+from benchmarks.support import RedisServer, create_database, database_url, drop_database
 
-from benchmarks.support import RedisServer, create_database, database_url, drop_database  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
+
 
 METHODS = [
     ("none", 4),
@@ -317,6 +316,7 @@ def summarise(rows: list[dict[str, Any]], fmt_line: str) -> dict[str, Any]:
 
 
 def main() -> None:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the models are local directories
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--models", default=str(ROOT / "models" / "demo"))
     ap.add_argument("--questions", type=int, default=30)

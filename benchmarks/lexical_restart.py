@@ -9,7 +9,7 @@ the time is its first ``search`` in hybrid mode (both legs brought to the commit
 question embedded, both legs searched, chunks fetched). Rows alternate per round; the table shows
 each row's median and every round.
 
-    SPECRAG_TORCH_THREADS=1 .venv/bin/python benchmarks/lexical_restart.py --chunks 100000
+    SPECRAG_TORCH_THREADS=1 .venv/bin/python -m benchmarks.lexical_restart --chunks 100000
 """
 
 from __future__ import annotations
@@ -23,11 +23,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from benchmarks.scaleout import synthesize
+from benchmarks.support import create_database, database_url, drop_database
 
-from benchmarks.scaleout import synthesize  # noqa: E402
-from benchmarks.support import create_database, database_url, drop_database  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def main() -> None:

@@ -7,7 +7,7 @@ directly: ``WorkerMetrics.observe`` replayed on the answers just recorded. The A
 request middleware around a bare ASGI app, interleaved with the bare app, and the scrape cost is
 rendering both registries (off the answer path: a scrape comes every 15 s from another thread).
 
-    SPECRAG_TORCH_THREADS=1 .venv/bin/python benchmarks/metrics.py --answers 20
+    SPECRAG_TORCH_THREADS=1 .venv/bin/python -m benchmarks.metrics --answers 20
 """
 
 from __future__ import annotations
@@ -16,15 +16,12 @@ import argparse
 import asyncio
 import os
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 QUESTIONS = [
     "How do I rotate API keys?",
@@ -161,6 +158,7 @@ def middleware_cost_us(requests: int) -> tuple[float, float]:
 
 
 def main() -> None:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the models are local directories
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--answers", type=int, default=20, help="answers per arm")
     parser.add_argument("--max-tokens", type=int, default=96)

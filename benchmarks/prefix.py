@@ -1,6 +1,6 @@
 """Prefix reuse on production-like RAG traffic: the torch engine beside vLLM, in one run.
 
-Traffic (benchmarks/prefix_traffic.py): questions over the demo corpus with Zipf-popular
+Traffic (benchmarks/prefix_workload.py): questions over the demo corpus with Zipf-popular
 documents and repeated questions, prompts built by the product's retrieval and prompt code.
 Both engines run the demo pair in float32, draft model k = 4, greedy, ``--max-tokens`` new
 tokens, at most ``--max-batch`` requests at once; vLLM with ``enable_prefix_caching``. Every
@@ -17,7 +17,7 @@ Hit rate = prompt tokens reused / prompt tokens (vLLM: ``num_cached_tokens``). A
 compared token for token between the engines, and with the target alone (torch engine, method
 none). The machine's load average is printed beside each scenario: the CPU is shared.
 
-    HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/prefix.py [--requests 48] [--burst 48]
+    HF_HUB_OFFLINE=1 .venv/bin/python -m benchmarks.prefix [--requests 48] [--burst 48]
 """
 
 from __future__ import annotations
@@ -26,22 +26,21 @@ import argparse
 import os
 import random
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from benchmarks.prefix_runners import Outcome, TorchRunner, VLLMRunner, target_alone  # noqa: E402
-from benchmarks.prefix_traffic import build_traffic, shared_prefix_share  # noqa: E402
+from app.audit.stats import quantile
+from benchmarks.prefix_workload import (
+    Outcome,
+    TorchRunner,
+    VLLMRunner,
+    build_traffic,
+    shared_prefix_share,
+    target_alone,
+)
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))]
 
 
 def load() -> str:
@@ -137,7 +136,7 @@ def main() -> None:
         decode = [(len(o.tokens) - 1) / (o.done - o.first) for o in outs if len(o.tokens) > 1]  # type: ignore[operator]
         ttft = [o.ttft * 1000 for o in outs]
         rows[name].update(
-            ttft50=pct(ttft, 50), ttft95=pct(ttft, 95), seq_tps=tokens(outs) / wall,
+            ttft50=quantile(ttft, 0.5), ttft95=quantile(ttft, 0.95), seq_tps=tokens(outs) / wall,
             stream_tps=statistics.median(decode), seq_hit=hit_rate(outs, seq),
             seq_load=f"{before} -> {load()}",
         )  # fmt: skip
@@ -159,7 +158,7 @@ def main() -> None:
         before = load()
         outs = poisson(r, seq, args.max_tokens, gaps)
         ttft = [o.ttft * 1000 for o in outs]
-        rows[name].update(p_ttft50=pct(ttft, 50), p_ttft95=pct(ttft, 95),
+        rows[name].update(p_ttft50=quantile(ttft, 0.5), p_ttft95=quantile(ttft, 0.95),
                           p_hit=hit_rate(outs, seq), p_load=f"{before} -> {load()}")  # fmt: skip
     report(rows, args, rate)
     others = [n for n in runners if n != "torch"]

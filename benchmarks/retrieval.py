@@ -5,13 +5,13 @@ One run, side by side on the same machine state:
    against raw ``Embedder.encode`` of the very same chunk texts, alternated per round (ratio).
 2. Recall@5 and MRR per search mode (dense, lexical, hybrid RRF, min-max fusion) on
    natural-language and exact-name question sets, on demo/corpus and on a held-out corpus
-   (benchmarks/retrieval_quality.py, benchmarks/question_sets.py).
+   (benchmarks/retrieval_quality.py).
 3. Search latency (p50/p95, ms) of ``RetrievalService.search``, hybrid and dense-only alternated,
    including the real query embedding and the database fetch, on N synthetic chunks (clustered
    unit vectors; lexical terms of real demo chunks), exact index and IVF; each leg alone too.
 
-    .venv/bin/python benchmarks/retrieval.py --train-points 8     # all (about 20 min on 2 cores)
-    .venv/bin/python benchmarks/retrieval.py --sizes 10000 --no-quality
+    .venv/bin/python -m benchmarks.retrieval --train-points 8     # all (about 20 min on 2 cores)
+    .venv/bin/python -m benchmarks.retrieval --sizes 10000 --no-quality
 """
 
 from __future__ import annotations
@@ -29,21 +29,18 @@ import numpy as np
 from sqlalchemy import create_engine, insert
 from sqlalchemy.orm import Session, sessionmaker
 
+from app.audit.stats import quantile
+from benchmarks.retrieval_quality import exact_name_questions, quality
+from retrieval import Embedder, RetrievalService, indexes
+from retrieval.chunking import Chunker, embedding_text
+from retrieval.indexes import kind_of, new_flat, new_ivf
+from retrieval.lexical import LexicalIndex
+from retrieval.loaders import load_document
+from retrieval.records import Chunk, CollectionIndex, Document, metadata
+from retrieval.terms import chunk_terms, query_terms
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
-sys.path.append(str(ROOT / "benchmarks"))  # after ROOT: its retrieval.py is this file
-
-from question_sets import exact_name_questions  # noqa: E402
-from retrieval_quality import quality  # noqa: E402
-
-from retrieval import Embedder, RetrievalService, indexes  # noqa: E402
-from retrieval.chunking import Chunker, embedding_text  # noqa: E402
-from retrieval.indexes import kind_of, new_flat, new_ivf  # noqa: E402
-from retrieval.lexical import LexicalIndex  # noqa: E402
-from retrieval.loaders import load_document  # noqa: E402
-from retrieval.records import Chunk, CollectionIndex, Document, metadata  # noqa: E402
-from retrieval.terms import chunk_terms, query_terms  # noqa: E402
 
 CORPUS = ROOT / "demo" / "corpus"
 GOLDEN = ROOT / "tests" / "data" / "golden_retrieval.jsonl"
@@ -142,7 +139,7 @@ def synthetic_collection(
 
 
 def _p(values: list[float]) -> str:
-    return f"{np.percentile(values, 50):.1f} / {np.percentile(values, 95):.1f}"
+    return f"{quantile(values, 0.5):.1f} / {quantile(values, 0.95):.1f}"
 
 
 def search_rows(
@@ -209,11 +206,11 @@ def search_rows(
                 lexical.search(query_terms(q), 58)
                 (lex_nat if q in natural else lex_exact).append((time.perf_counter() - t) * 1000)
             faiss.omp_set_num_threads(threads)
-            ratio = np.percentile(hybrid_ms, 95) / np.percentile(dense_ms, 95)
+            ratio = quantile(hybrid_ms, 0.95) / quantile(dense_ms, 0.95)
             out.append(f"| {n:,} | {kind} | {_p(hybrid_ms)} | {_p(dense_ms)} | {ratio:.2f} | "
                        f"{_p(embed_ms)} | {_p(faiss_ms)} | {_p(lex_nat)} | {_p(lex_exact)} | "
                        f"{build_s:.1f} |")  # fmt: skip
-            print(f"  {n} {kind}: hybrid p95 {np.percentile(hybrid_ms, 95):.1f} ms "
+            print(f"  {n} {kind}: hybrid p95 {quantile(hybrid_ms, 0.95):.1f} ms "
                   f"(set up in {made:.0f} s)", file=sys.stderr, flush=True)  # fmt: skip
             service.session_factory.kw["bind"].dispose()
             del service, legs, held, lexical

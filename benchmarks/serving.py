@@ -16,7 +16,7 @@ Phases:
    phase 1 measured, for that long, on each variant; P50/P95/P99 of total latency (queued →
    answered) and of time to first token (queued → first token, as the worker recorded it).
 
-    SPECRAG_TORCH_THREADS=1 .venv/bin/python benchmarks/serving.py [--burst 24] [--max-tokens 64]
+    SPECRAG_TORCH_THREADS=1 .venv/bin/python -m benchmarks.serving [--burst 24] [--max-tokens 64]
         [--concurrency 4,8] [--rounds 2] [--poisson-seconds 120] [--load 1.5]
         [--poisson-concurrency N]
 """
@@ -26,18 +26,17 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import sys
 import tempfile
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from app.audit.stats import quantile
+from benchmarks.batch import FILES, QUESTIONS, setup, wait_query
+from benchmarks.support import drop_database, note, start_worker
 
-from benchmarks.batch import FILES, QUESTIONS, setup, wait_query  # noqa: E402
-from benchmarks.support import drop_database, note, pct, start_worker  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
 
 
 def send(sf: Any, settings: Any, celery: Any, question: str, max_tokens: int) -> uuid.UUID:
@@ -272,7 +271,7 @@ def report_poisson(
         ttft = [r["ttft_ms"] for r in ok if r["ttft_ms"] is not None]
 
         def three(v: list[float]) -> str:
-            return " / ".join(f"{pct(v, q):.0f}" for q in (50, 95, 99)) if v else "n/a"
+            return " / ".join(f"{quantile(v, q / 100):.0f}" for q in (50, 95, 99)) if v else "n/a"
 
         print(f"| {label} | {len(rows)} | {len(ok)} | {three(total)} | {three(ttft)} |")
 

@@ -6,7 +6,7 @@ microseconds. Variants: rates in Redis (the broker) with the counts on PostgreSQ
 database (no Redis broker: app/tenancy/ratestore.py) on PostgreSQL, and on SQLite (the embedded
 default).
 
-    SPECRAG_TORCH_THREADS=1 .venv/bin/python benchmarks/tenant_limits.py --n 2000
+    SPECRAG_TORCH_THREADS=1 .venv/bin/python -m benchmarks.tenant_limits --n 2000
 
 Needs PostgreSQL on 127.0.0.1:5432 and Redis on 127.0.0.1:6379 (a free DB number is claimed as
 the test fixtures claim one, and flushed after).
@@ -16,24 +16,21 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import sys
 import tempfile
 import time
 import uuid
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from benchmarks.support import (  # noqa: E402 - the path above makes the package importable
+from app.audit.stats import quantile
+from benchmarks.support import (
     claim_redis_db,
     create_database,
     database_url,
     drop_database,
-    percentile,
     release_redis_db,
 )
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def time_variant(name: str, settings, n: int) -> dict[str, float]:  # type: ignore[no-untyped-def]
@@ -64,10 +61,10 @@ def time_variant(name: str, settings, n: int) -> dict[str, float]:  # type: igno
     engine.dispose()
     return {
         "variant": name,
-        "limits_p50_us": statistics.median(checks),
-        "limits_p95_us": percentile(checks, 95),
-        "guard_p50_us": statistics.median(scans),
-        "guard_p95_us": percentile(scans, 95),
+        "limits_p50_us": quantile(checks, 0.5),
+        "limits_p95_us": quantile(checks, 0.95),
+        "guard_p50_us": quantile(scans, 0.5),
+        "guard_p95_us": quantile(scans, 0.95),
     }
 
 

@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session
 from app.audit import render_report, units
 from app.audit.stats import mcnemar_exact, quantile, quantile_ci, sign_flip_p
 from app.db.schema import upgrade
-from benchmarks.seeding import seed
+from testkit.seeding import seed
 
 
 def test_quantile_and_its_interval_cover_the_true_value() -> None:

@@ -7,9 +7,9 @@ watchers of let-go indexes have stopped (they poll every 500 ms). Then one colle
 ``--chunks`` chunks (synthetic vectors) has its FAISS file damaged in place, and a restarted
 host's first search (refusal and rebuild from the database) is timed beside an intact restart.
 
-    python -m benchmarks.collections --collections 1000 --held 20 --chunks 0
-    python -m benchmarks.collections --collections 200 --held 0 --chunks 0  # unbounded control
-    flock /tmp/bench.lock python -m benchmarks.collections --collections 10 --chunks 50000
+    python -m benchmarks.held_indexes --collections 1000 --held 20 --chunks 0
+    python -m benchmarks.held_indexes --collections 200 --held 0 --chunks 0  # unbounded control
+    flock /tmp/bench.lock python -m benchmarks.held_indexes --collections 10 --chunks 50000
 """
 
 from __future__ import annotations
