@@ -34,6 +34,20 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from benchmarks.support import goal
+
+GOALS = [
+    goal(
+        "instruct",
+        "one-shot ask --local: speedup of the best method over none (8 questions)",
+        "best_speedup",
+        ">=",
+        1.5,
+        "x",
+    ),
+]
+"""The rows of docs/results.md this benchmark backs (``write_result`` reads them)."""
+
 ROOT = Path(__file__).resolve().parent.parent
 
 PHASES = (

@@ -40,10 +40,26 @@ from benchmarks.support import (
     create_database,
     database_url,
     drop_database,
+    goal,
     note,
     start_worker,
     train_tokenizer,
 )
+
+GOALS = [
+    goal(
+        "batch",
+        "batch throughput on one worker / the pipeline back to back",
+        "throughput_vs_pipeline",
+        ">=",
+        0.9,
+        "x",
+    ),
+    goal(
+        "batch", "interactive p95 during a batch / idle", "interactive_p95_vs_idle", "<=", 1.1, "x"
+    ),
+]
+"""The rows of docs/results.md this benchmark backs (``write_result`` reads them)."""
 
 REPO = Path(__file__).resolve().parent.parent
 

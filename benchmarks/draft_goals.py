@@ -35,7 +35,62 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.instruct_goals import held_out_questions
-from benchmarks.support import RedisServer, create_database, database_url, drop_database
+from benchmarks.support import (
+    RedisServer,
+    create_database,
+    database_url,
+    drop_database,
+    goal,
+)
+
+GOALS = [
+    goal(
+        "drafts",
+        "tuned draft's acceptance gain on held-out stored traffic (absolute)",
+        "traffic_acceptance_gain",
+        ">=",
+        0.1,
+    ),
+    goal(
+        "drafts",
+        "tuned draft's acceptance gain on fresh questions, same modules",
+        "fresh_acceptance_gain",
+        ">=",
+        0.1,
+    ),
+    goal(
+        "drafts",
+        "tuned / shipped draft: decode speed on held-out stored traffic",
+        "traffic_decode_speedup",
+        ">=",
+        1.15,
+        "x",
+    ),
+    goal(
+        "drafts",
+        "tuned / shipped draft: decode speed on fresh questions",
+        "fresh_decode_speedup",
+        ">=",
+        1.15,
+        "x",
+    ),
+    goal(
+        "drafts",
+        "tuned / shipped draft: fresh questions counting the prompt's prefill",
+        "fresh_with_prefill_speedup",
+        ">=",
+        1.15,
+        "x",
+    ),
+    goal(
+        "drafts",
+        "acceptance change on held-out demo questions (no forgetting)",
+        "demo_acceptance_change",
+        ">=",
+        -0.03,
+    ),
+]
+"""The rows of docs/results.md this benchmark backs (``write_result`` reads them)."""
 
 ROOT = Path(__file__).resolve().parent.parent
 

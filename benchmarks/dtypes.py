@@ -35,7 +35,39 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from benchmarks.support import goal
 from benchmarks.vllm_engines import DEMO, rag_prompts
+
+GOALS = [
+    goal(
+        "bf16",
+        "torch bf16 / float32: prefill prompt tokens/s",
+        "prefill_bf16_vs_f32",
+        ">=",
+        3.0,
+        "x",
+    ),
+    goal(
+        "bf16",
+        "torch bf16 / float32: generate_many(16) tokens/s",
+        "many_bf16_vs_f32",
+        ">=",
+        2.0,
+        "x",
+    ),
+    goal("bf16", "torch bf16 / float32: one-stream TTFT p50", "ttft_bf16_vs_f32", "<=", 0.5, "x"),
+    goal("bf16", "torch bf16 / vLLM bf16: one-stream tokens/s", "stream_vs_vllm", ">=", 1.2, "x"),
+    goal("bf16", "torch bf16 / vLLM bf16: burst of 48 tokens/s", "burst_vs_vllm", ">=", 1.0, "x"),
+    goal("bf16", "torch bf16 / vLLM bf16: one-stream TTFT p50", "ttft_vs_vllm", "<=", 0.8, "x"),
+    goal(
+        "bf16",
+        "bf16 answers differing from bf16 none at a clear margin (not a near-tie)",
+        "clear_margin_divergences",
+        "<=",
+        0,
+    ),
+]
+"""The rows of docs/results.md this benchmark backs (``write_result`` reads them)."""
 
 REPO = Path(__file__).resolve().parent.parent
 

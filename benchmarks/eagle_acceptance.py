@@ -22,6 +22,38 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from benchmarks.support import goal
+
+GOALS = [
+    goal(
+        "eagle",
+        "EAGLE head's tokens per target pass / the draft model's (held-out questions)",
+        "eagle_vs_draft_length",
+        ">=",
+        1.3,
+        "x",
+    ),
+    goal(
+        "eagle",
+        "one-stream decode tokens/s, EAGLE / draft model",
+        "eagle_vs_draft_speed",
+        ">=",
+        1.25,
+        "x",
+    ),
+    goal(
+        "eagle", "one-stream decode tokens/s, EAGLE / none", "eagle_vs_none_speed", ">=", 1.8, "x"
+    ),
+    goal(
+        "eagle",
+        "float32 greedy answers identical to none's on every prompt",
+        "identical",
+        "==",
+        True,
+    ),
+]
+"""The rows of docs/results.md this benchmark backs (``write_result`` reads them)."""
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

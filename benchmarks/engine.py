@@ -25,11 +25,47 @@ from typing import Any
 
 import torch
 
+from benchmarks.support import goal
 from generation import SamplingParams, SpeculativeEngine
 from generation.config import EngineConfig
 from generation.model.forward import Forward
 from generation.model.loading import has_tokenizer, load_tokenizer
 from generation.model.model_runner import ModelRunner
+
+GOALS = [
+    goal(
+        "engine",
+        "greedy output identical to the target alone, every method and k",
+        "identical",
+        "==",
+        True,
+    ),
+    goal(
+        "engine",
+        "efficiency: measured speedup / speedup predicted from measured pass costs, lowest row",
+        "min_efficiency",
+        ">=",
+        0.9,
+    ),
+    goal(
+        "engine",
+        "tokens/s against transformers' assisted generation, same pair and k",
+        "vs_assisted",
+        ">=",
+        1.15,
+        "x",
+    ),
+    goal(
+        "engine",
+        "tokens/s against transformers' prompt lookup, same pair and k",
+        "vs_lookup",
+        ">=",
+        1.15,
+        "x",
+    ),
+    goal("engine", "k auto against the best fixed k", "auto_vs_best", ">=", 0.95, "x"),
+]
+"""The rows of docs/results.md this benchmark backs (``write_result`` reads them)."""
 
 
 def random_pair(vocab: int, hidden: int, layers: int, weak: float, seed: int) -> tuple[Any, Any]:

@@ -31,7 +31,20 @@ from benchmarks.support import (
     create_database,
     database_url,
     drop_database,
+    goal,
 )
+
+GOALS = [
+    goal(
+        "tenants",
+        "another tenant's 5 queries under a 500-query flood: P95 / idle P95",
+        "flood_p95_vs_idle",
+        "<=",
+        5.0,
+        "x",
+    ),
+]
+"""The rows of docs/results.md this benchmark backs (``write_result`` reads them)."""
 
 ROOT = Path(__file__).resolve().parent.parent
 

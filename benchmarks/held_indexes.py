@@ -23,6 +23,27 @@ from pathlib import Path
 from sqlalchemy import create_engine
 from sqlalchemy.orm import sessionmaker
 
+from benchmarks.support import goal
+
+GOALS = [
+    goal(
+        "faults",
+        "worker threads after 1,000 collections / after 10",
+        "threads_ratio",
+        "<=",
+        2.0,
+        "x",
+    ),
+    goal(
+        "faults",
+        "a damaged FAISS file is refused, rebuilt from the database, same answers",
+        "repaired_same_answers",
+        "==",
+        True,
+    ),
+]
+"""The rows of docs/results.md this benchmark backs (``write_result`` reads them)."""
+
 TEXT = "# Orchards\n\nApple trees need cross-pollination from a second variety.\n"
 
 

@@ -21,6 +21,20 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.support import goal
+
+GOALS = [
+    goal(
+        "metrics",
+        "Prometheus hook cost per answer / answer time (steady)",
+        "hook_share_pct",
+        "<=",
+        1.0,
+        "%",
+    ),
+]
+"""The rows of docs/results.md this benchmark backs (``write_result`` reads them)."""
+
 ROOT = Path(__file__).resolve().parent.parent
 
 QUESTIONS = [

@@ -39,6 +39,35 @@ from benchmarks.prefix_workload import (
     shared_prefix_share,
     target_alone,
 )
+from benchmarks.support import goal
+
+GOALS = [
+    goal(
+        "prefix reuse",
+        "one-stream decode tokens/s / vLLM's (demo pair, float32)",
+        "stream_vs_vllm",
+        ">=",
+        2.0,
+        "x",
+    ),
+    goal(
+        "prefix reuse",
+        "burst of 48 over recurring passages, tokens/s / vLLM's",
+        "burst_vs_vllm",
+        ">=",
+        1.3,
+        "x",
+    ),
+    goal("prefix reuse", "median TTFT one by one / vLLM's", "ttft_vs_vllm", "<=", 0.5, "x"),
+    goal(
+        "prefix reuse",
+        "answers identical to vLLM's and the target alone's (float32)",
+        "identical",
+        "==",
+        True,
+    ),
+]
+"""The rows of docs/results.md this benchmark backs (``write_result`` reads them)."""
 
 REPO = Path(__file__).resolve().parents[1]
 

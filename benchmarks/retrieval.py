@@ -31,6 +31,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from app.audit.stats import quantile
 from benchmarks.retrieval_quality import exact_name_questions, quality
+from benchmarks.support import goal
 from retrieval import Embedder, RetrievalService, indexes
 from retrieval.chunking import Chunker, embedding_text
 from retrieval.indexes import kind_of, new_flat, new_ivf
@@ -38,6 +39,48 @@ from retrieval.lexical import LexicalIndex
 from retrieval.loaders import load_document
 from retrieval.records import Chunk, CollectionIndex, Document, metadata
 from retrieval.terms import chunk_terms, query_terms
+
+GOALS = [
+    goal(
+        "retrieval",
+        "ingest chunks/s / raw MiniLM encode of the same chunks",
+        "ingest_vs_encode_pct",
+        ">=",
+        85,
+        "%",
+    ),
+    goal(
+        "retrieval",
+        "hybrid search p95 at 100k chunks (exact index; both legs and the embedding)",
+        "search_p95_100k_ms",
+        "<=",
+        30,
+        "ms",
+    ),
+    goal("retrieval", "hybrid search p95 at 1M chunks (IVF)", "search_p95_1m_ms", "<=", 60, "ms"),
+    goal(
+        "retrieval",
+        "golden natural-language recall@5 (demo corpus)",
+        "golden_recall_at_5",
+        ">=",
+        0.9,
+    ),
+    goal(
+        "retrieval",
+        "exact-name recall@5 on the held-out corpus",
+        "exact_name_recall_at_5",
+        ">=",
+        0.95,
+    ),
+    goal(
+        "retrieval",
+        "natural-language recall@5, hybrid minus dense",
+        "hybrid_minus_dense_recall",
+        ">=",
+        0.0,
+    ),
+]
+"""The rows of docs/results.md this benchmark backs (``write_result`` reads them)."""
 
 ROOT = Path(__file__).resolve().parents[1]
 

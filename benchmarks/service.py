@@ -29,8 +29,29 @@ from benchmarks.support import (
     create_database,
     database_url,
     drop_database,
+    goal,
     train_tokenizer,
 )
+
+GOALS = [
+    goal(
+        "service",
+        "service overhead p50 (total - retrieval - generation)",
+        "overhead_p50_ms",
+        "<=",
+        15,
+        "ms",
+    ),
+    goal("service", "service overhead p95", "overhead_p95_ms", "<=", 40, "ms"),
+    goal(
+        "service",
+        "200 queued queries on one worker all answered, none twice",
+        "all_once",
+        "==",
+        True,
+    ),
+]
+"""The rows of docs/results.md this benchmark backs (``write_result`` reads them)."""
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -34,7 +34,20 @@ from typing import Any
 
 from app.audit.stats import quantile
 from benchmarks.batch import FILES, QUESTIONS, setup, wait_query
-from benchmarks.support import drop_database, note, start_worker
+from benchmarks.support import drop_database, goal, note, start_worker
+
+GOALS = [
+    goal(
+        "serving",
+        "burst of 24 x 64 tokens on one worker, queries/s / one at a time",
+        "burst_vs_one_at_a_time",
+        ">=",
+        2.5,
+        "x",
+    ),
+    goal("serving", "greedy answers identical under load", "identical", "==", True),
+]
+"""The rows of docs/results.md this benchmark backs (``write_result`` reads them)."""
 
 REPO = Path(__file__).resolve().parent.parent
 

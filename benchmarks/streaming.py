@@ -34,8 +34,20 @@ from pathlib import Path
 from typing import Any
 
 from app.audit.stats import quantile
-from benchmarks.support import claim_redis_db, free_port, release_redis_db
+from benchmarks.support import claim_redis_db, free_port, goal, release_redis_db
 from workers.process import WorkerProcess, settings_env
+
+GOALS = [
+    goal(
+        "streaming",
+        "first token event p50 after the worker verifies it (one open stream)",
+        "first_event_p50_ms",
+        "<=",
+        50,
+        "ms",
+    ),
+]
+"""The rows of docs/results.md this benchmark backs (``write_result`` reads them)."""
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -30,6 +30,19 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.support import goal
+
+GOALS = [
+    goal(
+        "vllm",
+        "vLLM's CPU build answers as the torch engine (float32 greedy, 16 RAG prompts)",
+        "identical",
+        "==",
+        True,
+    ),
+]
+"""The rows of docs/results.md this benchmark backs (``write_result`` reads them)."""
+
 REPO = Path(__file__).resolve().parent.parent
 DEMO = REPO / "models" / "demo"
 
