@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session
 
 from app.audit import render_report
 from app.db.schema import upgrade
-from benchmarks.support import goal, scratch_database
+from benchmarks.support import goal, scratch_database, write_result
 from testkit.seeding import seed
 
 GOALS = [
@@ -79,11 +79,20 @@ def main() -> None:
     args = ap.parse_args()
 
     with scratch_database("specrag_bench_audit", migrate=False) as url:
-        report(args, url)
+        seconds = report(args, url)
+    figures = {
+        "report_json_s": seconds[("postgresql", "json")],
+        "report_html_s": seconds[("postgresql", "html")],
+        "rows": args.rows,
+        "report_s": {f"{dialect} {fmt}": s for (dialect, fmt), s in seconds.items()},
+    }
+    write_result("audit", figures, GOALS)
 
 
-def report(args: argparse.Namespace, url: str) -> None:
-    """Seed the database at ``url`` (and a SQLite file unless skipped) and print the table."""
+def report(args: argparse.Namespace, url: str) -> dict[tuple[str, str], float]:
+    """Seed the database at ``url`` (and a SQLite file unless skipped), print the table and
+    return the median report seconds by (dialect, format)."""
+    seconds: dict[tuple[str, str], float] = {}
     engines = {"postgresql": create_engine(url)}
     tmp = tempfile.TemporaryDirectory()
     if not args.skip_sqlite:
@@ -100,10 +109,12 @@ def report(args: argparse.Namespace, url: str) -> None:
             for fmt in ("json", "csv", "html"):
                 secs, size = time_report(engine, fmt, args.repeat)
                 print(f"| {dialect} | {seeded:.1f} | {fmt} | {secs:.2f} | {size} |", flush=True)
+                seconds[(dialect, fmt)] = secs
     finally:
         for engine in engines.values():
             engine.dispose()
         tmp.cleanup()
+    return seconds
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ from benchmarks.support import (
     database_url,
     drop_database,
     goal,
+    write_result,
 )
 
 GOALS = [
@@ -175,6 +176,11 @@ def main() -> None:
         p95 = quantile(r["latencies"], 0.95)
         print(f"| {r['variant']} | {quantile(r['latencies'], 0.5):.0f} | {p95:.0f} | "
               f"{p95 / idle:.2f} | {r['flood_answered']} |")  # fmt: skip
+    by = {r["variant"]: quantile(r["latencies"], 0.95) for r in rows}
+    figures = {"flood_p95_vs_idle": by["flood, admission"] / idle, "p95_ms_by_variant": by,
+               "flood": args.flood}  # fmt: skip
+    notes = {"flood_p95_vs_idle": f"{by['flood, no admission'] / idle:.1f}x without admission"}
+    write_result("fair_share", figures, GOALS, notes)
 
 
 if __name__ == "__main__":

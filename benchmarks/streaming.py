@@ -34,13 +34,13 @@ from pathlib import Path
 from typing import Any
 
 from app.audit.stats import quantile
-from benchmarks.support import claim_redis_db, free_port, goal, release_redis_db
+from benchmarks.support import claim_redis_db, free_port, goal, release_redis_db, write_result
 from workers.process import WorkerProcess, settings_env
 
 GOALS = [
     goal(
         "streaming",
-        "first token event p50 after the worker verifies it (one open stream)",
+        "first token event p50 after the worker verifies it (a lone query, live worker)",
         "first_event_p50_ms",
         "<=",
         50,
@@ -225,17 +225,25 @@ def main() -> None:
     with factory() as session:
         key = create_key(session, "default")
     print("| case | events | p50 ms | p95 ms | p99 ms | max ms |\n|---|---|---|---|---|---|")
+    p50: dict[str, float | None] = {}
     try:
         if args.queries:
             retrieval = Resources(settings, factory).retrieval
             retrieval.ingest([ROOT / "demo" / "corpus"], collection="demo")
             ms = bench_worker(settings, key, args.queries, args.max_tokens)
             print(row("worker (demo pair), first token event", ms), flush=True)
+            p50["worker"] = quantile(ms, 0.5)
         for n in args.streams:
             ms = bench_transport(settings, key, n, args.bursts, args.interval)
             print(row(f"{n} open streams, every token event", ms), flush=True)
+            p50[f"{n} streams"] = quantile(ms, 0.5)
     finally:
         release_redis_db(int((settings.broker_url or "").rsplit("/", 1)[1]))
+    # The goal is read through a live worker; without one (--queries 0), on the bare transport.
+    first = p50["worker"] if "worker" in p50 else p50.get("1 streams")
+    figures = {"first_event_p50_ms": first, "p50_ms_by_case": p50}
+    notes = {"first_event_p50_ms": "through a live worker" if "worker" in p50 else "bare transport"}
+    write_result("streaming", figures, GOALS, notes)
 
 
 if __name__ == "__main__":

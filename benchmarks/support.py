@@ -140,10 +140,15 @@ def command(name: str) -> str:
 
 
 def write_result(
-    name: str, figures: dict[str, Any], goals: list[dict], out: Path | None = None
+    name: str,
+    figures: dict[str, Any],
+    goals: list[dict],
+    notes: dict[str, str] | None = None,
+    out: Path | None = None,
 ) -> Path:
     """Write ``benchmarks/results/NAME.json`` (or ``out``): the figures, the goals read from
-    them, the date (UTC), the commit, the host's CPU and ISA and the command; returns its path."""
+    them (``notes``: a figure's context on the page, by figure name), the date (UTC), the
+    commit, the host's CPU and ISA and the command; returns its path."""
     missing = [g["figure"] for g in goals if g["figure"] not in figures]
     if missing:
         raise ValueError(f"{name}: the goals read figures the run did not produce: {missing}")
@@ -155,7 +160,9 @@ def write_result(
         "host": host(),
         "provenance": "run",
         "figures": figures,
-        "goals": goals,
+        "goals": [
+            {**g, "note": notes[g["figure"]]} if g["figure"] in (notes or {}) else g for g in goals
+        ],
     }
     path = out or RESULTS / f"{name}.json"
     path.parent.mkdir(parents=True, exist_ok=True)

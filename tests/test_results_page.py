@@ -5,6 +5,7 @@ Every benchmark that backs a goal has its results file, and every results file a
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import json
 import re
@@ -90,3 +91,26 @@ def test_met_reads_the_goal_and_says_when_nothing_was_measured() -> None:
     assert module.met(3.0, "<=", 5.0) == "yes"
     assert module.met(True, "==", True) == "yes"
     assert module.met(None, ">=", 1.0) == "n/a"
+
+
+def declared_goals(path: Path) -> list[dict]:
+    """The ``GOALS`` a benchmark declares, read from its source (tests import no benchmark)."""
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == "GOALS":
+            assert isinstance(node.value, ast.List)
+            goals = []
+            for call in node.value.elts:
+                assert isinstance(call, ast.Call)
+                args = [ast.literal_eval(a) for a in call.args]
+                goals.append(dict(zip(("area", "goal", "figure", "op", "target", "unit"),
+                                      [*args, ""][:6], strict=True)))  # fmt: skip
+            return goals
+    return []
+
+
+def test_each_results_file_reads_the_goals_its_benchmark_declares() -> None:
+    for path in sorted(RESULTS.glob("*.json")):
+        data = json.loads(path.read_text(encoding="utf-8"))
+        stored = [{k: g[k] for k in ("area", "goal", "figure", "op", "target", "unit")}
+                  for g in data["goals"]]  # fmt: skip
+        assert stored == declared_goals(ROOT / "benchmarks" / f"{path.stem}.py"), path.name
