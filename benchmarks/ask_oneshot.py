@@ -34,7 +34,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from benchmarks.support import goal
+from benchmarks.support import goal, write_result
 
 GOALS = [
     goal(
@@ -401,6 +401,14 @@ def main() -> None:
                     "salt per method)", result["warmed"]))  # fmt: skip
     if args.out:
         args.out.write_text(json.dumps(result, indent=1, default=str) + "\n")
+    figures: dict[str, Any] = {"best_speedup": None, "questions": len(questions)}
+    notes = {}
+    if rows:
+        figures.update(best_speedup=one[best]["speedup"], one_shot=one)
+        notes["best_speedup"] = f"{best}, {len(questions)} questions"
+    if "warmed" in result:
+        figures["warmed"] = result["warmed"]
+    write_result("ask_oneshot", figures, GOALS, notes)
 
 
 if __name__ == "__main__":

@@ -41,6 +41,7 @@ from benchmarks.support import (
     database_url,
     drop_database,
     goal,
+    write_result,
 )
 
 GOALS = [
@@ -393,6 +394,27 @@ def main(argv: list[str] | None = None) -> None:
         run.redis.stop()
         if args.cleanup:
             drop_database(run.state["database"])
+    record(run.work / "evaluate.json")
+
+
+def record(evaluated: Path) -> None:
+    """The goals' figures from ``specrag draft evaluate --json``'s report, per set of prompts."""
+    sets = json.loads(evaluated.read_text())["sets"]
+    traffic, fresh, demo = sets["heldout"], sets["fresh"], sets["demo"]
+    figures = {
+        "traffic_acceptance_gain": traffic["acceptance_gain"],
+        "fresh_acceptance_gain": fresh["acceptance_gain"],
+        "traffic_decode_speedup": traffic["speed_ratio"],
+        "fresh_decode_speedup": fresh["speed_ratio"],
+        "fresh_with_prefill_speedup": fresh["generation_speed_ratio"],
+        "demo_acceptance_change": demo["acceptance_gain"],
+        "sets": sets,
+    }
+    notes = {
+        name: f"acceptance {s['old']['acceptance_rate']:.3f} to {s['new']['acceptance_rate']:.3f}"
+        for name, s in (("traffic_acceptance_gain", traffic), ("fresh_acceptance_gain", fresh))
+    }
+    write_result("draft_goals", figures, GOALS, notes)
 
 
 if __name__ == "__main__":

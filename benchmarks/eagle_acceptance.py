@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from benchmarks.support import goal
+from benchmarks.support import goal, write_result
 
 GOALS = [
     goal(
@@ -184,9 +184,18 @@ def main() -> None:
                 ],
                 "wilcoxon_p_two_sided": float(wilcoxon(other, first).pvalue),
             }
-    print(
-        json.dumps({"questions": len(asked), "dtype": args.dtype, "k": args.k, **table}, indent=2)
-    )
+    summary = {"questions": len(asked), "dtype": args.dtype, "k": args.k, **table}
+    print(json.dumps(summary, indent=2))
+    head = table["ratio"][f"{labels[-1]} / draft_model"]  # the last head given: the new one
+    figures = {
+        "eagle_vs_draft_length": head["tokens_per_target_pass"],
+        "eagle_vs_draft_speed": head["decode_tokens_per_s"],
+        "eagle_vs_none_speed": head["decode_tokens_per_s vs none"],
+        "identical": all(table[m]["identical_to_none"] == len(asked) for m in labels),
+        **summary,
+    }
+    notes = {"identical": f"{args.dtype}, {len(asked)} held-out prompts"}
+    write_result("eagle_acceptance", figures, GOALS, notes)
 
 
 if __name__ == "__main__":

@@ -48,6 +48,7 @@ from benchmarks.support import (
     database_url,
     drop_database,
     goal,
+    write_result,
 )
 
 GOALS = [
@@ -371,7 +372,23 @@ def main() -> None:
     text = json.dumps(result, indent=2)
     if args.out:
         args.out.write_text(text + "\n")
-    print(json.dumps({k: v for k, v in result.items() if k != "samples"}, indent=2))
+    summary = {k: v for k, v in result.items() if k != "samples"}
+    print(json.dumps(summary, indent=2))
+    per = result["methods"]
+    drafted = per.get("draft_model:4", {}).get("acceptance")
+    best = max(((v["speedup"], k) for k, v in per.items() if k != "none:4" and v["speedup"]),
+               default=(None, None))  # fmt: skip
+    figures = {
+        "cites_answer": result["cite_answer_document"],
+        "loops": result["loops"],
+        "acceptance_rate": drafted,
+        "best_speedup": best[0],
+        **summary,
+    }
+    notes = {"best_speedup": f"{best[1]}", "acceptance_rate": "draft_model k = 4",
+             "cites_answer": f"of {result['questions']}; top-{args.top_k} retrieval holds the "
+             f"answering document for {result['retrieved_answer_document']}"}  # fmt: skip
+    write_result("instruct_goals", figures, GOALS, notes)
 
 
 if __name__ == "__main__":

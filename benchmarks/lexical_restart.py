@@ -24,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from benchmarks.scaleout import synthesize
-from benchmarks.support import create_database, database_url, drop_database, goal
+from benchmarks.support import create_database, database_url, drop_database, goal, write_result
 
 GOALS = [
     goal(
@@ -123,6 +123,13 @@ def main() -> None:
         for label, got in times.items():
             rounds = ", ".join(f"{t:.2f}" for t in got)
             print(f"| {label} | {statistics.median(got):.2f} | {rounds} | {sources[label]} |")
+        median = {label: statistics.median(got) for label, got in times.items()}
+        restarted = median["restart (FAISS file + lexical directory)"]
+        rebuilt = median["restart, lexical directory lost (FAISS file + build from stored terms)"]
+        figures = {"restart_vs_rebuild": restarted / rebuilt, "first_search_s": median,
+                   "chunks": args.chunks}  # fmt: skip
+        notes = {"restart_vs_rebuild": f"{restarted:.2f} s against {rebuilt:.2f} s"}
+        write_result("lexical_restart", figures, GOALS, notes)
     finally:
         engine.dispose()
         drop_database(name)

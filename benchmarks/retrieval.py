@@ -31,7 +31,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from app.audit.stats import quantile
 from benchmarks.retrieval_quality import exact_name_questions, quality
-from benchmarks.support import goal
+from benchmarks.support import goal, write_result
 from retrieval import Embedder, RetrievalService, indexes
 from retrieval.chunking import Chunker, embedding_text
 from retrieval.indexes import kind_of, new_flat, new_ivf
@@ -95,7 +95,9 @@ def fresh_service(root: Path, embedder: Embedder, name: str) -> RetrievalService
     return RetrievalService(sessionmaker(engine, expire_on_commit=False), root / name, embedder)
 
 
-def ingest_vs_raw(embedder: Embedder, root: Path, files: list[Path], rounds: int) -> list[str]:
+def ingest_vs_raw(
+    embedder: Embedder, root: Path, files: list[Path], rounds: int, figures: dict
+) -> list[str]:
     chunker = Chunker(embedder.tokenizer)
     texts, drafts = [], []
     for path in files:
@@ -132,6 +134,7 @@ def ingest_vs_raw(embedder: Embedder, root: Path, files: list[Path], rounds: int
         out.append(f"| {i} | {raw:.1f} | {rate:.1f} | {rate / raw:.1%} |")
     ratio = statistics.median(rate / raw for raw, rate in rows)
     out.append(f"| median | | | **{ratio:.1%}** |")
+    figures["ingest_vs_encode_pct"] = ratio * 100
     lex, embed_s = statistics.median(lexical_ms), len(texts) / statistics.median(r for r, _ in rows)
     out += ["", f"Lexical work of these {len(texts)} chunks timed alone (terms + Tantivy build): "
             f"{lex:.0f} ms median, {lex / 10 / embed_s:.2f} % of their raw encode time."]  # fmt: skip
@@ -187,7 +190,7 @@ def _p(values: list[float]) -> str:
 
 def search_rows(
     embedder: Embedder, root: Path, sizes: list[int], questions: dict[str, list[str]],
-    terms: list[str],
+    terms: list[str], figures: dict,
 ) -> list[str]:  # fmt: skip
     """Search latency per size and index kind: hybrid and dense-only alternated per question,
     and each leg timed alone (query embedding, FAISS, lexical on natural-language and on
@@ -250,6 +253,7 @@ def search_rows(
                 (lex_nat if q in natural else lex_exact).append((time.perf_counter() - t) * 1000)
             faiss.omp_set_num_threads(threads)
             ratio = quantile(hybrid_ms, 0.95) / quantile(dense_ms, 0.95)
+            figures.setdefault("hybrid_p95_ms", {})[f"{n} {kind}"] = quantile(hybrid_ms, 0.95)
             out.append(f"| {n:,} | {kind} | {_p(hybrid_ms)} | {_p(dense_ms)} | {ratio:.2f} | "
                        f"{_p(embed_ms)} | {_p(faiss_ms)} | {_p(lex_nat)} | {_p(lex_exact)} | "
                        f"{build_s:.1f} |")  # fmt: skip
@@ -279,18 +283,24 @@ def main() -> None:
     golden = [json.loads(line)["question"] for line in GOLDEN.read_text().splitlines() if line]
     demo = sorted(CORPUS.glob("*.md"))
     exact = [q["question"] for q in exact_name_questions(demo, 40, 7)]
+    figures: dict = {g["figure"]: None for g in GOALS}  # None: the part was not run
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         # Each table as soon as it is done: a long run that is stopped keeps what it measured.
         if not args.no_ingest:
-            show(ingest_vs_raw(embedder, root, demo[: args.files], args.rounds))
+            show(ingest_vs_raw(embedder, root, demo[: args.files], args.rounds, figures))
         if not args.no_quality:
-            show(quality(lambda name: fresh_service(root, embedder, name), root))
+            show(quality(lambda name: fresh_service(root, embedder, name), root, figures))
         if args.sizes:
             terms = real_terms(embedder, demo)
             for size in args.sizes:
                 show(search_rows(embedder, root, [size], {"natural": golden, "exact": exact},
-                                 terms))  # fmt: skip
+                                 terms, figures))  # fmt: skip
+    p95 = figures.get("hybrid_p95_ms", {})
+    figures.update(
+        search_p95_100k_ms=p95.get("100000 exact"), search_p95_1m_ms=p95.get("1000000 IVF")
+    )
+    write_result("retrieval", figures, GOALS)
 
 
 def show(table: list[str]) -> None:
