@@ -44,6 +44,7 @@ from benchmarks.support import (
     note,
     start_worker,
     train_tokenizer,
+    write_result,
 )
 
 GOALS = [
@@ -345,7 +346,9 @@ def run(args: argparse.Namespace, env: dict[str, str], tmp: Path) -> None:
             queue.append((batch_seconds(sf, bid), answering_seconds(sf, batch_query_ids(sf, bid))))
             note(f"pipeline {pipe[-1]}, batch {queue[-1]}")
         if args.skip_interactive:
-            report_throughput(args, pipe, queue)
+            ratio = report_throughput(args, pipe, queue)
+            figures = {"throughput_vs_pipeline": ratio, "interactive_p95_vs_idle": None}
+            write_result("batch", figures, GOALS)
             return
         # Idle and during-batch blocks alternate, so that the machine's drift hits both alike.
         idle: list[tuple[float, float, float]] = []
@@ -366,14 +369,21 @@ def run(args: argparse.Namespace, env: dict[str, str], tmp: Path) -> None:
     finally:
         worker.stop()
 
-    report_throughput(args, pipe, queue)
-    report_latency(args, idle, list(lat.items()))
+    ratio = report_throughput(args, pipe, queue)
+    p95_vs_idle = report_latency(args, idle, list(lat.items()))
+    figures = {
+        "throughput_vs_pipeline": ratio,
+        "interactive_p95_vs_idle": p95_vs_idle[VARIANTS[0][0]],
+        "p95_vs_idle_by_variant": p95_vs_idle,
+    }
+    notes = {"interactive_p95_vs_idle": VARIANTS[0][0]}
+    write_result("batch", figures, GOALS, notes)
 
 
 def report_throughput(
     args: argparse.Namespace, pipe: list[tuple[float, float]], queue: list[tuple[float, float]]
-) -> None:
-    """The throughput table (medians over rounds)."""
+) -> float:
+    """The throughput table (medians over rounds); returns batch throughput / pipeline's."""
     p = statistics.median(w for w, _ in pipe)
     q = statistics.median(w for w, _ in queue)
     p_over = statistics.median(1 - a / w for w, a in pipe)
@@ -394,14 +404,15 @@ def report_throughput(
         f"| batch on one worker (submit → finished) | {args.items / q:.2f} items/s | {q:.1f} s "
         f"| {p / q:.2f} | {q_over:.1%} |"
     )
+    return p / q
 
 
 def report_latency(
     args: argparse.Namespace,
     idle: list[tuple[float, float, float]],
     lat: list[tuple[str, list[tuple[float, float, float]]]],
-) -> None:
-    """The interactive latency table."""
+) -> dict[str, float]:
+    """The interactive latency table; returns each loaded condition's p95 / idle p95."""
     print(
         f"\ninteractive latency (service-measured; {len(idle)} idle queries, {args.interactive}"
         " per loaded condition, a third of that without yield; one after another)\n"
@@ -412,6 +423,7 @@ def report_latency(
     )
     base = quantile([v[0] for v in idle], 0.95)
     intervals = []
+    ratios: dict[str, float] = {}
     for label, values in [("idle", idle), *lat]:
         total, waits, gen = ([v[i] for v in values] for i in range(3))
         print(
@@ -420,9 +432,11 @@ def report_latency(
             f"{quantile(gen, 0.5):.0f} |"
         )
         if label != "idle":
+            ratios[label] = quantile(total, 0.95) / base
             lo, hi = p95_ratio_interval([v[0] for v in idle], total)
             intervals.append(f"{label}: p95 / idle p95 90% bootstrap interval [{lo:.2f}, {hi:.2f}]")
     print("\n" + "\n".join(intervals))
+    return ratios
 
 
 def p95_ratio_interval(

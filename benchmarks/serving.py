@@ -34,7 +34,7 @@ from typing import Any
 
 from app.audit.stats import quantile
 from benchmarks.batch import FILES, QUESTIONS, setup, wait_query
-from benchmarks.support import drop_database, goal, note, start_worker
+from benchmarks.support import drop_database, goal, note, start_worker, write_result
 
 GOALS = [
     goal(
@@ -205,7 +205,11 @@ def run(args: argparse.Namespace, env: dict[str, str], tmp: Path) -> None:
             finally:
                 worker.stop()
             note(f"round {r + 1} {label}: {wall_seconds(bursts[label][-1]):.1f} s")
-    report_burst(args, bursts)
+    speedups, identical = report_burst(args, bursts)
+    best = max(speedups, key=lambda label: speedups[label])
+    figures = {"burst_vs_one_at_a_time": speedups[best], "identical": identical,
+               "speedup_by_variant": speedups}  # fmt: skip
+    write_result("serving", figures, GOALS, {"burst_vs_one_at_a_time": best})
     if args.poisson_seconds <= 0:
         return
     alone = bursts["one at a time"]
@@ -235,8 +239,13 @@ def run(args: argparse.Namespace, env: dict[str, str], tmp: Path) -> None:
     report_poisson(args, capacity, rate, loaded)
 
 
-def report_burst(args: argparse.Namespace, bursts: dict[str, list[list[dict[str, Any]]]]) -> None:
-    """Throughput per variant (all rounds pooled) and whether greedy answers matched."""
+def report_burst(
+    args: argparse.Namespace, bursts: dict[str, list[list[dict[str, Any]]]]
+) -> tuple[dict[str, float], bool]:
+    """Throughput per variant (all rounds pooled) and whether greedy answers matched; returns
+    each loop variant's queries/s over one at a time's, and whether every answer matched."""
+    speedups: dict[str, float] = {}
+    identical = True
     base = bursts["one at a time"]
     reference = {}
     for rows in base:
@@ -257,6 +266,9 @@ def report_burst(args: argparse.Namespace, bursts: dict[str, list[list[dict[str,
         same = sum(r["answer"] == reference.get(i % 12) for b in runs for i, r in enumerate(b))
         failed = sum(r["status"] != "succeeded" for r in rows)
         batch = [r["batch"] for r in rows if r["batch"] is not None]
+        identical = identical and same == len(rows) and not failed
+        if label != "one at a time":
+            speedups[label] = len(rows) / wall / base_qps
         print(
             f"| {label} | {len(rows) / wall:.2f} | {sum(r['tokens'] for r in rows) / wall:.1f} | "
             f"{wall / len(runs):.1f} | {len(rows) / wall / base_qps:.2f} | "
@@ -264,6 +276,7 @@ def report_burst(args: argparse.Namespace, bursts: dict[str, list[list[dict[str,
             + (f" ({failed} failed)" if failed else "")
             + " |"
         )
+    return speedups, identical
 
 
 def report_poisson(
