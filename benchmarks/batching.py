@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.support import goal
+from benchmarks.support import goal, write_result
 from generation import SamplingParams, SpeculativeEngine
 from generation.config import EngineConfig
 from generation.model.kv_store import KVShape
@@ -82,7 +82,9 @@ def timed(fn: Any) -> tuple[Any, float]:
     return out, time.perf_counter() - start
 
 
-def part_many(engine: SpeculativeEngine, prompts: list[list[int]], repeats: int) -> None:
+def part_many(
+    engine: SpeculativeEngine, prompts: list[list[int]], repeats: int, figures: dict
+) -> None:
     params = SamplingParams(
         max_new_tokens=MAX_NEW, method="draft_model", num_speculative_tokens="auto"
     )
@@ -111,6 +113,8 @@ def part_many(engine: SpeculativeEngine, prompts: list[list[int]], repeats: int)
     print(f"answers identical: {same}")
     ratio = statistics.median(s / a for s, a in zip(single, alone, strict=True))
     print(f"batch of one (generate_many([p])) / generate, median over prompts: {ratio:.3f}")
+    figures.update(many_vs_one_by_one=statistics.median(many) / base, batch_of_one=ratio,
+                   identical=same)  # fmt: skip
     # Where the time goes: both paths prefill every prompt (target and draft) one by one, and
     # a prefill is arithmetic (hundreds of tokens a pass), which batching cannot share.
     tokens = sum(len(r.token_ids) for r in seq)
@@ -143,8 +147,9 @@ def prefill_seconds(engine: SpeculativeEngine, prompts: list[list[int]]) -> floa
 
 
 def part_sweep(
-    engine: SpeculativeEngine, prompts: list[list[int]], sizes: list[int], repeats: int = 1
-) -> None:
+    engine: SpeculativeEngine, prompts: list[list[int]], sizes: list[int], repeats: int,
+    figures: dict,
+) -> None:  # fmt: skip
     """Each cell is the median of ``repeats`` runs; the settings alternate within a repeat."""
     settings: list[tuple[str, str, int | str]] = [
         ("none", "none", 1),
@@ -184,6 +189,9 @@ def part_sweep(
         best = max(v for n, v in rates.items() if n != "auto")
         cells = " | ".join(f"{rates[n]:.1f}" for n, _, _ in settings)
         print(f"| {size} | {cells} | {rates['auto'] / best:.2f} | {chosen:.2f} |")
+        figures.setdefault("auto_vs_best_by_size", {})[size] = rates["auto"] / best
+    worst = min(figures["auto_vs_best_by_size"].values())
+    figures["auto_vs_best_worst"] = worst
 
 
 def part_stall(engine: SpeculativeEngine, prompts: list[list[int]], chunks: list[int]) -> None:
@@ -258,14 +266,17 @@ def main() -> None:
     engine.warmup(batch_sizes=tuple(sizes))
     print(f"warm-up (KV store and T(B, k) for B in {sizes}): {time.perf_counter() - start:.1f} s")
     parts = args.parts.split(",")
+    figures: dict = {g["figure"]: None for g in GOALS}  # None: the part was not run
     if "memory" in parts:
         part_memory(engine)
     if "many" in parts:
-        part_many(engine, prompts, args.repeats)
+        part_many(engine, prompts, args.repeats, figures)
     if "sweep" in parts:
-        part_sweep(engine, prompts, sizes, args.repeats)
+        part_sweep(engine, prompts, sizes, args.repeats, figures)
     if "stall" in parts:
         part_stall(engine, prompts, [int(c) for c in args.chunks.split(",")])
+    notes = {"many_vs_one_by_one": f"{torch.get_num_threads()} torch thread(s)"}
+    write_result("batching", figures, GOALS, notes)
 
 
 if __name__ == "__main__":
