@@ -35,7 +35,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from benchmarks.support import goal
+from benchmarks.support import goal, write_result
 from benchmarks.vllm_engines import DEMO, rag_prompts
 
 GOALS = [
@@ -329,7 +329,8 @@ def burst_rows(
             rows[name]["burst_hit"] = cached / sum(len(p) + 1 for p in burst)
 
 
-def table(rows: dict[str, dict[str, Any]], args: argparse.Namespace) -> None:
+def table(rows: dict[str, dict[str, Any]], args: argparse.Namespace) -> dict[str, float]:
+    """Print the timing table; returns the goals' ratios that the engines run make."""
     names = [n for n in ENGINES if n in rows]
     ratio = [(a, b) for a, b in (("torch bf16", "torch f32"), ("torch bf16", "vllm bf16"))
              if a in names and b in names]  # fmt: skip
@@ -364,14 +365,32 @@ def table(rows: dict[str, dict[str, Any]], args: argparse.Namespace) -> None:
         cells = [fmt.format(values[n]) for n in names]
         cells += [f"{values[a] / values[b]:.2f}x" if values[b] else "-" for a, b in ratio]
         print(f"| {label} | " + " | ".join(cells) + " |")
+    by = {label: values for label, values, _ in lines}
+
+    def over(label: str, a: str, b: str) -> float | None:
+        values = by.get(label, {})
+        return values[a] / values[b] if a in values and b in values and values[b] else None
+
+    burst_label = next(label for label in by if label.startswith("burst of"))
+    return {
+        "prefill_bf16_vs_f32": over("prefill, prompt tokens/s", "torch bf16", "torch f32"),
+        "many_bf16_vs_f32": over(
+            f"generate_many({args.prompts}), tokens/s", "torch bf16", "torch f32"
+        ),
+        "ttft_bf16_vs_f32": over("one stream, TTFT p50 ms", "torch bf16", "torch f32"),
+        "stream_vs_vllm": over("one stream, tokens/s", "torch bf16", "vllm bf16"),
+        "burst_vs_vllm": over(burst_label, "torch bf16", "vllm bf16"),
+        "ttft_vs_vllm": over("one stream, TTFT p50 ms", "torch bf16", "vllm bf16"),
+    }
 
 
-def exactness(engines: dict[str, Any], rows: dict[str, dict[str, Any]], args: Any) -> None:
+def exactness(engines: dict[str, Any], rows: dict[str, dict[str, Any]], args: Any) -> int | None:
+    """Print the exactness table; returns the torch bf16 engine's clear-margin divergences."""
     from generation import SamplingParams
     from generation.exactness import check_greedy
 
     if not {"torch bf16", "torch f32"} <= set(engines):
-        return
+        return None
     bf16, f32 = engines["torch bf16"], engines["torch f32"]
     stream, many = rows["_prompts"]["stream"], rows["_prompts"]["many"]
     none = SamplingParams(max_new_tokens=args.max_tokens, method="none")
@@ -406,6 +425,7 @@ def exactness(engines: dict[str, Any], rows: dict[str, dict[str, Any]], args: An
         ("vllm bf16 vs torch bf16 none", "vllm bf16", "answers", "bf16 none", bf16, stream),
         ("vllm f32 vs torch f32 none", "vllm f32", "answers", "f32 none", f32, stream),
     )  # fmt: skip
+    clear = 0
     for label, name, key, reference, engine, prompts in cases:
         if (name is not None and name not in rows) or reference not in ref:
             continue
@@ -419,6 +439,9 @@ def exactness(engines: dict[str, Any], rows: dict[str, dict[str, Any]], args: An
         largest = max((d.gap for d in excused), default=None)
         print(f"| {label} | {len(found)}/{len(prompts)} | {len(excused)} | "
               f"{'-' if largest is None else f'{largest:.4f}'} | {len(found) - len(excused)} |")  # fmt: skip
+        if name == "torch bf16":
+            clear += len(found) - len(excused)
+    return clear
 
 
 def ties(args: argparse.Namespace) -> None:
@@ -486,9 +509,11 @@ def main() -> None:
     args.binding = pin_engines(os.environ["VLLM_CPU_OMP_THREADS_BIND"])
     print(args.binding, flush=True)
     rows = measure(engines, args)
-    table(rows, args)
+    figures: dict[str, Any] = {**table(rows, args), "clear_margin_divergences": None}
     if args.only != "burst":
-        exactness(engines, rows, args)
+        figures["clear_margin_divergences"] = exactness(engines, rows, args)
+    figures["binding"] = args.binding
+    write_result("dtypes", figures, GOALS)
     for engine in engines.values():
         close = getattr(engine, "close", None)
         if callable(close):

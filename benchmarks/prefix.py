@@ -39,7 +39,7 @@ from benchmarks.prefix_workload import (
     shared_prefix_share,
     target_alone,
 )
-from benchmarks.support import goal
+from benchmarks.support import goal, write_result
 
 GOALS = [
     goal(
@@ -199,10 +199,38 @@ def main() -> None:
     for r in runners.values():
         r.close()
     alone = target_alone(target, seq + bur, args.max_tokens)
+    identical = True
     for name in runners:
         got = answers[name] + answers[name + "-burst"]
         same = sum(x == y for x, y in zip(got, alone, strict=True))
+        identical = identical and same == len(got)
         print(f"answers {name} == target alone (one by one and burst): {same}/{len(got)}")
+    record(rows, identical)
+
+
+def record(rows: dict[str, dict[str, Any]], identical: bool) -> None:
+    """The goals' figures: the torch engine against vLLM where both ran."""
+    both = "torch" in rows and "vllm" in rows
+
+    def over(key: str) -> float | None:
+        return rows["torch"][key] / rows["vllm"][key] if both and rows["vllm"][key] else None
+
+    figures = {
+        "stream_vs_vllm": over("stream_tps"),
+        "burst_vs_vllm": over("burst_tps"),
+        "ttft_vs_vllm": over("ttft50"),
+        "identical": identical,
+        "rows": rows,
+    }
+    notes = {}
+    if both:
+        t, v = rows["torch"], rows["vllm"]
+        notes = {
+            "stream_vs_vllm": f"{t['stream_tps']:.0f} against {v['stream_tps']:.0f} tokens/s",
+            "burst_vs_vllm": f"hit rate {t['burst_hit']:.1%} against {v['burst_hit']:.1%}",
+            "ttft_vs_vllm": f"{t['ttft50']:.0f} against {v['ttft50']:.0f} ms",
+        }
+    write_result("prefix", figures, GOALS, notes)
 
 
 def report(rows: dict[str, dict[str, Any]], args: Any, rate: float) -> None:

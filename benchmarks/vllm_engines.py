@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.support import goal
+from benchmarks.support import goal, write_result
 
 GOALS = [
     goal(
@@ -114,8 +114,10 @@ def engine_rows(args: argparse.Namespace) -> None:
                 assert [x.token_ids for x in results] == answers["torch"], (
                     f"{name}: batched differs"
                 )
+    identical = True
     for name in [n for n in engines if n != "torch"]:
         same = sum(a == b for a, b in zip(answers["torch"], answers[name], strict=True))
+        identical = identical and same == len(prompts)
         print(f"\n{name}: answers identical to the torch engine's: {same}/{len(prompts)} "
               "(one by one and batched)")  # fmt: skip
     torches = [n for n in engines if n != "vllm"]
@@ -143,6 +145,9 @@ def engine_rows(args: argparse.Namespace) -> None:
         cells = [fmt.format(values[n]) for n in [*torches, "vllm"]]
         cells += [f"{values['vllm'] / values[n]:.2f}" for n in torches]
         print(f"| {label} | " + " | ".join(cells) + " |")
+    figures = {"identical": identical, "one_stream_tokens_per_s": rate, "ttft_ms": ttft,
+               "generate_many_tokens_per_s": batch, "acceptance_rate": acc}  # fmt: skip
+    write_result("vllm_engines", figures, GOALS, {"identical": f"{len(prompts)} RAG prompts"})
     for engine in engines.values():
         close = getattr(engine, "close", None)
         if callable(close):

@@ -53,6 +53,9 @@ def test_every_goal_backing_benchmark_has_its_results_file_and_back() -> None:
     }
     files = {p.stem for p in RESULTS.glob("*.json")}
     assert writers == files
+    for name in writers:  # and each writes its own file when it runs
+        source = (ROOT / "benchmarks" / f"{name}.py").read_text(encoding="utf-8")
+        assert f'write_result("{name}", ' in source, name
 
 
 def test_results_files_carry_where_and_how_they_were_measured() -> None:
