@@ -1,4 +1,4 @@
-"""Continuous batching benchmark on the shipped demo pair: the tables of docs/benchmarks.md.
+"""Continuous batching benchmark on the shipped demo pair (docs/results.md, "Continuous batching").
 
 Parts (``--parts``, default all), each comparing its variants side by side in one run:
 

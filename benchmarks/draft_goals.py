@@ -1,4 +1,4 @@
-"""Issue 38's goals: tune the demo draft on stored traffic over a corpus the pair never saw.
+"""The draft-tuning goals: tune the demo draft on stored traffic over a corpus the pair never saw.
 
     nice -n 10 env .venv/bin/python -m benchmarks.draft_goals \
         --questions 400 --fresh 30 --demo 30 --tune-seconds 1500 --work runs/draft_goals

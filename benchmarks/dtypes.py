@@ -16,8 +16,8 @@ the float32 top-2 gap where it does). The CPU's ISA heads every table, and the t
 the core binding: vLLM's EngineCore processes on core 0 (VLLM_CPU_OMP_THREADS_BIND, overridable),
 this process (the torch engines) on the others, each engine one dedicated core (``pin_engines``).
 After each vLLM request the next engine's request waits until vLLM's worker stops spinning
-(``Settle``): that spin, though pinned to core 0, pushed other sessions' processes onto the torch
-engines' core and ran their prompt-by-prompt scenarios 2-3x slow (docs/benchmarks.md, session 16).
+(``Settle``): that spin, though pinned to core 0, pushed other users' processes onto the torch
+engines' core and ran their prompt-by-prompt scenarios 2-3x slow.
 
     flock /tmp/bench.lock .venv-vllm/bin/python -m benchmarks.dtypes [--prompts 16]
         [--max-tokens 64] [--k 4] [--burst 48] [--torch-threads 1] [--only burst]
@@ -122,7 +122,7 @@ def pin_engines(vllm_cores: str) -> str:
     """Give each engine its own core: vLLM's EngineCore processes (every thread) the cores
     ``vllm_cores``, this process (the torch engines and vLLM's front end, which never run at
     once) the rest. Unpinned, the torch engine shared both cores with everything else and swung
-    40 % between runs (session 15). Returns the binding, for the tables."""
+    40 % between runs. Returns the binding, for the tables."""
     try:
         taken = _cores(vllm_cores)
     except ValueError:
@@ -161,11 +161,11 @@ class Settle:
 
     A vLLM worker spins on its core (core 0) for ``vllm_spin_s()`` after each request. It never
     touches the torch engines' core, but a busy core 0 makes the kernel's load balancer move
-    whatever else runs on the machine (other sessions' processes, in autogroups of their own,
+    whatever else runs on the machine (other users' processes, in autogroups of their own,
     so their nice 19 does not count against this one) onto core 1, and the torch request
     there got about half its core: 2-3x slower prefill and one stream whenever engines
     alternate request by request, while vLLM's rates and the scenarios that run one engine
-    for seconds hardly moved (session 16). So before the request of an engine other than the
+    for seconds hardly moved. So before the request of an engine other than the
     vLLM engine that ran last, this waits until that engine's worker has gone idle (for
     every engine alike, the vLLM ones included: the spin also shares core 0 with the other
     vLLM engine's worker)."""

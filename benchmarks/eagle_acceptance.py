@@ -1,4 +1,4 @@
-"""Acceptance length of each proposer on held-out questions (issue 35), the torch engine alone.
+"""Acceptance length of each proposer on held-out questions, the torch engine alone.
 
     .venv/bin/python -m benchmarks.eagle_acceptance --questions 24
 

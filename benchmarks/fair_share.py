@@ -6,9 +6,9 @@ PostgreSQL database, the tiny random-weight pair:
 - idle: the small tenant submits 5 queries at once, nothing else queued;
 - flood, admission: the flood tenant submits 500 at once (stored, then admitted as the API does),
   then the small tenant its 5;
-- flood, no admission: the same, but every query is sent as soon as it is stored (the old path).
+- flood, no admission: the same, but every query is sent as soon as it is stored.
 
-Latency is stored → answer recorded (``done_at - queued_at``). The goal (issue 16): the small
+Latency is stored → answer recorded (``done_at - queued_at``). The goal: the small
 tenant's P95 under the flood within 5x of its idle P95.
 
     SPECRAG_TORCH_THREADS=1 .venv/bin/python -m benchmarks.fair_share --flood 500
@@ -160,7 +160,7 @@ def run(args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
 
 
 def main() -> None:
-    """Print the table quoted in docs/benchmarks.md."""
+    """Print the table and write the figures (docs/results.md, "Tenants")."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the models are local directories
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--flood", type=int, default=500)

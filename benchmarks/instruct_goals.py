@@ -20,7 +20,7 @@ rotated order. Reported from the stored answers and stats:
   (greedy);
 - acceptance length (tokens after the first per target pass) and one-stream decode tokens/s (tokens
   after the first over generation_ms - ttft_ms), with ``eagle``'s as ratios to the draft
-  model's and to ``none`` (issue 35's goals; the EAGLE head is models/demo/eagle).
+  model's and to ``none`` (the EAGLE head's goals; the head is models/demo/eagle).
 
 ``--methods none:4,eagle:4`` runs a subset.
 

@@ -203,7 +203,7 @@ def main() -> None:
         setup = synthesize(url, args.chunks, dim)
         print(f"synthesized {args.chunks} chunks with vectors in {setup:.1f} s", file=sys.stderr)
         rows = []
-        # Side by side: the index built after the model load (as before open_retrieval), then
+        # Side by side: the index built after the model load (without open_retrieval), then
         # beside it (an answer worker's start), each on an empty data directory.
         # Alternating, on fresh data directories; the table shows the run with the median
         # time to first answer of each (the machine is shared: compare the two, not absolutes).

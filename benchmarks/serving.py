@@ -5,7 +5,7 @@ demo documents, and runs ``specrag worker -Q answer`` subprocesses on the demo p
 (models/demo; SPECRAG_TARGET_MODEL/DRAFT_MODEL override). Variants, measured in alternation so
 that the machine's drift hits all of them alike:
 
-- ``one at a time``: ``--pool solo`` (the worker before issue 15);
+- ``one at a time``: ``--pool solo`` (one query at a time);
 - ``loop xN``: ``--pool threads --concurrency N``: N queries in flight on the process's one loop.
 
 Phases:
