@@ -159,6 +159,8 @@ def write_result(
         "commit": commit(),
         "host": host(),
         "provenance": "run",
+        # The machines are shared: the load beside the figures says how busy this one was.
+        "load_average": round(os.getloadavg()[0], 1),
         "figures": figures,
         "goals": [
             {**g, "note": notes[g["figure"]]} if g["figure"] in (notes or {}) else g for g in goals

@@ -40,12 +40,14 @@ on, and the command that reproduces it (run from the repository root). Every ben
 its figures to `benchmarks/results/NAME.json`; `make results` renders this page from those files,
 and a test fails when the page and the files disagree. Do not edit this page by hand.
 
-Source `run`: the benchmark wrote the file. Source `record`: the figure is carried from the
-project's measurement record with the date, commit, host and command recorded with it; the
-JSON's `provenance` names the entry, and rerunning the command replaces it. The machines are
-small shared VMs (2 cores); compared variants always run side by side in one run, so ratios
-travel better than absolute figures. ISA: `avx2` (no AVX-512), `avx512_bf16` (AVX-512 with
-bf16 dot products, no AMX), `amx` (Intel AMX tiles); `n/r` where the record does not say.
+Source `run`: the benchmark wrote the file (with the host's one-minute load average when it
+finished). Source `record`: the figure is carried from the project's measurement record
+(docs/benchmarks.md as of the entry's commit) with the date, commit, host and command recorded
+with it; the JSON's `provenance` names the entry, and rerunning the command replaces it. The
+machines are small shared VMs (2 cores); compared variants always run side by side in one run,
+so ratios travel better than absolute figures. ISA: `avx2` (no AVX-512), `avx512_bf16`
+(AVX-512 with bf16 dot products, no AMX), `amx` (Intel AMX tiles); `n/r` where the record does
+not say.
 """
 
 
@@ -100,7 +102,10 @@ def row(data: dict[str, Any], goal: dict[str, Any]) -> str:
     figure = number(value, goal["unit"]) + (f" ({goal['note']})" if goal.get("note") else "")
     target = "yes" if goal["target"] is True else number(goal["target"], goal["unit"])
     wanted = goal["goal"] + ("" if goal["op"] == "==" else f" ({goal['op']} {target})")
-    source = "run" if data["provenance"] == "run" else "record"
+    source = "record"
+    if data["provenance"] == "run":
+        load = data.get("load_average")
+        source = "run" if load is None else f"run, load {load:g}"
     date = str(data["date"])[:10]
     isa = data["host"].get("isa") or "n/r"
     cells = [wanted, figure, met(value, goal["op"], goal["target"]), date, f"`{data['commit']}`",
