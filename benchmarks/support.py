@@ -169,7 +169,7 @@ def write_result(
     path = out or RESULTS / f"{name}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(record, indent=2, ensure_ascii=False) + "\n")
+    tmp.write_text(json.dumps(record, indent=2, ensure_ascii=False, default=str) + "\n")
     os.replace(tmp, path)
     note(f"figures written to {path}")
     return path
