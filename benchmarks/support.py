@@ -121,21 +121,28 @@ def host() -> dict[str, str]:
 
 
 def commit() -> str:
-    """The checked-out commit (short hash, ``+dirty`` when the tree has changes), or "unknown"."""
+    """The checked-out commit (short hash, ``+dirty`` when tracked files other than the results
+    differ from it), or "unknown"."""
 
     def git(*args: str) -> str:
         return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True).stdout
 
     head = git("rev-parse", "--short", "HEAD").strip() or "unknown"
-    return head + ("+dirty" if git("status", "--porcelain", "--untracked-files=no").strip() else "")
+    changed = git(
+        "status", "--porcelain", "--untracked-files=no", "--", ".", ":!benchmarks/results"
+    )
+    return head + ("+dirty" if changed.strip() else "")
 
 
 def command(name: str) -> str:
-    """The command line that reproduces this run: ``SPECRAG_*`` settings, then the module and
-    its arguments as given."""
-    env = [
-        f"{k}={shlex.quote(v)}" for k, v in sorted(os.environ.items()) if k.startswith("SPECRAG_")
-    ]
+    """The command line that reproduces this run: the ``SPECRAG_*`` settings the process was
+    started with (not those a benchmark sets for its workers), then the module and arguments."""
+    try:  # the environment at exec time, before the benchmark changed os.environ
+        raw = Path("/proc/self/environ").read_bytes().split(b"\0")
+        started = dict(e.decode(errors="replace").partition("=")[::2] for e in raw if b"=" in e)
+    except OSError:
+        started = dict(os.environ)
+    env = [f"{k}={shlex.quote(v)}" for k, v in sorted(started.items()) if k.startswith("SPECRAG_")]
     return " ".join([*env, "python -m", f"benchmarks.{name}", *map(shlex.quote, sys.argv[1:])])
 
 
