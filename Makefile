@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv vllm-venv demo demo-pair test test-fast lint typecheck pytest pytest-vllm services clean
+.PHONY: venv vllm-venv demo demo-pair test test-fast lint typecheck pytest pytest-vllm services results clean
 
 venv: $(STAMP)
 
@@ -88,6 +88,10 @@ FAST_TESTS := -m "not integration and not models" --ignore=tests/models --ignore
 
 test-fast: lint typecheck
 	HF_HUB_OFFLINE=1 scripts/timed.sh 'fast tests' $(VENV)/bin/pytest -q -p no:cacheprovider $(FAST_TESTS) $(PYTEST_ARGS)
+
+# docs/results.md from the benchmarks' figures (benchmarks/results/*.json); a test keeps them equal.
+results: venv
+	$(PY) scripts/results.py
 
 demo: venv
 	HF_HUB_OFFLINE=1 $(PY) scripts/demo.py

@@ -1,6 +1,6 @@
 """One-shot ``specrag ask --local`` per method, against the same questions through a warmed engine.
 
-    PYTHONPATH=. .venv/bin/python benchmarks/ask_oneshot.py --data-dir DIR [--questions 8]
+    .venv/bin/python -m benchmarks.ask_oneshot --data-dir DIR [--questions 8]
         [--methods none,draft_model,ngram,eagle[,draft_model:auto]] [--max-tokens 96]
         [--threads 1]
 
@@ -34,9 +34,21 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from benchmarks.support import goal, write_result
+
+GOALS = [
+    goal(
+        "instruct",
+        "one-shot ask --local: speedup of the best method over none (8 questions)",
+        "best_speedup",
+        ">=",
+        1.5,
+        "x",
+    ),
+]
+"""The rows of docs/results.md this benchmark backs (``write_result`` reads them)."""
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 PHASES = (
     "interpreter",
@@ -199,11 +211,12 @@ def warmed(env: dict[str, str], questions: list[str], methods: list[str], max_to
     """The same questions through one warmed in-process engine (a worker's warm-up): JSON rows."""
     code = f"""
 import json, sys
-sys.path.insert(0, {str(ROOT)!r})
 from benchmarks.ask_oneshot import answer_warmed
 print(json.dumps(answer_warmed({questions!r}, {methods!r}, {max_tokens})))
 """
-    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    res = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=ROOT
+    )
     if res.returncode != 0:
         raise RuntimeError(f"warmed engine: rc {res.returncode}: {res.stderr[-2000:]}")
     return res.stdout.strip().splitlines()[-1]
@@ -330,6 +343,7 @@ def phase_table(per: dict[str, dict[str, Any]]) -> str:
 
 
 def main() -> None:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the models are local directories
     if len(sys.argv) > 1 and sys.argv[1] == "--probe":
         sys.exit(probe(sys.argv[3:] if sys.argv[2:3] == ["--"] else sys.argv[2:]))
     ap = argparse.ArgumentParser(description=__doc__)
@@ -387,6 +401,14 @@ def main() -> None:
                     "salt per method)", result["warmed"]))  # fmt: skip
     if args.out:
         args.out.write_text(json.dumps(result, indent=1, default=str) + "\n")
+    figures: dict[str, Any] = {"best_speedup": None, "questions": len(questions)}
+    notes = {}
+    if rows:
+        figures.update(best_speedup=one[best]["speedup"], one_shot=one)
+        notes["best_speedup"] = f"{best}, {len(questions)} questions"
+    if "warmed" in result:
+        figures["warmed"] = result["warmed"]
+    write_result("ask_oneshot", figures, GOALS, notes)
 
 
 if __name__ == "__main__":

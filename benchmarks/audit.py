@@ -1,32 +1,48 @@
 """Time the audit report over 100k stored requests (PostgreSQL, with SQLite beside it).
 
-Seeds a fresh database per dialect with bulk inserts (``benchmarks/seeding.py``): ``--rows``
+Seeds a fresh database per dialect with bulk inserts (``testkit/seeding.py``): ``--rows``
 queries in a one-day window (answers with two sources each, stats, shadow baselines on a few)
 plus a fifth as many in the previous day, so the alert queries have something to compare.
 Then times ``render_report`` per format (median of ``--repeat`` runs) and prints a table.
 
-    .venv/bin/python benchmarks/audit.py [--rows 100000] [--repeat 3] [--skip-sqlite]
+    .venv/bin/python -m benchmarks.audit [--rows 100000] [--repeat 3] [--skip-sqlite]
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import tempfile
 import time
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 from sqlalchemy import Engine, create_engine
 from sqlalchemy.orm import Session
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from app.audit import render_report
+from app.db.schema import upgrade
+from benchmarks.support import goal, scratch_database, write_result
+from testkit.seeding import seed
 
-from app.audit import render_report  # noqa: E402
-from app.db.schema import upgrade  # noqa: E402
-from benchmarks.seeding import seed  # noqa: E402
-from benchmarks.support import scratch_database  # noqa: E402
+GOALS = [
+    goal(
+        "audit",
+        "audit report over 100k requests on PostgreSQL, JSON",
+        "report_json_s",
+        "<=",
+        5.0,
+        "s",
+    ),
+    goal(
+        "audit",
+        "audit report over 100k requests on PostgreSQL, HTML",
+        "report_html_s",
+        "<=",
+        5.0,
+        "s",
+    ),
+]
+"""The rows of docs/results.md this benchmark backs (``write_result`` reads them)."""
 
 START = datetime(2026, 6, 1, tzinfo=UTC)
 DAY = timedelta(days=1)
@@ -63,11 +79,20 @@ def main() -> None:
     args = ap.parse_args()
 
     with scratch_database("specrag_bench_audit", migrate=False) as url:
-        report(args, url)
+        seconds = report(args, url)
+    figures = {
+        "report_json_s": seconds[("postgresql", "json")],
+        "report_html_s": seconds[("postgresql", "html")],
+        "rows": args.rows,
+        "report_s": {f"{dialect} {fmt}": s for (dialect, fmt), s in seconds.items()},
+    }
+    write_result("audit", figures, GOALS)
 
 
-def report(args: argparse.Namespace, url: str) -> None:
-    """Seed the database at ``url`` (and a SQLite file unless skipped) and print the table."""
+def report(args: argparse.Namespace, url: str) -> dict[tuple[str, str], float]:
+    """Seed the database at ``url`` (and a SQLite file unless skipped), print the table and
+    return the median report seconds by (dialect, format)."""
+    seconds: dict[tuple[str, str], float] = {}
     engines = {"postgresql": create_engine(url)}
     tmp = tempfile.TemporaryDirectory()
     if not args.skip_sqlite:
@@ -84,10 +109,12 @@ def report(args: argparse.Namespace, url: str) -> None:
             for fmt in ("json", "csv", "html"):
                 secs, size = time_report(engine, fmt, args.repeat)
                 print(f"| {dialect} | {seeded:.1f} | {fmt} | {secs:.2f} | {size} |", flush=True)
+                seconds[(dialect, fmt)] = secs
     finally:
         for engine in engines.values():
             engine.dispose()
         tmp.cleanup()
+    return seconds
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ Phases (one run, side by side, so that machine noise hits all of them):
    ``total_ms`` (queued → answered) and ``queue_ms`` (queued → started: the wait the batch
    causes), and a bootstrap interval of the p95 ratio.
 
-    .venv/bin/python benchmarks/batch.py [--items 16] [--rounds 3] [--interactive 10] [--max-tokens 12]
+    .venv/bin/python -m benchmarks.batch [--items 16] [--rounds 3] [--interactive 10] [--max-tokens 12]
         [--latency-rounds 4] [--batch-items 300] [--all-variants] [--skip-interactive]
 """
 
@@ -25,7 +25,6 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import tempfile
 import time
 import uuid
@@ -34,20 +33,37 @@ from typing import Any
 
 from sqlalchemy import create_engine, select
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from app.db.schema import upgrade  # noqa: E402
-from benchmarks.support import (  # noqa: E402 - the path above makes the package importable
+from app.audit.stats import quantile
+from app.db.schema import upgrade
+from benchmarks.support import (
     claim_redis_db,
     create_database,
     database_url,
     drop_database,
+    goal,
     note,
-    pct,
     start_worker,
     train_tokenizer,
+    write_result,
 )
+
+GOALS = [
+    goal(
+        "batch",
+        "batch throughput on one worker / the pipeline back to back",
+        "throughput_vs_pipeline",
+        ">=",
+        0.9,
+        "x",
+    ),
+    goal(
+        "batch", "interactive p95 during a batch / idle", "interactive_p95_vs_idle", "<=", 1.1, "x"
+    ),
+]
+"""The rows of docs/results.md this benchmark backs (``write_result`` reads them)."""
+
+REPO = Path(__file__).resolve().parent.parent
+
 
 QUESTIONS = (
     "What exception does a failing assert raise?",
@@ -330,7 +346,9 @@ def run(args: argparse.Namespace, env: dict[str, str], tmp: Path) -> None:
             queue.append((batch_seconds(sf, bid), answering_seconds(sf, batch_query_ids(sf, bid))))
             note(f"pipeline {pipe[-1]}, batch {queue[-1]}")
         if args.skip_interactive:
-            report_throughput(args, pipe, queue)
+            ratio = report_throughput(args, pipe, queue)
+            figures = {"throughput_vs_pipeline": ratio, "interactive_p95_vs_idle": None}
+            write_result("batch", figures, GOALS)
             return
         # Idle and during-batch blocks alternate, so that the machine's drift hits both alike.
         idle: list[tuple[float, float, float]] = []
@@ -351,14 +369,21 @@ def run(args: argparse.Namespace, env: dict[str, str], tmp: Path) -> None:
     finally:
         worker.stop()
 
-    report_throughput(args, pipe, queue)
-    report_latency(args, idle, list(lat.items()))
+    ratio = report_throughput(args, pipe, queue)
+    p95_vs_idle = report_latency(args, idle, list(lat.items()))
+    figures = {
+        "throughput_vs_pipeline": ratio,
+        "interactive_p95_vs_idle": p95_vs_idle[VARIANTS[0][0]],
+        "p95_vs_idle_by_variant": p95_vs_idle,
+    }
+    notes = {"interactive_p95_vs_idle": VARIANTS[0][0]}
+    write_result("batch", figures, GOALS, notes)
 
 
 def report_throughput(
     args: argparse.Namespace, pipe: list[tuple[float, float]], queue: list[tuple[float, float]]
-) -> None:
-    """The throughput table (medians over rounds)."""
+) -> float:
+    """The throughput table (medians over rounds); returns batch throughput / pipeline's."""
     p = statistics.median(w for w, _ in pipe)
     q = statistics.median(w for w, _ in queue)
     p_over = statistics.median(1 - a / w for w, a in pipe)
@@ -379,14 +404,15 @@ def report_throughput(
         f"| batch on one worker (submit → finished) | {args.items / q:.2f} items/s | {q:.1f} s "
         f"| {p / q:.2f} | {q_over:.1%} |"
     )
+    return p / q
 
 
 def report_latency(
     args: argparse.Namespace,
     idle: list[tuple[float, float, float]],
     lat: list[tuple[str, list[tuple[float, float, float]]]],
-) -> None:
-    """The interactive latency table."""
+) -> dict[str, float]:
+    """The interactive latency table; returns each loaded condition's p95 / idle p95."""
     print(
         f"\ninteractive latency (service-measured; {len(idle)} idle queries, {args.interactive}"
         " per loaded condition, a third of that without yield; one after another)\n"
@@ -395,19 +421,22 @@ def report_latency(
         "| condition | n | total p50 ms | total p95 ms | p95 vs idle | queue p50 ms | queue p95 ms"
         " | generation p50 ms |\n|---|---|---|---|---|---|---|---|"
     )
-    base = pct([v[0] for v in idle], 95)
+    base = quantile([v[0] for v in idle], 0.95)
     intervals = []
+    ratios: dict[str, float] = {}
     for label, values in [("idle", idle), *lat]:
         total, waits, gen = ([v[i] for v in values] for i in range(3))
         print(
-            f"| {label} | {len(values)} | {pct(total, 50):.0f} | {pct(total, 95):.0f} | "
-            f"{pct(total, 95) / base:.2f} | {pct(waits, 50):.0f} | {pct(waits, 95):.0f} | "
-            f"{pct(gen, 50):.0f} |"
+            f"| {label} | {len(values)} | {quantile(total, 0.5):.0f} | {quantile(total, 0.95):.0f} | "
+            f"{quantile(total, 0.95) / base:.2f} | {quantile(waits, 0.5):.0f} | {quantile(waits, 0.95):.0f} | "
+            f"{quantile(gen, 0.5):.0f} |"
         )
         if label != "idle":
+            ratios[label] = quantile(total, 0.95) / base
             lo, hi = p95_ratio_interval([v[0] for v in idle], total)
             intervals.append(f"{label}: p95 / idle p95 90% bootstrap interval [{lo:.2f}, {hi:.2f}]")
     print("\n" + "\n".join(intervals))
+    return ratios
 
 
 def p95_ratio_interval(
@@ -418,7 +447,8 @@ def p95_ratio_interval(
 
     rng = random.Random(0)
     ratios = sorted(
-        pct(rng.choices(loaded, k=len(loaded)), 95) / pct(rng.choices(idle, k=len(idle)), 95)
+        quantile(rng.choices(loaded, k=len(loaded)), 0.95)
+        / quantile(rng.choices(idle, k=len(idle)), 0.95)
         for _ in range(n)
     )
     return ratios[int(0.05 * n)], ratios[int(0.95 * n)]

@@ -1,4 +1,4 @@
-"""Continuous batching benchmark on the shipped demo pair: the tables of docs/benchmarks.md.
+"""Continuous batching benchmark on the shipped demo pair (docs/results.md, "Continuous batching").
 
 Parts (``--parts``, default all), each comparing its variants side by side in one run:
 
@@ -11,8 +11,8 @@ Parts (``--parts``, default all), each comparing its variants side by side in on
   rounds, per prefill chunk size.
 - ``memory``: KV bytes per slot and for the default batch.
 
-    SPECRAG_TORCH_THREADS=1 .venv/bin/python benchmarks/batching.py
-    .venv/bin/python benchmarks/batching.py --parts many --repeats 3
+    SPECRAG_TORCH_THREADS=1 .venv/bin/python -m benchmarks.batching
+    .venv/bin/python -m benchmarks.batching --parts many --repeats 3
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ import argparse
 import dataclasses
 import os
 import statistics
-import sys
 import threading
 import time
 from pathlib import Path
@@ -29,12 +28,32 @@ from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.support import goal, write_result
+from generation import SamplingParams, SpeculativeEngine
+from generation.config import EngineConfig
+from generation.model.kv_store import KVShape
+from generation.model.loading import load_tokenizer
 
-from generation import SamplingParams, SpeculativeEngine  # noqa: E402
-from generation.config import EngineConfig  # noqa: E402
-from generation.model.kv_store import KVShape  # noqa: E402
-from generation.model.loading import load_tokenizer  # noqa: E402
+GOALS = [
+    goal(
+        "batching",
+        "generate_many of 16 RAG prompts / the same one by one, tokens/s",
+        "many_vs_one_by_one",
+        ">=",
+        2.5,
+        "x",
+    ),
+    goal("batching", "a batch of one / generate, tokens/s", "batch_of_one", ">=", 0.95, "x"),
+    goal(
+        "batching",
+        "k auto / the best fixed k at the worst batch size",
+        "auto_vs_best_worst",
+        ">=",
+        0.95,
+        "x",
+    ),
+]
+"""The rows of docs/results.md this benchmark backs (``write_result`` reads them)."""
 
 MAX_NEW = 64
 
@@ -63,7 +82,9 @@ def timed(fn: Any) -> tuple[Any, float]:
     return out, time.perf_counter() - start
 
 
-def part_many(engine: SpeculativeEngine, prompts: list[list[int]], repeats: int) -> None:
+def part_many(
+    engine: SpeculativeEngine, prompts: list[list[int]], repeats: int, figures: dict
+) -> None:
     params = SamplingParams(
         max_new_tokens=MAX_NEW, method="draft_model", num_speculative_tokens="auto"
     )
@@ -92,6 +113,8 @@ def part_many(engine: SpeculativeEngine, prompts: list[list[int]], repeats: int)
     print(f"answers identical: {same}")
     ratio = statistics.median(s / a for s, a in zip(single, alone, strict=True))
     print(f"batch of one (generate_many([p])) / generate, median over prompts: {ratio:.3f}")
+    figures.update(many_vs_one_by_one=statistics.median(many) / base, batch_of_one=ratio,
+                   identical=same)  # fmt: skip
     # Where the time goes: both paths prefill every prompt (target and draft) one by one, and
     # a prefill is arithmetic (hundreds of tokens a pass), which batching cannot share.
     tokens = sum(len(r.token_ids) for r in seq)
@@ -124,8 +147,9 @@ def prefill_seconds(engine: SpeculativeEngine, prompts: list[list[int]]) -> floa
 
 
 def part_sweep(
-    engine: SpeculativeEngine, prompts: list[list[int]], sizes: list[int], repeats: int = 1
-) -> None:
+    engine: SpeculativeEngine, prompts: list[list[int]], sizes: list[int], repeats: int,
+    figures: dict,
+) -> None:  # fmt: skip
     """Each cell is the median of ``repeats`` runs; the settings alternate within a repeat."""
     settings: list[tuple[str, str, int | str]] = [
         ("none", "none", 1),
@@ -165,6 +189,9 @@ def part_sweep(
         best = max(v for n, v in rates.items() if n != "auto")
         cells = " | ".join(f"{rates[n]:.1f}" for n, _, _ in settings)
         print(f"| {size} | {cells} | {rates['auto'] / best:.2f} | {chosen:.2f} |")
+        figures.setdefault("auto_vs_best_by_size", {})[size] = rates["auto"] / best
+    worst = min(figures["auto_vs_best_by_size"].values())
+    figures["auto_vs_best_worst"] = worst
 
 
 def part_stall(engine: SpeculativeEngine, prompts: list[list[int]], chunks: list[int]) -> None:
@@ -239,14 +266,17 @@ def main() -> None:
     engine.warmup(batch_sizes=tuple(sizes))
     print(f"warm-up (KV store and T(B, k) for B in {sizes}): {time.perf_counter() - start:.1f} s")
     parts = args.parts.split(",")
+    figures: dict = {g["figure"]: None for g in GOALS}  # None: the part was not run
     if "memory" in parts:
         part_memory(engine)
     if "many" in parts:
-        part_many(engine, prompts, args.repeats)
+        part_many(engine, prompts, args.repeats, figures)
     if "sweep" in parts:
-        part_sweep(engine, prompts, sizes, args.repeats)
+        part_sweep(engine, prompts, sizes, args.repeats, figures)
     if "stall" in parts:
         part_stall(engine, prompts, [int(c) for c in args.chunks.split(",")])
+    notes = {"many_vs_one_by_one": f"{torch.get_num_threads()} torch thread(s)"}
+    write_result("batching", figures, GOALS, notes)
 
 
 if __name__ == "__main__":

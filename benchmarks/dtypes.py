@@ -16,12 +16,12 @@ the float32 top-2 gap where it does). The CPU's ISA heads every table, and the t
 the core binding: vLLM's EngineCore processes on core 0 (VLLM_CPU_OMP_THREADS_BIND, overridable),
 this process (the torch engines) on the others, each engine one dedicated core (``pin_engines``).
 After each vLLM request the next engine's request waits until vLLM's worker stops spinning
-(``Settle``): that spin, though pinned to core 0, pushed other sessions' processes onto the torch
-engines' core and ran their prompt-by-prompt scenarios 2-3x slow (docs/benchmarks.md, session 16).
+(``Settle``): that spin, though pinned to core 0, pushed other users' processes onto the torch
+engines' core and ran their prompt-by-prompt scenarios 2-3x slow.
 
-    flock /tmp/bench.lock .venv-vllm/bin/python benchmarks/dtypes.py [--prompts 16]
+    flock /tmp/bench.lock .venv-vllm/bin/python -m benchmarks.dtypes [--prompts 16]
         [--max-tokens 64] [--k 4] [--burst 48] [--torch-threads 1] [--only burst]
-    .venv/bin/python benchmarks/dtypes.py --ties 96   # only how often bf16 changes answers
+    .venv/bin/python -m benchmarks.dtypes --ties 96   # only how often bf16 changes answers
 """
 
 from __future__ import annotations
@@ -30,16 +30,47 @@ import argparse
 import contextlib
 import os
 import statistics
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from benchmarks.support import goal, write_result
+from benchmarks.vllm_engines import DEMO, rag_prompts
 
-from benchmarks.vllm_engines import DEMO, rag_prompts  # noqa: E402
+GOALS = [
+    goal(
+        "bf16",
+        "torch bf16 / float32: prefill prompt tokens/s",
+        "prefill_bf16_vs_f32",
+        ">=",
+        3.0,
+        "x",
+    ),
+    goal(
+        "bf16",
+        "torch bf16 / float32: generate_many(16) tokens/s",
+        "many_bf16_vs_f32",
+        ">=",
+        2.0,
+        "x",
+    ),
+    goal("bf16", "torch bf16 / float32: one-stream TTFT p50", "ttft_bf16_vs_f32", "<=", 0.5, "x"),
+    goal("bf16", "torch bf16 / vLLM bf16: one-stream tokens/s", "stream_vs_vllm", ">=", 1.2, "x"),
+    goal("bf16", "torch bf16 / vLLM bf16: burst of 48 tokens/s", "burst_vs_vllm", ">=", 1.0, "x"),
+    goal("bf16", "torch bf16 / vLLM bf16: one-stream TTFT p50", "ttft_vs_vllm", "<=", 0.8, "x"),
+    goal(
+        "bf16",
+        "bf16 answers differing from bf16 none at a clear margin (not a near-tie)",
+        "clear_margin_divergences",
+        "<=",
+        0,
+    ),
+]
+"""The rows of docs/results.md this benchmark backs (``write_result`` reads them)."""
+
+REPO = Path(__file__).resolve().parent.parent
+
 
 ENGINES = ("torch f32", "torch bf16", "vllm bf16", "vllm f32")
 
@@ -91,7 +122,7 @@ def pin_engines(vllm_cores: str) -> str:
     """Give each engine its own core: vLLM's EngineCore processes (every thread) the cores
     ``vllm_cores``, this process (the torch engines and vLLM's front end, which never run at
     once) the rest. Unpinned, the torch engine shared both cores with everything else and swung
-    40 % between runs (session 15). Returns the binding, for the tables."""
+    40 % between runs. Returns the binding, for the tables."""
     try:
         taken = _cores(vllm_cores)
     except ValueError:
@@ -130,11 +161,11 @@ class Settle:
 
     A vLLM worker spins on its core (core 0) for ``vllm_spin_s()`` after each request. It never
     touches the torch engines' core, but a busy core 0 makes the kernel's load balancer move
-    whatever else runs on the machine (other sessions' processes, in autogroups of their own,
+    whatever else runs on the machine (other users' processes, in autogroups of their own,
     so their nice 19 does not count against this one) onto core 1, and the torch request
     there got about half its core: 2-3x slower prefill and one stream whenever engines
     alternate request by request, while vLLM's rates and the scenarios that run one engine
-    for seconds hardly moved (session 16). So before the request of an engine other than the
+    for seconds hardly moved. So before the request of an engine other than the
     vLLM engine that ran last, this waits until that engine's worker has gone idle (for
     every engine alike, the vLLM ones included: the spin also shares core 0 with the other
     vLLM engine's worker)."""
@@ -274,7 +305,7 @@ def burst_rows(
     """Scenario 4 into ``rows``: ``args.burst_rounds`` times, the engines' order alternating,
     each run behind a marker of its own (cold prefixes)."""
     from app.settings import Settings
-    from benchmarks.prefix_traffic import build_traffic
+    from benchmarks.prefix_workload import build_traffic
     from generation import load_tokenizer
 
     tokenizer = load_tokenizer(str(DEMO / "target"))
@@ -298,7 +329,8 @@ def burst_rows(
             rows[name]["burst_hit"] = cached / sum(len(p) + 1 for p in burst)
 
 
-def table(rows: dict[str, dict[str, Any]], args: argparse.Namespace) -> None:
+def table(rows: dict[str, dict[str, Any]], args: argparse.Namespace) -> dict[str, float]:
+    """Print the timing table; returns the goals' ratios that the engines run make."""
     names = [n for n in ENGINES if n in rows]
     ratio = [(a, b) for a, b in (("torch bf16", "torch f32"), ("torch bf16", "vllm bf16"))
              if a in names and b in names]  # fmt: skip
@@ -333,14 +365,32 @@ def table(rows: dict[str, dict[str, Any]], args: argparse.Namespace) -> None:
         cells = [fmt.format(values[n]) for n in names]
         cells += [f"{values[a] / values[b]:.2f}x" if values[b] else "-" for a, b in ratio]
         print(f"| {label} | " + " | ".join(cells) + " |")
+    by = {label: values for label, values, _ in lines}
+
+    def over(label: str, a: str, b: str) -> float | None:
+        values = by.get(label, {})
+        return values[a] / values[b] if a in values and b in values and values[b] else None
+
+    burst_label = next(label for label in by if label.startswith("burst of"))
+    return {
+        "prefill_bf16_vs_f32": over("prefill, prompt tokens/s", "torch bf16", "torch f32"),
+        "many_bf16_vs_f32": over(
+            f"generate_many({args.prompts}), tokens/s", "torch bf16", "torch f32"
+        ),
+        "ttft_bf16_vs_f32": over("one stream, TTFT p50 ms", "torch bf16", "torch f32"),
+        "stream_vs_vllm": over("one stream, tokens/s", "torch bf16", "vllm bf16"),
+        "burst_vs_vllm": over(burst_label, "torch bf16", "vllm bf16"),
+        "ttft_vs_vllm": over("one stream, TTFT p50 ms", "torch bf16", "vllm bf16"),
+    }
 
 
-def exactness(engines: dict[str, Any], rows: dict[str, dict[str, Any]], args: Any) -> None:
+def exactness(engines: dict[str, Any], rows: dict[str, dict[str, Any]], args: Any) -> int | None:
+    """Print the exactness table; returns the torch bf16 engine's clear-margin divergences."""
     from generation import SamplingParams
     from generation.exactness import check_greedy
 
     if not {"torch bf16", "torch f32"} <= set(engines):
-        return
+        return None
     bf16, f32 = engines["torch bf16"], engines["torch f32"]
     stream, many = rows["_prompts"]["stream"], rows["_prompts"]["many"]
     none = SamplingParams(max_new_tokens=args.max_tokens, method="none")
@@ -375,6 +425,7 @@ def exactness(engines: dict[str, Any], rows: dict[str, dict[str, Any]], args: An
         ("vllm bf16 vs torch bf16 none", "vllm bf16", "answers", "bf16 none", bf16, stream),
         ("vllm f32 vs torch f32 none", "vllm f32", "answers", "f32 none", f32, stream),
     )  # fmt: skip
+    clear = 0
     for label, name, key, reference, engine, prompts in cases:
         if (name is not None and name not in rows) or reference not in ref:
             continue
@@ -388,6 +439,9 @@ def exactness(engines: dict[str, Any], rows: dict[str, dict[str, Any]], args: An
         largest = max((d.gap for d in excused), default=None)
         print(f"| {label} | {len(found)}/{len(prompts)} | {len(excused)} | "
               f"{'-' if largest is None else f'{largest:.4f}'} | {len(found) - len(excused)} |")  # fmt: skip
+        if name == "torch bf16":
+            clear += len(found) - len(excused)
+    return clear
 
 
 def ties(args: argparse.Namespace) -> None:
@@ -455,9 +509,11 @@ def main() -> None:
     args.binding = pin_engines(os.environ["VLLM_CPU_OMP_THREADS_BIND"])
     print(args.binding, flush=True)
     rows = measure(engines, args)
-    table(rows, args)
+    figures: dict[str, Any] = {**table(rows, args), "clear_margin_divergences": None}
     if args.only != "burst":
-        exactness(engines, rows, args)
+        figures["clear_margin_divergences"] = exactness(engines, rows, args)
+    figures["binding"] = args.binding
+    write_result("dtypes", figures, GOALS)
     for engine in engines.values():
         close = getattr(engine, "close", None)
         if callable(close):

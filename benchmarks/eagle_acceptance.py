@@ -1,6 +1,6 @@
-"""Acceptance length of each proposer on held-out questions (issue 35), the torch engine alone.
+"""Acceptance length of each proposer on held-out questions, the torch engine alone.
 
-    PYTHONPATH=. .venv/bin/python benchmarks/eagle_acceptance.py --questions 24
+    .venv/bin/python -m benchmarks.eagle_acceptance --questions 24
 
 Held-out demo-corpus questions (training/corpus.py's held-out split, as benchmarks/instruct_goals.py
 builds them), each prompted through the demo pair's chat template with its answering chunk and
@@ -22,8 +22,39 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from benchmarks.support import goal, write_result
+
+GOALS = [
+    goal(
+        "eagle",
+        "EAGLE head's tokens per target pass / the draft model's (held-out questions)",
+        "eagle_vs_draft_length",
+        ">=",
+        1.3,
+        "x",
+    ),
+    goal(
+        "eagle",
+        "one-stream decode tokens/s, EAGLE / draft model",
+        "eagle_vs_draft_speed",
+        ">=",
+        1.25,
+        "x",
+    ),
+    goal(
+        "eagle", "one-stream decode tokens/s, EAGLE / none", "eagle_vs_none_speed", ">=", 1.8, "x"
+    ),
+    goal(
+        "eagle",
+        "float32 greedy answers identical to none's on every prompt",
+        "identical",
+        "==",
+        True,
+    ),
+]
+"""The rows of docs/results.md this benchmark backs (``write_result`` reads them)."""
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 
 def prompts(count: int, seed: int = 0) -> list[list[int]]:
@@ -153,9 +184,18 @@ def main() -> None:
                 ],
                 "wilcoxon_p_two_sided": float(wilcoxon(other, first).pvalue),
             }
-    print(
-        json.dumps({"questions": len(asked), "dtype": args.dtype, "k": args.k, **table}, indent=2)
-    )
+    summary = {"questions": len(asked), "dtype": args.dtype, "k": args.k, **table}
+    print(json.dumps(summary, indent=2))
+    head = table["ratio"][f"{labels[-1]} / draft_model"]  # the last head given: the new one
+    figures = {
+        "eagle_vs_draft_length": head["tokens_per_target_pass"],
+        "eagle_vs_draft_speed": head["decode_tokens_per_s"],
+        "eagle_vs_none_speed": head["decode_tokens_per_s vs none"],
+        "identical": all(table[m]["identical_to_none"] == len(asked) for m in labels),
+        **summary,
+    }
+    notes = {"identical": f"{args.dtype}, {len(asked)} held-out prompts"}
+    write_result("eagle_acceptance", figures, GOALS, notes)
 
 
 if __name__ == "__main__":

@@ -9,8 +9,8 @@ the baseline's tokens. Per row: E = num_output_tokens / num_target_forwards, the
 alpha solved from E = (1 - alpha^(k+1)) / (1 - alpha), and the speedup the measured pass costs
 predict, S = E / (r_k + k c), against the measured one (efficiency).
 
-    .venv/bin/python benchmarks/engine.py                      # random-weight pairs
-    .venv/bin/python benchmarks/engine.py --target models/demo/target --draft models/demo/draft
+    .venv/bin/python -m benchmarks.engine                      # random-weight pairs
+    .venv/bin/python -m benchmarks.engine --target models/demo/target --draft models/demo/draft
 """
 
 from __future__ import annotations
@@ -19,20 +19,53 @@ import argparse
 import copy
 import random
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.support import goal, write_result
+from generation import SamplingParams, SpeculativeEngine
+from generation.config import EngineConfig
+from generation.model.forward import Forward
+from generation.model.loading import has_tokenizer, load_tokenizer
+from generation.model.model_runner import ModelRunner
 
-from generation import SamplingParams, SpeculativeEngine  # noqa: E402
-from generation.config import EngineConfig  # noqa: E402
-from generation.model.forward import Forward  # noqa: E402
-from generation.model.loading import has_tokenizer, load_tokenizer  # noqa: E402
-from generation.model.model_runner import ModelRunner  # noqa: E402
+GOALS = [
+    goal(
+        "engine",
+        "greedy output identical to the target alone, every method and k",
+        "identical",
+        "==",
+        True,
+    ),
+    goal(
+        "engine",
+        "efficiency: measured speedup / speedup predicted from measured pass costs, lowest row",
+        "min_efficiency",
+        ">=",
+        0.9,
+    ),
+    goal(
+        "engine",
+        "tokens/s against transformers' assisted generation, same pair and k",
+        "vs_assisted",
+        ">=",
+        1.15,
+        "x",
+    ),
+    goal(
+        "engine",
+        "tokens/s against transformers' prompt lookup, same pair and k",
+        "vs_lookup",
+        ">=",
+        1.15,
+        "x",
+    ),
+    goal("engine", "k auto against the best fixed k", "auto_vs_best", ">=", 0.95, "x"),
+]
+"""The rows of docs/results.md this benchmark backs (``write_result`` reads them)."""
 
 
 def random_pair(vocab: int, hidden: int, layers: int, weak: float, seed: int) -> tuple[Any, Any]:
@@ -338,13 +371,28 @@ def print_table(title: str, lines: list[list[str]], costs: dict[str, float]) -> 
         print("| " + " | ".join(line) + " |")
 
 
-def benchmark(title: str, target: Any, draft: Any, prompts: list[list[int]], args: Any) -> None:
+def benchmark(
+    title: str, target: Any, draft: Any, prompts: list[list[int]], args: Any
+) -> dict[str, Any]:
+    """Print the pair's table and comparisons; returns the goals' figures for the pair."""
     rows, costs = run_rows(target, draft, prompts, args)
-    print_table(title, summarise(rows, costs), costs)
+    lines = summarise(rows, costs)
+    print_table(title, lines, costs)
     tps = {r["name"]: r["tokens"] / r["seconds"] for r in rows}
     fixed = [f"draft_model k={k}" for k in args.ks]
     best = max(fixed, key=lambda name: tps[name])
     print(f"\nauto vs best fixed k ({best}): {tps['draft_model k=auto'] / tps[best]:.2f}x tokens/s")
+    efficiency = {line[0]: float(line[-1]) for line in lines if line[-1] != "—"}
+    figures: dict[str, Any] = {
+        "pair": title,
+        "identical": all(r["same"] for r in rows),
+        "min_efficiency": min(efficiency.values(), default=None),
+        "efficiency": efficiency,
+        "auto_vs_best": tps["draft_model k=auto"] / tps[best],
+        "vs_assisted": None,
+        "vs_lookup": None,
+        "tokens_per_s": tps,
+    }
     for k in args.hf_ks:
         for ours, theirs in (
             ("draft_model", "transformers assisted"),
@@ -357,6 +405,12 @@ def benchmark(title: str, target: Any, draft: Any, prompts: list[list[int]], arg
                     f"{ours} k={k} vs {theirs} k={k}: {ratio:.2f}x tokens/s "
                     f"(on transformers' forward pass: {loop:.2f}x)"
                 )
+                if (
+                    k == 4
+                    or figures["vs_assisted" if ours == "draft_model" else "vs_lookup"] is None
+                ):
+                    figures["vs_assisted" if ours == "draft_model" else "vs_lookup"] = ratio
+    return figures
 
 
 def main() -> None:
@@ -394,7 +448,11 @@ def main() -> None:
         params = sum(p.numel() for p in target.parameters()) / 1e6
         dparams = sum(p.numel() for p in draft.parameters()) / 1e6
         title = f"random Llama {params:.1f}M target + its first layer ({dparams:.1f}M) as draft"
-    benchmark(title, target, draft, prompts, args)
+    figures = benchmark(title, target, draft, prompts, args)
+    notes = {
+        "min_efficiency": min(figures["efficiency"], key=figures["efficiency"].get, default="")
+    }
+    write_result("engine", figures, GOALS, notes)  # the goals are read on the first pair
 
     if not args.no_large:
         big, _ = random_pair(vocab=8192, hidden=768, layers=8, weak=1.0, seed=1)

@@ -6,37 +6,48 @@ PostgreSQL database, the tiny random-weight pair:
 - idle: the small tenant submits 5 queries at once, nothing else queued;
 - flood, admission: the flood tenant submits 500 at once (stored, then admitted as the API does),
   then the small tenant its 5;
-- flood, no admission: the same, but every query is sent as soon as it is stored (the old path).
+- flood, no admission: the same, but every query is sent as soon as it is stored.
 
-Latency is stored → answer recorded (``done_at - queued_at``). The goal (issue 16): the small
+Latency is stored → answer recorded (``done_at - queued_at``). The goal: the small
 tenant's P95 under the flood within 5x of its idle P95.
 
-    SPECRAG_TORCH_THREADS=1 .venv/bin/python benchmarks/fair_share.py --flood 500
+    SPECRAG_TORCH_THREADS=1 .venv/bin/python -m benchmarks.fair_share --flood 500
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import sys
 import tempfile
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
-from benchmarks.service import tiny_pair  # noqa: E402
-from benchmarks.support import (  # noqa: E402
+from app.audit.stats import quantile
+from benchmarks.service import tiny_pair
+from benchmarks.support import (
     RedisServer,
     create_database,
     database_url,
     drop_database,
-    percentile,
+    goal,
+    write_result,
 )
+
+GOALS = [
+    goal(
+        "tenants",
+        "another tenant's 5 queries under a 500-query flood: P95 / idle P95",
+        "flood_p95_vs_idle",
+        "<=",
+        5.0,
+        "x",
+    ),
+]
+"""The rows of docs/results.md this benchmark backs (``write_result`` reads them)."""
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def run(args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
@@ -149,21 +160,27 @@ def run(args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
 
 
 def main() -> None:
-    """Print the table quoted in docs/benchmarks.md."""
+    """Print the table and write the figures (docs/results.md, "Tenants")."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the models are local directories
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--flood", type=int, default=500)
     parser.add_argument("--max-tokens", type=int, default=8)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="specrag-bench-") as tmp:
         rows = run(args, Path(tmp))
-    idle = percentile(rows[0]["latencies"], 95)
+    idle = quantile(rows[0]["latencies"], 0.95)
     print(f"flood={args.flood}, small tenant 5 queries, one worker, max_tokens={args.max_tokens}")
     print("| variant | small p50 ms | small p95 ms | p95 / idle p95 | flood answered by then |")
     print("|---|---|---|---|---|")
     for r in rows:
-        p95 = percentile(r["latencies"], 95)
-        print(f"| {r['variant']} | {percentile(r['latencies'], 50):.0f} | {p95:.0f} | "
+        p95 = quantile(r["latencies"], 0.95)
+        print(f"| {r['variant']} | {quantile(r['latencies'], 0.5):.0f} | {p95:.0f} | "
               f"{p95 / idle:.2f} | {r['flood_answered']} |")  # fmt: skip
+    by = {r["variant"]: quantile(r["latencies"], 0.95) for r in rows}
+    figures = {"flood_p95_vs_idle": by["flood, admission"] / idle, "p95_ms_by_variant": by,
+               "flood": args.flood}  # fmt: skip
+    notes = {"flood_p95_vs_idle": f"{by['flood, no admission'] / idle:.1f}x without admission"}
+    write_result("fair_share", figures, GOALS, notes)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ calls ``GET /healthz`` every 20 ms while four poster threads send 17 MB bodies o
 - ``key, /v1/batches, JSON array``: a tenant's 17 MB JSON array, read and parsed (in a worker
   thread, off the event loop) before the route refuses it (422).
 
-    .venv/bin/python benchmarks/hostile_bodies.py --seconds 10
+    .venv/bin/python -m benchmarks.hostile_bodies --seconds 10
 
 Needs PostgreSQL and redis-server on 127.0.0.1 (a scratch database and a free Redis database
 number are used and dropped); traffic goes to 127.0.0.1 only and stops by itself.
@@ -21,22 +21,35 @@ import argparse
 import multiprocessing
 import os
 import socket
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
-from benchmarks.streaming import api_process, pct  # noqa: E402
-from benchmarks.support import (  # noqa: E402
+from app.audit.stats import quantile
+from benchmarks.streaming import api_process
+from benchmarks.support import (
     claim_redis_db,
+    goal,
     release_redis_db,
     scratch_database,
+    write_result,
 )
+
+GOALS = [
+    goal(
+        "hostile traffic",
+        "/healthz p99 while four clients without a key post 17 MB bodies, worst route",
+        "healthz_p99_ms",
+        "<=",
+        50,
+        "ms",
+    ),
+]
+"""The rows of docs/results.md this benchmark backs (``write_result`` reads them)."""
+
+ROOT = Path(__file__).resolve().parent.parent
+
 
 BODY_MB = 17
 
@@ -81,6 +94,7 @@ def probe(base: str, seconds: float) -> list[float]:
 
 
 def main() -> None:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the models are local directories
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--posters", type=int, default=4)
@@ -111,6 +125,7 @@ def main() -> None:
             print(f"| variant ({args.posters} posters of {BODY_MB} MB) | probes | p50 ms "
                   "| p95 ms | p99 ms | max ms | bodies/s |")  # fmt: skip
             print("|---|---|---|---|---|---|---|")
+            p99: dict[str, float] = {}
             with api_process(settings) as base:
                 port = int(base.rsplit(":", 1)[1])
                 probe(base, 1.0)  # warm-up
@@ -133,12 +148,19 @@ def main() -> None:
                         if t.is_alive():
                             t.terminate()
                     print(
-                        f"| {name} | {len(ms)} | {pct(ms, 0.5):.1f} | {pct(ms, 0.95):.1f} | "
-                        f"{pct(ms, 0.99):.1f} | {max(ms):.1f} | {sent.value / args.seconds:.0f} |",
+                        f"| {name} | {len(ms)} | {quantile(ms, 0.5):.1f} | {quantile(ms, 0.95):.1f} | "
+                        f"{quantile(ms, 0.99):.1f} | {max(ms):.1f} | {sent.value / args.seconds:.0f} |",
                         flush=True,
                     )
+                    p99[name] = quantile(ms, 0.99)
     finally:
         release_redis_db(number)
+    # The goal is read on the clients without a key; a tenant's own array is shown beside it.
+    worst = max((v, k) for k, v in p99.items() if k.startswith("no key"))
+    figures = {"healthz_p99_ms": worst[0], "p99_ms_by_variant": p99, "seconds": args.seconds}
+    notes = {"healthz_p99_ms": f"{worst[1]}; idle {p99['idle']:.1f} ms; a tenant's own 17 MB "
+             f"array (key): {p99['key, /v1/batches, JSON array']:.0f} ms"}  # fmt: skip
+    write_result("hostile_bodies", figures, GOALS, notes)
 
 
 if __name__ == "__main__":

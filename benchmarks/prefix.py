@@ -1,6 +1,6 @@
 """Prefix reuse on production-like RAG traffic: the torch engine beside vLLM, in one run.
 
-Traffic (benchmarks/prefix_traffic.py): questions over the demo corpus with Zipf-popular
+Traffic (benchmarks/prefix_workload.py): questions over the demo corpus with Zipf-popular
 documents and repeated questions, prompts built by the product's retrieval and prompt code.
 Both engines run the demo pair in float32, draft model k = 4, greedy, ``--max-tokens`` new
 tokens, at most ``--max-batch`` requests at once; vLLM with ``enable_prefix_caching``. Every
@@ -17,7 +17,7 @@ Hit rate = prompt tokens reused / prompt tokens (vLLM: ``num_cached_tokens``). A
 compared token for token between the engines, and with the target alone (torch engine, method
 none). The machine's load average is printed beside each scenario: the CPU is shared.
 
-    HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/prefix.py [--requests 48] [--burst 48]
+    HF_HUB_OFFLINE=1 .venv/bin/python -m benchmarks.prefix [--requests 48] [--burst 48]
 """
 
 from __future__ import annotations
@@ -26,22 +26,50 @@ import argparse
 import os
 import random
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from app.audit.stats import quantile
+from benchmarks.prefix_workload import (
+    Outcome,
+    TorchRunner,
+    VLLMRunner,
+    build_traffic,
+    shared_prefix_share,
+    target_alone,
+)
+from benchmarks.support import goal, write_result
 
-from benchmarks.prefix_runners import Outcome, TorchRunner, VLLMRunner, target_alone  # noqa: E402
-from benchmarks.prefix_traffic import build_traffic, shared_prefix_share  # noqa: E402
+GOALS = [
+    goal(
+        "prefix reuse",
+        "one-stream decode tokens/s / vLLM's (demo pair, float32)",
+        "stream_vs_vllm",
+        ">=",
+        2.0,
+        "x",
+    ),
+    goal(
+        "prefix reuse",
+        "burst of 48 over recurring passages, tokens/s / vLLM's",
+        "burst_vs_vllm",
+        ">=",
+        1.3,
+        "x",
+    ),
+    goal("prefix reuse", "median TTFT one by one / vLLM's", "ttft_vs_vllm", "<=", 0.5, "x"),
+    goal(
+        "prefix reuse",
+        "answers identical to vLLM's and the target alone's (float32)",
+        "identical",
+        "==",
+        True,
+    ),
+]
+"""The rows of docs/results.md this benchmark backs (``write_result`` reads them)."""
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))]
 
 
 def load() -> str:
@@ -137,7 +165,7 @@ def main() -> None:
         decode = [(len(o.tokens) - 1) / (o.done - o.first) for o in outs if len(o.tokens) > 1]  # type: ignore[operator]
         ttft = [o.ttft * 1000 for o in outs]
         rows[name].update(
-            ttft50=pct(ttft, 50), ttft95=pct(ttft, 95), seq_tps=tokens(outs) / wall,
+            ttft50=quantile(ttft, 0.5), ttft95=quantile(ttft, 0.95), seq_tps=tokens(outs) / wall,
             stream_tps=statistics.median(decode), seq_hit=hit_rate(outs, seq),
             seq_load=f"{before} -> {load()}",
         )  # fmt: skip
@@ -159,7 +187,7 @@ def main() -> None:
         before = load()
         outs = poisson(r, seq, args.max_tokens, gaps)
         ttft = [o.ttft * 1000 for o in outs]
-        rows[name].update(p_ttft50=pct(ttft, 50), p_ttft95=pct(ttft, 95),
+        rows[name].update(p_ttft50=quantile(ttft, 0.5), p_ttft95=quantile(ttft, 0.95),
                           p_hit=hit_rate(outs, seq), p_load=f"{before} -> {load()}")  # fmt: skip
     report(rows, args, rate)
     others = [n for n in runners if n != "torch"]
@@ -171,10 +199,38 @@ def main() -> None:
     for r in runners.values():
         r.close()
     alone = target_alone(target, seq + bur, args.max_tokens)
+    identical = True
     for name in runners:
         got = answers[name] + answers[name + "-burst"]
         same = sum(x == y for x, y in zip(got, alone, strict=True))
+        identical = identical and same == len(got)
         print(f"answers {name} == target alone (one by one and burst): {same}/{len(got)}")
+    record(rows, identical)
+
+
+def record(rows: dict[str, dict[str, Any]], identical: bool) -> None:
+    """The goals' figures: the torch engine against vLLM where both ran."""
+    both = "torch" in rows and "vllm" in rows
+
+    def over(key: str) -> float | None:
+        return rows["torch"][key] / rows["vllm"][key] if both and rows["vllm"][key] else None
+
+    figures = {
+        "stream_vs_vllm": over("stream_tps"),
+        "burst_vs_vllm": over("burst_tps"),
+        "ttft_vs_vllm": over("ttft50"),
+        "identical": identical,
+        "rows": rows,
+    }
+    notes = {}
+    if both:
+        t, v = rows["torch"], rows["vllm"]
+        notes = {
+            "stream_vs_vllm": f"{t['stream_tps']:.0f} against {v['stream_tps']:.0f} tokens/s",
+            "burst_vs_vllm": f"hit rate {t['burst_hit']:.1%} against {v['burst_hit']:.1%}",
+            "ttft_vs_vllm": f"{t['ttft50']:.0f} against {v['ttft50']:.0f} ms",
+        }
+    write_result("prefix", figures, GOALS, notes)
 
 
 def report(rows: dict[str, dict[str, Any]], args: Any, rate: float) -> None:

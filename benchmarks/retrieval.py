@@ -5,13 +5,13 @@ One run, side by side on the same machine state:
    against raw ``Embedder.encode`` of the very same chunk texts, alternated per round (ratio).
 2. Recall@5 and MRR per search mode (dense, lexical, hybrid RRF, min-max fusion) on
    natural-language and exact-name question sets, on demo/corpus and on a held-out corpus
-   (benchmarks/retrieval_quality.py, benchmarks/question_sets.py).
+   (benchmarks/retrieval_quality.py).
 3. Search latency (p50/p95, ms) of ``RetrievalService.search``, hybrid and dense-only alternated,
    including the real query embedding and the database fetch, on N synthetic chunks (clustered
    unit vectors; lexical terms of real demo chunks), exact index and IVF; each leg alone too.
 
-    .venv/bin/python benchmarks/retrieval.py --train-points 8     # all (about 20 min on 2 cores)
-    .venv/bin/python benchmarks/retrieval.py --sizes 10000 --no-quality
+    .venv/bin/python -m benchmarks.retrieval --train-points 8     # all (about 20 min on 2 cores)
+    .venv/bin/python -m benchmarks.retrieval --sizes 10000 --no-quality
 """
 
 from __future__ import annotations
@@ -29,21 +29,61 @@ import numpy as np
 from sqlalchemy import create_engine, insert
 from sqlalchemy.orm import Session, sessionmaker
 
+from app.audit.stats import quantile
+from benchmarks.retrieval_quality import exact_name_questions, quality
+from benchmarks.support import goal, write_result
+from retrieval import Embedder, RetrievalService, indexes
+from retrieval.chunking import Chunker, embedding_text
+from retrieval.indexes import kind_of, new_flat, new_ivf
+from retrieval.lexical import LexicalIndex
+from retrieval.loaders import load_document
+from retrieval.records import Chunk, CollectionIndex, Document, metadata
+from retrieval.terms import chunk_terms, query_terms
+
+GOALS = [
+    goal(
+        "retrieval",
+        "ingest chunks/s / raw MiniLM encode of the same chunks",
+        "ingest_vs_encode_pct",
+        ">=",
+        85,
+        "%",
+    ),
+    goal(
+        "retrieval",
+        "hybrid search p95 at 100k chunks (exact index; both legs and the embedding)",
+        "search_p95_100k_ms",
+        "<=",
+        30,
+        "ms",
+    ),
+    goal("retrieval", "hybrid search p95 at 1M chunks (IVF)", "search_p95_1m_ms", "<=", 60, "ms"),
+    goal(
+        "retrieval",
+        "golden natural-language recall@5 (demo corpus)",
+        "golden_recall_at_5",
+        ">=",
+        0.9,
+    ),
+    goal(
+        "retrieval",
+        "exact-name recall@5 on the held-out corpus",
+        "exact_name_recall_at_5",
+        ">=",
+        0.95,
+    ),
+    goal(
+        "retrieval",
+        "natural-language recall@5, hybrid minus dense",
+        "hybrid_minus_dense_recall",
+        ">=",
+        0.0,
+    ),
+]
+"""The rows of docs/results.md this benchmark backs (``write_result`` reads them)."""
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
-sys.path.append(str(ROOT / "benchmarks"))  # after ROOT: its retrieval.py is this file
-
-from question_sets import exact_name_questions  # noqa: E402
-from retrieval_quality import quality  # noqa: E402
-
-from retrieval import Embedder, RetrievalService, indexes  # noqa: E402
-from retrieval.chunking import Chunker, embedding_text  # noqa: E402
-from retrieval.indexes import kind_of, new_flat, new_ivf  # noqa: E402
-from retrieval.lexical import LexicalIndex  # noqa: E402
-from retrieval.loaders import load_document  # noqa: E402
-from retrieval.records import Chunk, CollectionIndex, Document, metadata  # noqa: E402
-from retrieval.terms import chunk_terms, query_terms  # noqa: E402
 
 CORPUS = ROOT / "demo" / "corpus"
 GOLDEN = ROOT / "tests" / "data" / "golden_retrieval.jsonl"
@@ -55,7 +95,9 @@ def fresh_service(root: Path, embedder: Embedder, name: str) -> RetrievalService
     return RetrievalService(sessionmaker(engine, expire_on_commit=False), root / name, embedder)
 
 
-def ingest_vs_raw(embedder: Embedder, root: Path, files: list[Path], rounds: int) -> list[str]:
+def ingest_vs_raw(
+    embedder: Embedder, root: Path, files: list[Path], rounds: int, figures: dict
+) -> list[str]:
     chunker = Chunker(embedder.tokenizer)
     texts, drafts = [], []
     for path in files:
@@ -92,6 +134,7 @@ def ingest_vs_raw(embedder: Embedder, root: Path, files: list[Path], rounds: int
         out.append(f"| {i} | {raw:.1f} | {rate:.1f} | {rate / raw:.1%} |")
     ratio = statistics.median(rate / raw for raw, rate in rows)
     out.append(f"| median | | | **{ratio:.1%}** |")
+    figures["ingest_vs_encode_pct"] = ratio * 100
     lex, embed_s = statistics.median(lexical_ms), len(texts) / statistics.median(r for r, _ in rows)
     out += ["", f"Lexical work of these {len(texts)} chunks timed alone (terms + Tantivy build): "
             f"{lex:.0f} ms median, {lex / 10 / embed_s:.2f} % of their raw encode time."]  # fmt: skip
@@ -142,12 +185,12 @@ def synthetic_collection(
 
 
 def _p(values: list[float]) -> str:
-    return f"{np.percentile(values, 50):.1f} / {np.percentile(values, 95):.1f}"
+    return f"{quantile(values, 0.5):.1f} / {quantile(values, 0.95):.1f}"
 
 
 def search_rows(
     embedder: Embedder, root: Path, sizes: list[int], questions: dict[str, list[str]],
-    terms: list[str],
+    terms: list[str], figures: dict,
 ) -> list[str]:  # fmt: skip
     """Search latency per size and index kind: hybrid and dense-only alternated per question,
     and each leg timed alone (query embedding, FAISS, lexical on natural-language and on
@@ -209,11 +252,12 @@ def search_rows(
                 lexical.search(query_terms(q), 58)
                 (lex_nat if q in natural else lex_exact).append((time.perf_counter() - t) * 1000)
             faiss.omp_set_num_threads(threads)
-            ratio = np.percentile(hybrid_ms, 95) / np.percentile(dense_ms, 95)
+            ratio = quantile(hybrid_ms, 0.95) / quantile(dense_ms, 0.95)
+            figures.setdefault("hybrid_p95_ms", {})[f"{n} {kind}"] = quantile(hybrid_ms, 0.95)
             out.append(f"| {n:,} | {kind} | {_p(hybrid_ms)} | {_p(dense_ms)} | {ratio:.2f} | "
                        f"{_p(embed_ms)} | {_p(faiss_ms)} | {_p(lex_nat)} | {_p(lex_exact)} | "
                        f"{build_s:.1f} |")  # fmt: skip
-            print(f"  {n} {kind}: hybrid p95 {np.percentile(hybrid_ms, 95):.1f} ms "
+            print(f"  {n} {kind}: hybrid p95 {quantile(hybrid_ms, 0.95):.1f} ms "
                   f"(set up in {made:.0f} s)", file=sys.stderr, flush=True)  # fmt: skip
             service.session_factory.kw["bind"].dispose()
             del service, legs, held, lexical
@@ -239,18 +283,24 @@ def main() -> None:
     golden = [json.loads(line)["question"] for line in GOLDEN.read_text().splitlines() if line]
     demo = sorted(CORPUS.glob("*.md"))
     exact = [q["question"] for q in exact_name_questions(demo, 40, 7)]
+    figures: dict = {g["figure"]: None for g in GOALS}  # None: the part was not run
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         # Each table as soon as it is done: a long run that is stopped keeps what it measured.
         if not args.no_ingest:
-            show(ingest_vs_raw(embedder, root, demo[: args.files], args.rounds))
+            show(ingest_vs_raw(embedder, root, demo[: args.files], args.rounds, figures))
         if not args.no_quality:
-            show(quality(lambda name: fresh_service(root, embedder, name), root))
+            show(quality(lambda name: fresh_service(root, embedder, name), root, figures))
         if args.sizes:
             terms = real_terms(embedder, demo)
             for size in args.sizes:
                 show(search_rows(embedder, root, [size], {"natural": golden, "exact": exact},
-                                 terms))  # fmt: skip
+                                 terms, figures))  # fmt: skip
+    p95 = figures.get("hybrid_p95_ms", {})
+    figures.update(
+        search_p95_100k_ms=p95.get("100000 exact"), search_p95_1m_ms=p95.get("1000000 IVF")
+    )
+    write_result("retrieval", figures, GOALS)
 
 
 def show(table: list[str]) -> None:

@@ -5,7 +5,7 @@ demo documents, and runs ``specrag worker -Q answer`` subprocesses on the demo p
 (models/demo; SPECRAG_TARGET_MODEL/DRAFT_MODEL override). Variants, measured in alternation so
 that the machine's drift hits all of them alike:
 
-- ``one at a time``: ``--pool solo`` (the worker before issue 15);
+- ``one at a time``: ``--pool solo`` (one query at a time);
 - ``loop xN``: ``--pool threads --concurrency N``: N queries in flight on the process's one loop.
 
 Phases:
@@ -16,7 +16,7 @@ Phases:
    phase 1 measured, for that long, on each variant; P50/P95/P99 of total latency (queued →
    answered) and of time to first token (queued → first token, as the worker recorded it).
 
-    SPECRAG_TORCH_THREADS=1 .venv/bin/python benchmarks/serving.py [--burst 24] [--max-tokens 64]
+    SPECRAG_TORCH_THREADS=1 .venv/bin/python -m benchmarks.serving [--burst 24] [--max-tokens 64]
         [--concurrency 4,8] [--rounds 2] [--poisson-seconds 120] [--load 1.5]
         [--poisson-concurrency N]
 """
@@ -26,18 +26,30 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import sys
 import tempfile
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from app.audit.stats import quantile
+from benchmarks.batch import FILES, QUESTIONS, setup, wait_query
+from benchmarks.support import drop_database, goal, note, start_worker, write_result
 
-from benchmarks.batch import FILES, QUESTIONS, setup, wait_query  # noqa: E402
-from benchmarks.support import drop_database, note, pct, start_worker  # noqa: E402
+GOALS = [
+    goal(
+        "serving",
+        "burst of 24 x 64 tokens on one worker, queries/s / one at a time",
+        "burst_vs_one_at_a_time",
+        ">=",
+        2.5,
+        "x",
+    ),
+    goal("serving", "greedy answers identical under load", "identical", "==", True),
+]
+"""The rows of docs/results.md this benchmark backs (``write_result`` reads them)."""
+
+REPO = Path(__file__).resolve().parent.parent
 
 
 def send(sf: Any, settings: Any, celery: Any, question: str, max_tokens: int) -> uuid.UUID:
@@ -193,7 +205,11 @@ def run(args: argparse.Namespace, env: dict[str, str], tmp: Path) -> None:
             finally:
                 worker.stop()
             note(f"round {r + 1} {label}: {wall_seconds(bursts[label][-1]):.1f} s")
-    report_burst(args, bursts)
+    speedups, identical = report_burst(args, bursts)
+    best = max(speedups, key=lambda label: speedups[label])
+    figures = {"burst_vs_one_at_a_time": speedups[best], "identical": identical,
+               "speedup_by_variant": speedups}  # fmt: skip
+    write_result("serving", figures, GOALS, {"burst_vs_one_at_a_time": best})
     if args.poisson_seconds <= 0:
         return
     alone = bursts["one at a time"]
@@ -223,8 +239,13 @@ def run(args: argparse.Namespace, env: dict[str, str], tmp: Path) -> None:
     report_poisson(args, capacity, rate, loaded)
 
 
-def report_burst(args: argparse.Namespace, bursts: dict[str, list[list[dict[str, Any]]]]) -> None:
-    """Throughput per variant (all rounds pooled) and whether greedy answers matched."""
+def report_burst(
+    args: argparse.Namespace, bursts: dict[str, list[list[dict[str, Any]]]]
+) -> tuple[dict[str, float], bool]:
+    """Throughput per variant (all rounds pooled) and whether greedy answers matched; returns
+    each loop variant's queries/s over one at a time's, and whether every answer matched."""
+    speedups: dict[str, float] = {}
+    identical = True
     base = bursts["one at a time"]
     reference = {}
     for rows in base:
@@ -245,6 +266,9 @@ def report_burst(args: argparse.Namespace, bursts: dict[str, list[list[dict[str,
         same = sum(r["answer"] == reference.get(i % 12) for b in runs for i, r in enumerate(b))
         failed = sum(r["status"] != "succeeded" for r in rows)
         batch = [r["batch"] for r in rows if r["batch"] is not None]
+        identical = identical and same == len(rows) and not failed
+        if label != "one at a time":
+            speedups[label] = len(rows) / wall / base_qps
         print(
             f"| {label} | {len(rows) / wall:.2f} | {sum(r['tokens'] for r in rows) / wall:.1f} | "
             f"{wall / len(runs):.1f} | {len(rows) / wall / base_qps:.2f} | "
@@ -252,6 +276,7 @@ def report_burst(args: argparse.Namespace, bursts: dict[str, list[list[dict[str,
             + (f" ({failed} failed)" if failed else "")
             + " |"
         )
+    return speedups, identical
 
 
 def report_poisson(
@@ -272,7 +297,7 @@ def report_poisson(
         ttft = [r["ttft_ms"] for r in ok if r["ttft_ms"] is not None]
 
         def three(v: list[float]) -> str:
-            return " / ".join(f"{pct(v, q):.0f}" for q in (50, 95, 99)) if v else "n/a"
+            return " / ".join(f"{quantile(v, q / 100):.0f}" for q in (50, 95, 99)) if v else "n/a"
 
         print(f"| {label} | {len(rows)} | {len(ok)} | {three(total)} | {three(ttft)} |")
 

@@ -1,141 +1,60 @@
-"""What the benchmarks share: scratch databases, Redis, worker subprocesses, a tiny tokenizer.
+"""What the benchmarks share: services from testkit, worker subprocesses, and the results file.
 
-Benchmarks import this module and never ``tests/``: a test module may carry fixtures and
-side effects a script does not want, and the tests' layout is free to change. Where a test needs
-the same thing (a private redis-server, the tiny tokenizer) it imports it from here.
-Nothing here imports torch, transformers, psycopg or Celery at import time (the tests' conftest
-imports this module).
+Every benchmark runs as ``python -m benchmarks.NAME`` from the repository root and imports this
+module (never ``tests/``); services the tests share too (scratch PostgreSQL databases, private
+Redis, free ports) come from :mod:`testkit` and are re-exported here. ``write_result`` writes a
+benchmark's figures, the goals they are read against and where they were measured to
+``benchmarks/results/NAME.json``; ``python scripts/results.py`` renders docs/results.md from
+those files. Percentiles everywhere are :func:`app.audit.stats.quantile`.
+Nothing here imports torch, transformers, psycopg or Celery at import time.
 """
 
 from __future__ import annotations
 
+import json
 import os
-import signal
-import socket
+import platform
+import shlex
 import subprocess
 import sys
 import time
-import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from testkit.services import (
+    ADMIN_URL,
+    RedisServer,
+    claim_redis_db,
+    create_database,
+    database_url,
+    drop_database,
+    free_port,
+    release_redis_db,
+    scratch_database,
+)
+from testkit.tokenizer import train_tokenizer
 
 if TYPE_CHECKING:
     from workers.process import WorkerProcess
 
+__all__ = [
+    "ADMIN_URL",
+    "RedisServer",
+    "claim_redis_db",
+    "create_database",
+    "database_url",
+    "drop_database",
+    "free_port",
+    "release_redis_db",
+    "scratch_database",
+    "train_tokenizer",
+]
+
 REPO = Path(__file__).resolve().parents[1]
 DEMO_CORPUS = REPO / "demo" / "corpus"
-PG_SERVER = "postgres@127.0.0.1:5432"
-ADMIN_URL = os.environ.get("SPECRAG_BENCH_PG_ADMIN", f"postgresql://{PG_SERVER}/test")
-"""libpq URL of a database the benchmarks connect to in order to create and drop their own."""
-
-
-def database_url(name: str) -> str:
-    """The SQLAlchemy URL of the scratch database ``name``."""
-    return f"postgresql+psycopg://{PG_SERVER}/{name}"
-
-
-def create_database(prefix: str = "specrag_bench") -> str:
-    """Create an empty PostgreSQL database with a fresh name; returns the name."""
-    import psycopg
-
-    name = f"{prefix}_{uuid.uuid4().hex[:8]}"
-    try:
-        with psycopg.connect(ADMIN_URL, autocommit=True, connect_timeout=5) as conn:
-            conn.execute(f'CREATE DATABASE "{name}"')
-    except psycopg.OperationalError as exc:
-        raise SystemExit(f"PostgreSQL not reachable at {ADMIN_URL}: {exc}") from exc
-    return name
-
-
-def drop_database(name: str) -> None:
-    """Drop the scratch database ``name``, closing its connections."""
-    import psycopg
-
-    with psycopg.connect(ADMIN_URL, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-
-@contextmanager
-def scratch_database(prefix: str = "specrag_bench", *, migrate: bool = True) -> Iterator[str]:
-    """The SQLAlchemy URL of a new database (at the migrations' head), dropped on exit."""
-    name = create_database(prefix)
-    try:
-        if migrate:
-            from sqlalchemy import create_engine
-
-            from app.db.schema import upgrade
-
-            engine = create_engine(database_url(name))
-            try:
-                upgrade(engine)
-            finally:
-                engine.dispose()
-        yield database_url(name)
-    finally:
-        drop_database(name)
-
-
-def claim_redis_db() -> int:
-    """A Redis database number no test session or other benchmark holds (tests/conftest.py's
-    claim keys), flushed; the claim expires by itself after an hour."""
-    import redis
-
-    client = redis.Redis(host="127.0.0.1", port=6379, db=0)
-    for number in range(15, 0, -1):
-        if client.set(f"specrag-test-db-claim:{number}", os.getpid(), nx=True, ex=3600):
-            redis.Redis(db=number).flushdb()
-            return number
-    raise SystemExit("no free Redis database number (1-15)")
-
-
-def release_redis_db(number: int) -> None:
-    """Flush the Redis database ``claim_redis_db`` handed out and give its claim back."""
-    import redis
-
-    redis.Redis(host="127.0.0.1", port=6379, db=number).flushdb()
-    redis.Redis(host="127.0.0.1", port=6379, db=0).delete(f"specrag-test-db-claim:{number}")
-
-
-def free_port() -> int:
-    """A TCP port nobody listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-class RedisServer:
-    """A private redis-server on a free port that a caller may stop and start again."""
-
-    def __init__(self, workdir: Path) -> None:
-        self.port = free_port()
-        self.workdir = workdir
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def url(self, db: int = 0) -> str:
-        return f"redis://127.0.0.1:{self.port}/{db}"
-
-    def start(self) -> None:
-        import redis
-
-        argv = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1"]
-        argv += ["--save", "", "--appendonly", "no", "--dir", str(self.workdir)]
-        self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL)
-        client = redis.Redis(port=self.port)
-        for _ in range(100):
-            try:
-                client.ping()
-                return
-            except redis.RedisError:
-                time.sleep(0.05)
-        raise RuntimeError("private redis-server did not start")
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(10)
-            self.proc = None
+RESULTS = REPO / "benchmarks" / "results"
+"""Where every benchmark writes its figures (``NAME.json``); docs/results.md is rendered from them."""
 
 
 def start_worker(
@@ -153,41 +72,9 @@ def start_worker(
     return WorkerProcess({**os.environ, **env, **extra}, log, queues=queues, name=name).start()
 
 
-def train_tokenizer(out_dir: Path, vocab_size: int = 512) -> None:
-    """A byte-level BPE tokenizer trained in seconds on a few demo corpus files, saved to ``out_dir``."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    files = sorted(str(p) for p in DEMO_CORPUS.glob("*.md"))[:12]
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=["<eos>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train(files, trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>")
-    fast.save_pretrained(out_dir)
-
-
 def note(message: str) -> None:
     """Progress on stderr (the tables go to stdout)."""
     print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
-
-
-def pct(values: list[float], q: float) -> float:
-    """The q-th percentile of ``values``, rounded to the nearest rank over ``len - 1`` gaps."""
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1))))]
-
-
-def percentile(values: list[float], q: float) -> float:
-    """The q-th percentile (nearest rank) of ``values``."""
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * len(ordered) + 0.5) - 1))]
 
 
 def warm_up_torch_engine(engine: Any, max_batch: int) -> float:
@@ -200,3 +87,96 @@ def warm_up_torch_engine(engine: Any, max_batch: int) -> float:
     started = time.perf_counter()
     engine.warmup(batch_sizes=buckets_up_to(max_batch))
     return time.perf_counter() - started
+
+
+def goal(area: str, text: str, figure: str, op: str, target: float | bool, unit: str = "") -> dict:
+    """One row of the results page: ``figures[figure] op target`` is the goal ``text`` of ``area``.
+
+    ``op`` is one of ``<=``, ``>=``, ``==``; ``unit`` follows the figure on the page ("ms", "x")."""
+    if op not in ("<=", ">=", "=="):
+        raise ValueError(f"goal {text!r}: op must be <=, >= or ==, not {op!r}")
+    return {"area": area, "goal": text, "figure": figure, "op": op, "target": target, "unit": unit}
+
+
+def host() -> dict[str, str]:
+    """This CPU's model name and the widest instruction set the engine's paths use on it."""
+    flags: set[str] = set()
+    model = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name":
+                model = value.strip()
+            elif key.strip() == "flags":
+                flags = set(value.split())
+                break
+    except OSError:
+        pass
+    isa = next(
+        (name for name, flag in (("amx", "amx_bf16"), ("avx512_bf16", "avx512_bf16"),
+                                 ("avx512", "avx512f"), ("avx2", "avx2")) if flag in flags),
+        "none",
+    )  # fmt: skip
+    return {"cpu": model, "isa": isa}
+
+
+def commit() -> str:
+    """The checked-out commit (short hash, ``+dirty`` when tracked files other than the results
+    differ from it), or "unknown"."""
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True).stdout
+
+    head = git("rev-parse", "--short", "HEAD").strip() or "unknown"
+    changed = git(
+        "status", "--porcelain", "--untracked-files=no", "--", ".", ":!benchmarks/results"
+    )
+    return head + ("+dirty" if changed.strip() else "")
+
+
+def command(name: str) -> str:
+    """The command line that reproduces this run: the ``SPECRAG_*`` settings the process was
+    started with (not those a benchmark sets for its workers), then the module and arguments."""
+    try:  # the environment at exec time, before the benchmark changed os.environ
+        raw = Path("/proc/self/environ").read_bytes().split(b"\0")
+        started = dict(e.decode(errors="replace").partition("=")[::2] for e in raw if b"=" in e)
+    except OSError:
+        started = dict(os.environ)
+    env = [f"{k}={shlex.quote(v)}" for k, v in sorted(started.items()) if k.startswith("SPECRAG_")]
+    return " ".join([*env, "python -m", f"benchmarks.{name}", *map(shlex.quote, sys.argv[1:])])
+
+
+def write_result(
+    name: str,
+    figures: dict[str, Any],
+    goals: list[dict],
+    notes: dict[str, str] | None = None,
+    out: Path | None = None,
+) -> Path:
+    """Write ``benchmarks/results/NAME.json`` (or ``out``): the figures, the goals read from
+    them (``notes``: a figure's context on the page, by figure name), the date (UTC), the
+    commit, the host's CPU and ISA and the command; returns its path."""
+    missing = [g["figure"] for g in goals if g["figure"] not in figures]
+    if missing:
+        raise ValueError(f"{name}: the goals read figures the run did not produce: {missing}")
+    record = {
+        "benchmark": name,
+        "command": command(name),
+        "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "commit": commit(),
+        "host": host(),
+        "provenance": "run",
+        # The machines are shared: the load beside the figures says how busy this one was.
+        "load_average": round(os.getloadavg()[0], 1),
+        "figures": figures,
+        "goals": [
+            {**g, "note": notes[g["figure"]]} if g["figure"] in (notes or {}) else g for g in goals
+        ],
+    }
+    path = out or RESULTS / f"{name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(record, indent=2, ensure_ascii=False, default=str) + "\n")
+    os.replace(tmp, path)
+    note(f"figures written to {path}")
+    return path

@@ -13,7 +13,7 @@ engine, each with its engine's default concurrency unless ``--concurrency``, ans
 
 Run it from .venv-vllm (which has both engines; its workers are its own ``specrag``):
 
-    .venv-vllm/bin/python benchmarks/vllm_engines.py [--prompts 16] [--max-tokens 64] [--k 4]
+    .venv-vllm/bin/python -m benchmarks.vllm_engines [--prompts 16] [--max-tokens 64] [--k 4]
         [--rounds 2] [--burst 24] [--concurrency N] [--torch-threads 1] [--unpacked]
 
 ``--unpacked`` adds the torch engine on transformers' GEMM kernels (``packed_weights=False``) as
@@ -25,11 +25,23 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from benchmarks.support import goal, write_result
+
+GOALS = [
+    goal(
+        "vllm",
+        "vLLM's CPU build answers as the torch engine (float32 greedy, 16 RAG prompts)",
+        "identical",
+        "==",
+        True,
+    ),
+]
+"""The rows of docs/results.md this benchmark backs (``write_result`` reads them)."""
 
 REPO = Path(__file__).resolve().parent.parent
 DEMO = REPO / "models" / "demo"
@@ -102,8 +114,10 @@ def engine_rows(args: argparse.Namespace) -> None:
                 assert [x.token_ids for x in results] == answers["torch"], (
                     f"{name}: batched differs"
                 )
+    identical = True
     for name in [n for n in engines if n != "torch"]:
         same = sum(a == b for a, b in zip(answers["torch"], answers[name], strict=True))
+        identical = identical and same == len(prompts)
         print(f"\n{name}: answers identical to the torch engine's: {same}/{len(prompts)} "
               "(one by one and batched)")  # fmt: skip
     torches = [n for n in engines if n != "vllm"]
@@ -131,6 +145,9 @@ def engine_rows(args: argparse.Namespace) -> None:
         cells = [fmt.format(values[n]) for n in [*torches, "vllm"]]
         cells += [f"{values['vllm'] / values[n]:.2f}" for n in torches]
         print(f"| {label} | " + " | ".join(cells) + " |")
+    figures = {"identical": identical, "one_stream_tokens_per_s": rate, "ttft_ms": ttft,
+               "generate_many_tokens_per_s": batch, "acceptance_rate": acc}  # fmt: skip
+    write_result("vllm_engines", figures, GOALS, {"identical": f"{len(prompts)} RAG prompts"})
     for engine in engines.values():
         close = getattr(engine, "close", None)
         if callable(close):
@@ -138,12 +155,13 @@ def engine_rows(args: argparse.Namespace) -> None:
 
 
 def service_rows(args: argparse.Namespace) -> None:
+    from app.audit.stats import quantile
     from app.db import prepare
     from app.resources import Resources
     from app.settings import Settings
     from benchmarks.batch import FILES, setup
     from benchmarks.serving import burst, wall_seconds
-    from benchmarks.support import drop_database, pct, start_worker
+    from benchmarks.support import drop_database, start_worker
     from workers import create_celery
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -173,7 +191,7 @@ def service_rows(args: argparse.Namespace) -> None:
                 worker.stop()
                 assert all(r["status"] == "succeeded" for r in got), got
                 totals = [r["total_ms"] for r in got if r["total_ms"] is not None]
-                rows.append((engine, args.burst / wall_seconds(got), pct(totals, 50), pct(totals, 95),
+                rows.append((engine, args.burst / wall_seconds(got), quantile(totals, 0.5), quantile(totals, 0.95),
                              [r["answer"] for r in got]))  # fmt: skip
             same = sum(a == b for a, b in zip(rows[0][4], rows[1][4], strict=True))
             print(f"\nburst of {args.burst} on one worker: answers identical {same}/{args.burst}")
@@ -219,5 +237,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(REPO))
     main()

@@ -1,4 +1,4 @@
-"""Make docs/img/audit-report.png: the HTML audit report of seeded traffic (benchmarks/seeding.py,
+"""Make docs/img/audit-report.png: the HTML audit report of seeded traffic (testkit/seeding.py,
 plus a 40-item golden run) in headless Chromium at 1280 x 800, numbered callouts drawn on it.
 
     .venv/bin/python scripts/audit_screenshot.py [--out docs/img/audit-report.png]
@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from app.audit import render_report  # noqa: E402
 from app.audit.records import GoldenItem, GoldenRun  # noqa: E402
 from app.db.schema import upgrade  # noqa: E402
-from benchmarks.seeding import seed  # noqa: E402
+from testkit.seeding import seed  # noqa: E402
 
 START = datetime(2026, 3, 10, tzinfo=UTC)
 DAY = timedelta(days=1)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.support import train_tokenizer
+from testkit.tokenizer import train_tokenizer
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEMO_CORPUS = REPO_ROOT / "demo" / "corpus"

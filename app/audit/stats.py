@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from itertools import product
 
 Z95 = 1.959963984540054
@@ -30,15 +30,25 @@ PERMUTATIONS = 20_000
 BOOTSTRAP = 1000
 
 
-def quantile(values: Sequence[float], p: float) -> float | None:
-    """The p-quantile of sorted ``values`` by linear interpolation (percentile_cont, numpy's
-    default); None for no values."""
-    if not values:
+def quantile(values: Iterable[float], p: float) -> float | None:
+    """The p-quantile of ``values`` (0 <= p <= 1; p = 0.95 is the P95), None for no values.
+
+    The project's one percentile rule, used by the audit report, batch reports and the
+    benchmarks: sort the n values as x[0] <= ... <= x[n-1], take h = (n - 1) p, and interpolate
+    linearly between the order statistics around it: x[floor(h)] + (h - floor(h)) (x[floor(h) + 1]
+    - x[floor(h)]). It is PostgreSQL's ``percentile_cont`` (what the audit report's SQL computes,
+    app/audit/sql.py) and numpy's default ``percentile``; a P50 of an even count is the mean of
+    the middle two, a P100 the maximum.
+    """
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"quantile: p must be between 0 and 1 (0.95 for a P95), not {p!r}")
+    ordered = sorted(values)
+    if not ordered:
         return None
-    h = (len(values) - 1) * p
+    h = (len(ordered) - 1) * p
     lo = math.floor(h)
-    hi = min(lo + 1, len(values) - 1)
-    return values[lo] + (h - lo) * (values[hi] - values[lo])
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (h - lo) * (ordered[hi] - ordered[lo])
 
 
 def _binomial_cdf(n: int, p: float) -> list[float]:

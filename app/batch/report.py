@@ -21,6 +21,7 @@ from sqlalchemy.orm import Session, aliased, selectinload
 
 from app.audit.render import Section, html_report
 from app.audit.render import to_csv as rows_to_csv
+from app.audit.stats import quantile
 from app.batch.records import Batch, BatchItem
 from app.batch.views import batch_view
 from app.db.models import Answer, Query
@@ -79,13 +80,9 @@ def _service_ms(query: Query | None) -> float | None:
 
 
 def _pct(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    rank = q / 100.0 * (len(ordered) - 1)
-    low = int(rank)
-    high = min(low + 1, len(ordered) - 1)
-    return round(ordered[low] + (ordered[high] - ordered[low]) * (rank - low), 3)
+    # The project's one percentile rule (app/audit/stats.quantile), rounded for the report.
+    value = quantile(values, q / 100.0)
+    return None if value is None else round(value, 3)
 
 
 def _groundedness(query: Query | None) -> float | None:

@@ -14,7 +14,7 @@ import pytest
 from sqlalchemy import Engine, create_engine
 
 from app.db.schema import upgrade
-from benchmarks.seeding import Seeded, seed
+from testkit.seeding import Seeded, seed
 
 DAY = timedelta(days=1)
 # Main window: clean traffic with shadow baselines; its previous day ran twice as fast.

@@ -8,13 +8,37 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import numpy as np
+import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.orm import Session
 
 from app.audit import render_report, units
 from app.audit.stats import mcnemar_exact, quantile, quantile_ci, sign_flip_p
 from app.db.schema import upgrade
-from benchmarks.seeding import seed
+from testkit.seeding import seed
+
+
+def test_quantile_is_the_one_percentile_rule_percentile_cont() -> None:
+    rng = np.random.default_rng(1)
+    for n in (1, 2, 3, 7, 100):
+        xs = rng.normal(50.0, 10.0, n).tolist()  # unsorted: the rule sorts
+        for p in (0.0, 0.5, 0.95, 0.99, 1.0):
+            assert quantile(xs, p) == pytest.approx(float(np.percentile(xs, 100 * p)), abs=1e-9)
+    assert quantile([1.0, 2.0, 3.0, 4.0], 0.5) == 2.5  # the mean of the middle two
+    assert quantile([], 0.95) is None
+
+
+def test_quantile_refuses_a_percent_where_a_fraction_belongs() -> None:
+    with pytest.raises(ValueError, match="p must be between 0 and 1"):
+        quantile([1.0, 2.0], 95)
+
+
+def test_batch_reports_use_the_same_rule() -> None:
+    from app.batch.report import _pct
+
+    xs = [float(v) for v in (12, 3, 40, 7, 25, 18)]
+    assert _pct(xs, 95) == round(float(np.percentile(xs, 95)), 3)
+    assert _pct([], 50) is None
 
 
 def test_quantile_and_its_interval_cover_the_true_value() -> None:

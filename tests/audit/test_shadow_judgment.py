@@ -22,10 +22,10 @@ from sqlalchemy.orm import Session, sessionmaker
 from app.audit import build_report, parse_window, render_report
 from app.audit.records import ShadowRun
 from app.evals.shadow import run_shadow
-from benchmarks.seeding import seed
 from generation import EngineConfig, SamplingParams, SpeculativeEngine
 from generation.exactness import _logits
 from generation.model import dtypes
+from testkit.seeding import seed
 from tests.conftest import fresh_pg_database
 from tests.generation.tiny_models import build_model
 

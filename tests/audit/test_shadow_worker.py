@@ -18,7 +18,7 @@ from app.audit import render_report
 from app.audit.records import ShadowRun
 from app.db.models import utcnow
 from app.settings import Settings
-from benchmarks.support import RedisServer
+from testkit.services import RedisServer
 from tests.conftest import fresh_pg_database
 from tests.integration.helpers import WorkerProcess
 

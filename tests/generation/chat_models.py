@@ -16,9 +16,9 @@ import torch
 from tokenizers import processors
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-from benchmarks.support import train_tokenizer
 from retrieval.chat import PromptFormat
 from retrieval.prompt import Passage
+from testkit.tokenizer import train_tokenizer
 from tests.generation.tiny_models import build_model, perturbed_copy
 
 # Meta-Llama-3-8B-Instruct's template, as its tokenizer_config.json ships it.

@@ -1,6 +1,6 @@
 """Helpers of the integration tests: an API server thread and ``specrag worker`` subprocesses.
 
-Free ports and private redis-server processes come from benchmarks/support.py (shared with the
+Free ports and private redis-server processes come from testkit/services.py (shared with the
 benchmarks); they are re-exported here for the tests."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from sqlalchemy import func, select
 
 from app.db import Answer, GenerationStatsRecord, Query, make_engine, make_session_factory
 from app.settings import Settings
-from benchmarks.support import RedisServer, free_port
+from testkit.services import RedisServer, free_port
 from workers import process
 from workers.process import settings_env
 

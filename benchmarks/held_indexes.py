@@ -7,9 +7,9 @@ watchers of let-go indexes have stopped (they poll every 500 ms). Then one colle
 ``--chunks`` chunks (synthetic vectors) has its FAISS file damaged in place, and a restarted
 host's first search (refusal and rebuild from the database) is timed beside an intact restart.
 
-    python -m benchmarks.collections --collections 1000 --held 20 --chunks 0
-    python -m benchmarks.collections --collections 200 --held 0 --chunks 0  # unbounded control
-    flock /tmp/bench.lock python -m benchmarks.collections --collections 10 --chunks 50000
+    python -m benchmarks.held_indexes --collections 1000 --held 20 --chunks 0
+    python -m benchmarks.held_indexes --collections 200 --held 0 --chunks 0  # unbounded control
+    flock /tmp/bench.lock python -m benchmarks.held_indexes --collections 10 --chunks 50000
 """
 
 from __future__ import annotations
@@ -22,6 +22,27 @@ from pathlib import Path
 
 from sqlalchemy import create_engine
 from sqlalchemy.orm import sessionmaker
+
+from benchmarks.support import goal, write_result
+
+GOALS = [
+    goal(
+        "faults",
+        "worker threads after 1,000 collections / after 10",
+        "threads_ratio",
+        "<=",
+        2.0,
+        "x",
+    ),
+    goal(
+        "faults",
+        "a damaged FAISS file is refused, rebuilt from the database, same answers",
+        "repaired_same_answers",
+        "==",
+        True,
+    ),
+]
+"""The rows of docs/results.md this benchmark backs (``write_result`` reads them)."""
 
 TEXT = "# Orchards\n\nApple trees need cross-pollination from a second variety.\n"
 
@@ -69,11 +90,21 @@ def main() -> None:
     print(f"| {n} | {args.held} | {counts[0]} | {counts[10]} | {counts[n]} | "
           f"{counts[n] / counts[10]:.2f} | {seconds:.0f} |")  # fmt: skip
 
+    figures: dict = {"threads_ratio": counts[n] / counts[10], "threads": counts, "held": args.held,
+                     "repaired_same_answers": None}  # fmt: skip
+    notes = {"threads_ratio": f"{counts[10]} to {counts[n]} threads, {args.held} held indexes"}
     if args.chunks:
-        repair(service, factory, embedder, root, args.chunks, args.held)
+        intact, damaged, same = repair(service, factory, embedder, root, args.chunks, args.held)
+        figures.update(repaired_same_answers=same, first_search_s=[intact, damaged])
+        notes["repaired_same_answers"] = (
+            f"{args.chunks:,} chunks: first search {damaged:.2f} s, intact {intact:.2f} s"
+        )
+    write_result("held_indexes", figures, GOALS, notes)
 
 
-def repair(service, factory, embedder, root: Path, chunks: int, held: int) -> None:  # type: ignore[no-untyped-def]
+def repair(
+    service, factory, embedder, root: Path, chunks: int, held: int
+) -> tuple[float, float, bool]:  # type: ignore[no-untyped-def]
     """A ``chunks``-chunk collection (synthetic vectors, written by the real writer): the first
     search of a restarted host with its FAISS file intact, then with one bit of it flipped
     (refused, rebuilt from the database, answered), side by side."""
@@ -87,25 +118,26 @@ def repair(service, factory, embedder, root: Path, chunks: int, held: int) -> No
     service.indexes.wait_for_files()
     path = service.store.path("bench", "big", result.version)
 
-    def first_search() -> float:
+    def first_search() -> tuple[float, list]:
         restarted = RetrievalService(factory, root / "indexes", embedder, max_held=held)
         started = time.perf_counter()
-        restarted.search("part 7", collection="big", tenant="bench", top_k=5)
+        found = restarted.search("part 7", collection="big", tenant="bench", top_k=5)
         took = time.perf_counter() - started
         restarted.indexes.wait_for_files()
-        return took
+        return took, [(r.chunk_id, round(r.score, 5)) for r in found]
 
-    intact = first_search()
+    intact, before = first_search()
     data = bytearray(path.read_bytes())
     data[len(data) // 2] ^= 0x40
     path.write_bytes(bytes(data))
-    damaged = first_search()
+    damaged, after = first_search()
     print()
     print("| FAISS file | chunks | restarted host's first search s |")
     print("|---|---|---|")
     print(f"| intact | {chunks} | {intact:.2f} |")
     print(f"| 1 bit flipped (refused, rebuilt from the database, written again) | {chunks} | "
           f"{damaged:.2f} |")  # fmt: skip
+    return intact, damaged, before == after
 
 
 if __name__ == "__main__":

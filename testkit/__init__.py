@@ -1,0 +1,6 @@
+"""What tests and benchmarks share: private services, a tiny tokenizer, seeded stored traffic.
+
+Both ``tests/`` and ``benchmarks/`` import this package; it imports neither of them, and nothing
+of the product imports it. Its modules import their heavy dependencies (psycopg, redis,
+tokenizers, transformers) inside the functions that use them, so importing it costs nothing.
+"""
