@@ -2,7 +2,7 @@
 
     python -m benchmarks.grounding_calibration --out runs/grounding_calibration.json
 
-Builds the labeled sets of ``benchmarks.grounding_sets`` (demo corpus split by document into
+Builds the labeled sets of ``testkit.grounding_sets`` (demo corpus split by document into
 train and held-out; the standard library's docstrings as a set the scorer was never fitted on),
 computes the fused scorer's features with the real MiniLM, fits the logistic fusion on the train
 split (``--fit`` prints the weights to ship in retrieval/grounding/scorer.py) and reports, per
@@ -28,10 +28,10 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import roc_auc_score
 
 from app.settings import Settings
-from benchmarks.grounding_sets import Example, demo_passages, examples, prose, stdlib_passages
 from retrieval.embedder import Embedder
 from retrieval.grounding.scorer import FEATURES, THRESHOLD, FusedScorer, fuse
 from retrieval.grounding.sentences import split_sentences
+from testkit.grounding_sets import Example, demo_passages, examples, prose, stdlib_passages
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -37,12 +37,12 @@ HEAD = """# Results
 The figures specrag's benchmarks measure, one row per goal: the figure, the goal, whether the
 figure meets it, the date (UTC), the commit and the host CPU's instruction set it was measured
 on, and the command that reproduces it (run from the repository root). Every benchmark writes
-its figures to `benchmarks/results/NAME.json`; `make results` renders this page from those files,
+its figures to one JSON file in `benchmarks/results/` (named after the benchmark); `make results` renders this page from those files,
 and a test fails when the page and the files disagree. Do not edit this page by hand.
 
 Source `run`: the benchmark wrote the file (with the host's one-minute load average when it
 finished). Source `record`: the figure is carried from the project's measurement record
-(docs/benchmarks.md as of the entry's commit) with the date, commit, host and command recorded
+(a page of the repository at the entry's commit, in git history) with the date, commit, host and command recorded
 with it; the JSON's `provenance` names the entry, and rerunning the command replaces it. The
 machines are small shared VMs (2 cores); compared variants always run side by side in one run,
 so ratios travel better than absolute figures. ISA: `avx2` (no AVX-512), `avx512_bf16`

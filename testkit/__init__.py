@@ -1,4 +1,5 @@
-"""What tests and benchmarks share: private services, a tiny tokenizer, seeded stored traffic.
+"""What tests and benchmarks share: private services, a tiny tokenizer, seeded stored traffic,
+labeled grounding sets.
 
 Both ``tests/`` and ``benchmarks/`` import this package; it imports neither of them, and nothing
 of the product imports it. Its modules import their heavy dependencies (psycopg, redis,

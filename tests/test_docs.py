@@ -11,13 +11,8 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = sorted([ROOT / "README.md", ROOT / "models" / "README.md", *(ROOT / "docs").glob("*.md")])
 
-# Pages other parts of the build write: docs/results.md is generated from the benchmarks' JSON
-# (its make target), docs/grounding.md ships with the grounding check. A link to one is allowed
-# while it is absent from this tree.
-WRITTEN_ELSEWHERE = {"docs/results.md", "docs/grounding.md"}
-
 LINK = re.compile(r"\]\(([^)\s]+)\)")
-TOP = "app|benchmarks|demo|deploy|docker|docs|generation|migrations|models|retrieval|scripts|tests|training|workers"
+TOP = "app|benchmarks|demo|deploy|docker|docs|generation|migrations|models|retrieval|scripts|testkit|tests|training|workers"
 PATH = re.compile(
     rf"(?<![\w/.-])((?:{TOP})/[\w./-]*\w\.(?:md|py|c|yml|yaml|toml|json|sh|png|jinja|txt))\b"
 )
@@ -31,7 +26,7 @@ def _rel(path: Path) -> str:
 
 
 def _exists(rel: str) -> bool:
-    return (ROOT / rel).exists() or rel in WRITTEN_ELSEWHERE
+    return (ROOT / rel).exists()
 
 
 @pytest.mark.parametrize("page", PAGES, ids=_rel)
