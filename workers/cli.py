@@ -12,6 +12,7 @@ import logging
 import click
 from fastapi import FastAPI
 
+import app.tracing as tracing
 import workers.runtime as runtime
 from app.api import create_app
 from app.cli import build_cli
@@ -75,6 +76,8 @@ def worker(
 ) -> None:
     """Run a Celery worker that answers (and ingests) queued work until stopped."""
     settings = get_settings()
+    # Refused here, before anything starts, when an OTEL_* value cannot be honoured.
+    tracing.configure("specrag-worker", enabled=settings.tracing)
     names = [q.strip() for q in queues.split(",") if q.strip()]
     unknown = [q for q in names if q not in QUEUES]
     if unknown or not names:

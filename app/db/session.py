@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from sqlalchemy import Engine, create_engine, event, text
+import sqlalchemy
+from sqlalchemy import Engine, event, text
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.settings import Settings
@@ -13,7 +14,9 @@ def make_engine(settings: Settings) -> Engine:
     url = settings.resolved_database_url
     if url.startswith("sqlite"):
         settings.data_dir.mkdir(parents=True, exist_ok=True)
-        engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False})
+        engine = sqlalchemy.create_engine(
+            url, connect_args={"timeout": 30, "check_same_thread": False}
+        )
 
         @event.listens_for(engine, "connect")
         def _sqlite_pragmas(dbapi_conn, _record):  # type: ignore[no-untyped-def]
@@ -25,7 +28,8 @@ def make_engine(settings: Settings) -> Engine:
             cur.close()
 
         return engine
-    return create_engine(url, pool_pre_ping=True)
+    # Looked up on the module at each call: tracing's SQL spans wrap it there (app/tracing).
+    return sqlalchemy.create_engine(url, pool_pre_ping=True)
 
 
 def make_session_factory(engine: Engine) -> sessionmaker[Session]:
