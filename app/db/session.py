@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import sqlalchemy
-from sqlalchemy import Engine, event, text
+from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.settings import Settings
+from app.tracing import trace_engine
 
 
 def make_engine(settings: Settings) -> Engine:
@@ -14,9 +14,7 @@ def make_engine(settings: Settings) -> Engine:
     url = settings.resolved_database_url
     if url.startswith("sqlite"):
         settings.data_dir.mkdir(parents=True, exist_ok=True)
-        engine = sqlalchemy.create_engine(
-            url, connect_args={"timeout": 30, "check_same_thread": False}
-        )
+        engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False})
 
         @event.listens_for(engine, "connect")
         def _sqlite_pragmas(dbapi_conn, _record):  # type: ignore[no-untyped-def]
@@ -27,9 +25,8 @@ def make_engine(settings: Settings) -> Engine:
             cur.execute("PRAGMA busy_timeout=30000")
             cur.close()
 
-        return engine
-    # Looked up on the module at each call: tracing's SQL spans wrap it there (app/tracing).
-    return sqlalchemy.create_engine(url, pool_pre_ping=True)
+        return trace_engine(engine)
+    return trace_engine(create_engine(url, pool_pre_ping=True))
 
 
 def make_session_factory(engine: Engine) -> sessionmaker[Session]:

@@ -9,7 +9,15 @@ docs/operations.md ("Tracing") says how to turn it on and read a query's trace.
 """
 
 from app.tracing.config import SAMPLERS, TracingConfig, TracingConfigError, read_config
-from app.tracing.setup import config, configure, dropped_spans, enabled, instrument_app, shutdown
+from app.tracing.setup import (
+    config,
+    configure,
+    dropped_spans,
+    enabled,
+    instrument_app,
+    shutdown,
+    trace_engine,
+)
 from app.tracing.spans import (
     current_trace_id,
     current_traceparent,
@@ -36,4 +44,5 @@ __all__ = [
     "resumed",
     "shutdown",
     "span",
+    "trace_engine",
 ]

@@ -17,6 +17,7 @@ from app.tracing.config import TracingConfig, read_config
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
+    from sqlalchemy import Engine
 
     from app.tracing.export import CountingExporter
 
@@ -76,7 +77,6 @@ def _start(found: TracingConfig) -> None:
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     from opentelemetry.instrumentation.celery import CeleryInstrumentor
     from opentelemetry.instrumentation.redis import RedisInstrumentor
-    from opentelemetry.instrumentation.sqlalchemy import SQLAlchemyInstrumentor
     from opentelemetry.sdk.resources import SERVICE_NAME, Resource
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
@@ -93,11 +93,9 @@ def _start(found: TracingConfig) -> None:
     provider.add_span_processor(BatchSpanProcessor(exporter))
     trace.set_tracer_provider(provider)
     # Publish and run spans with the context in the message headers; Redis commands (broker,
-    # streams, rate windows) and SQL statements inside a traced piece of work. SQLAlchemy's is
-    # wired through create_engine, which app/db/session.py looks up at each call for that reason.
+    # streams, rate windows) inside a traced piece of work. SQL: ``trace_engine``.
     CeleryInstrumentor().instrument()
     RedisInstrumentor().instrument()
-    SQLAlchemyInstrumentor().instrument()
     _state.exporter, _state.provider = exporter, provider
 
 
@@ -109,6 +107,25 @@ def instrument_app(app: FastAPI) -> None:
 
     excluded = os.environ.get("OTEL_PYTHON_FASTAPI_EXCLUDED_URLS", EXCLUDED_URLS)
     FastAPIInstrumentor.instrument_app(app, excluded_urls=excluded)
+
+
+def trace_engine(engine: Engine) -> Engine:
+    """``engine`` with a span per SQL statement run inside traced work; untouched when off.
+
+    The maintained instrumentation's ``EngineTracer``, attached per engine: its instrumentor
+    declares SQLAlchemy < 2.1 and its ``create_engine`` patch imports the asyncio extension
+    (greenlet), neither of which holds here, while the event listeners it attaches are 2.1's too.
+    """
+    if not enabled():
+        return engine
+    from opentelemetry.instrumentation.sqlalchemy.engine import EngineTracer
+    from opentelemetry.metrics import get_meter
+    from opentelemetry.trace import get_tracer
+
+    scope = "opentelemetry.instrumentation.sqlalchemy"
+    usage = get_meter(scope).create_up_down_counter("db.client.connections.usage")
+    EngineTracer(get_tracer(scope), engine, usage)
+    return engine
 
 
 def shutdown() -> None:
