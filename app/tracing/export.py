@@ -53,8 +53,8 @@ class CountingExporter(SpanExporter):
             self._failing = True
         if first:
             log.warning(
-                "trace export to %s failed (%s); spans are dropped and counted until it "
-                "works again, answers are unaffected",
+                "trace export to %s failed (%s); spans are dropped and counted until an export "
+                "succeeds, answers are unaffected",
                 self.endpoint,
                 reason,
             )
