@@ -12,7 +12,6 @@ import logging
 import click
 from fastapi import FastAPI
 
-import app.tracing as tracing
 import workers.runtime as runtime
 from app.api import create_app
 from app.cli import build_cli
@@ -75,9 +74,7 @@ def worker(
     as_json: bool,
 ) -> None:
     """Run a Celery worker that answers (and ingests) queued work until stopped."""
-    settings = get_settings()
-    # Refused here, before anything starts, when an OTEL_* value cannot be honoured.
-    tracing.configure("specrag-worker", enabled=settings.tracing)
+    settings = get_settings()  # tracing starts here (app/commands/common.py)
     names = [q.strip() for q in queues.split(",") if q.strip()]
     unknown = [q for q in names if q not in QUEUES]
     if unknown or not names:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import click
 
-import app.tracing as tracing
 from app.api import create_app
 from app.commands.common import get_dispatcher, get_settings, one_line_errors
 
@@ -21,8 +20,6 @@ def api(host: str | None, port: int | None, as_json: bool) -> None:
     import uvicorn  # server only
 
     settings = get_settings()
-    # Before the app and its database engine exist: their spans need the provider in place.
-    tracing.configure("specrag-api", enabled=settings.tracing)
     app = create_app(settings, get_dispatcher(settings))
     uvicorn.run(app, host=host or settings.api_host, port=port or settings.api_port)
 

@@ -24,7 +24,8 @@ import httpx
 import pytest
 
 from app.settings import Settings
-from tests.integration.conftest import Deployment
+from tests.conftest import claimed_redis_db, fresh_pg_database
+from tests.integration.conftest import ingest_corpus, make_keys
 from tests.integration.helpers import REPO_ROOT, free_port, settings_env
 from tests.tracing.otlp import OtlpReceiver, ReceivedSpan
 from workers.process import WorkerProcess
@@ -71,34 +72,41 @@ def _env(settings: Settings, endpoint: str) -> dict[str, str]:
     return env
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def traced(
-    private_deployment: Deployment, private_redis_db: str, tmp_path: Path
+    service_settings: Settings, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Traced]:
-    """A ``specrag api`` and a ``specrag worker`` tracing to a receiver in this process."""
-    settings = private_deployment.settings.model_copy(update={"broker_url": private_redis_db})
-    with OtlpReceiver() as receiver:
-        env = _env(settings, receiver.endpoint)
-        worker = WorkerProcess(env, tmp_path / "worker.log", name="traced", cwd=REPO_ROOT).start()
-        port = free_port()
-        api_log = (tmp_path / "api.log").open("wb")
-        api = subprocess.Popen(
-            [str(Path(sys.executable).parent / "specrag"), "api", "--host", "127.0.0.1",
-             "--port", str(port)],
-            env=env, cwd=REPO_ROOT, stdout=api_log, stderr=subprocess.STDOUT,
+    """A ``specrag api`` and a ``specrag worker`` (answer and batch queues, every answer shadowed)
+    on a database and a Redis database of their own, tracing to a receiver in this process."""
+    tmp = tmp_path_factory.mktemp("traced")
+    with fresh_pg_database(migrated=True) as url, claimed_redis_db() as broker:
+        settings = service_settings.model_copy(
+            update={"database_url": url, "data_dir": tmp / "data", "broker_url": broker,
+                    "shadow_sample_rate": 1.0}
         )  # fmt: skip
-        try:
-            url = f"http://127.0.0.1:{port}"
-            _wait_healthy(url, api)
-            worker.wait_ready()
-            yield Traced(
-                receiver, url, private_deployment.keys, private_deployment.collection, worker
-            )
-        finally:
-            api.terminate()
-            api.wait(timeout=30)
-            api_log.close()
-            worker.stop()
+        keys, collection = make_keys(settings), ingest_corpus(settings)
+        with OtlpReceiver() as receiver:
+            env = _env(settings, receiver.endpoint)
+            worker = WorkerProcess(
+                env, tmp / "worker.log", queues="answer,batch", name="traced", cwd=REPO_ROOT
+            ).start()
+            port = free_port()
+            api_log = (tmp / "api.log").open("wb")
+            api = subprocess.Popen(
+                [str(Path(sys.executable).parent / "specrag"), "api", "--host", "127.0.0.1",
+                 "--port", str(port)],
+                env=env, cwd=REPO_ROOT, stdout=api_log, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+            try:
+                url = f"http://127.0.0.1:{port}"
+                _wait_healthy(url, api)
+                worker.wait_ready()
+                yield Traced(receiver, url, keys, collection, worker)
+            finally:
+                api.terminate()
+                api.wait(timeout=30)
+                api_log.close()
+                worker.stop()
 
 
 def _wait_healthy(url: str, api: subprocess.Popen[bytes]) -> None:
@@ -201,6 +209,59 @@ def test_a_malformed_traceparent_starts_a_new_trace(traced: Traced) -> None:
     assert isinstance(trace_id, str) and len(trace_id) == 32 and int(trace_id, 16)
     spans = traced.receiver.wait_for(trace_id, {"POST /v1/queries", "record"})
     assert _one(spans, "POST /v1/queries").parent_span_id == ""
+
+
+def _named(receiver: OtlpReceiver, name: str, key: str, value: str) -> ReceivedSpan:
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        found = [s for s in receiver.spans if s.name == name and s.attributes.get(key) == value]
+        if found:
+            assert len(found) == 1, found
+            return found[0]
+        time.sleep(0.2)
+    raise AssertionError(f"no {name!r} span with {key}={value}")
+
+
+def test_a_shadow_redecode_is_a_trace_of_its_own_linked_to_its_query(traced: Traced) -> None:
+    trace_id = secrets.token_hex(16)
+    view = _ask(traced, {"traceparent": f"00-{trace_id}-{secrets.token_hex(8)}-01"})
+    shadow = _named(traced.receiver, "shadow re-decode", "specrag.query.id", view["id"])
+    assert shadow.trace_id != trace_id and shadow.parent_span_id == ""
+    server = _one(traced.receiver.wait_for(trace_id, {"POST /v1/queries"}), "POST /v1/queries")
+    assert shadow.links == [(trace_id, server.span_id)]
+
+
+def test_a_batch_is_a_trace_and_each_item_a_trace_linked_to_it(traced: Traced) -> None:
+    auth = {"Authorization": f"Bearer {traced.keys['acme']}"}
+    questions = [{"question": QUESTION, "collection": traced.collection}] * 2
+    made = httpx.post(f"{traced.url}/v1/batches", headers=auth, timeout=30,
+                      json={"questions": questions, "max_tokens": 8})  # fmt: skip
+    assert made.status_code == 202, made.text
+    batch_id = made.json()["id"]
+    deadline = time.monotonic() + 240
+    while True:
+        view = httpx.get(f"{traced.url}/v1/batches/{batch_id}", headers=auth,
+                         params={"items": "true"}, timeout=30).json()  # fmt: skip
+        if view["status"] in ("succeeded", "failed", "cancelled"):
+            break
+        assert time.monotonic() < deadline, view
+        time.sleep(0.5)
+    assert view["status"] == "succeeded", view
+    job = _named(traced.receiver, "batch", "specrag.batch.id", batch_id)
+    assert job.service == "specrag-api"
+    for item in view["items"]:
+        query = httpx.get(f"{traced.url}/v1/queries/{item['query_id']}", headers=auth).json()
+        item_trace = query["stats"]["trace_id"]
+        assert item_trace != job.trace_id
+        spans = traced.receiver.wait_for(item_trace, {"batch item", "answer query", "record"})
+        root = _one(spans, "batch item")
+        assert root.parent_span_id == "" and _one(spans, "answer query").parent_span_id == (
+            root.span_id)  # fmt: skip
+        # Linked to a chunk task of the job's trace.
+        ((linked_trace, linked_span),) = root.links
+        assert linked_trace == job.trace_id
+        chunk = [s for s in traced.receiver.trace(job.trace_id) if s.span_id == linked_span]
+        assert [s.name for s in chunk] == ["run/specrag.batch_chunk"]
 
 
 def test_a_refusing_collector_costs_no_answer(traced: Traced) -> None:
