@@ -24,10 +24,10 @@ import httpx
 import pytest
 
 from app.settings import Settings
+from benchmarks.otlp import OtlpReceiver, ReceivedSpan
 from tests.conftest import claimed_redis_db, fresh_pg_database
 from tests.integration.conftest import ingest_corpus, make_keys
 from tests.integration.helpers import REPO_ROOT, free_port, settings_env
-from tests.tracing.otlp import OtlpReceiver, ReceivedSpan
 from workers.process import WorkerProcess
 
 SERVER, CLIENT, PRODUCER, CONSUMER = 2, 3, 4, 5  # OTLP's SpanKind numbers

@@ -1,4 +1,7 @@
-"""A real OTLP/HTTP receiver in the test process: decodes ``ExportTraceServiceRequest`` protobufs.
+"""A real OTLP/HTTP receiver in this process: decodes ``ExportTraceServiceRequest`` protobufs.
+
+The tracing tests assert on what it received; benchmarks/tracing.py exports to it, so that the
+traced variant pays a real export.
 
 It serves ``POST /v1/traces`` on a loopback port as a collector would (``http/protobuf``), and
 keeps every span it was sent, flattened to plain data the tests can assert on. ``refuse`` makes
