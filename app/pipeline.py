@@ -39,7 +39,7 @@ from app.requests import QueryStatus
 from app.resources import Resources
 from app.settings import Settings
 from app.streams import QueryStream, open_stream
-from app.tracing import current_trace_id, span
+from app.tracing import current_trace_id, current_traceparent, span
 from app.tracing import genai as traced
 from retrieval.prompt import fit_passages
 
@@ -300,8 +300,14 @@ def loop_step(
     """
 
     def step(built: BuiltRequest, on_delta: DeltaCallback | None) -> GenerationResult:
+        # Inside the generation span: an engine with spans of its own (vLLM) makes them children.
+        traceparent = current_traceparent()
         handle = resources.loop.submit(
-            built.prompt_ids, built.sampling, on_delta=on_delta, background=background
+            built.prompt_ids,
+            built.sampling,
+            on_delta=on_delta,
+            background=background,
+            trace_headers={"traceparent": traceparent} if traceparent else None,
         )
         if on_submit is not None:
             on_submit(handle)
