@@ -7,6 +7,7 @@ no exporter thread, and app/tracing/spans.py's helpers return before touching Op
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import threading
@@ -84,11 +85,15 @@ def _start(found: TracingConfig) -> None:
     from app.tracing.export import CountingExporter, quiet_exporter_logs
     from app.tracing.sampling import build_sampler
 
+    # vLLM's exporter (the engine's own spans, in this process and its engine processes) reads
+    # only the traces-specific protocol name and defaults to gRPC: it follows this process's.
+    os.environ.setdefault("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "http/protobuf")
     exporter = CountingExporter(OTLPSpanExporter(endpoint=found.endpoint), found.endpoint)
     quiet_exporter_logs()
     provider = TracerProvider(
         resource=Resource.create({SERVICE_NAME: found.service_name}),
         sampler=build_sampler(found.sampler, found.ratio),
+        shutdown_on_exit=False,  # ``shutdown`` below, which also reports the dropped spans
     )
     provider.add_span_processor(BatchSpanProcessor(exporter))
     trace.set_tracer_provider(provider)
@@ -97,6 +102,7 @@ def _start(found: TracingConfig) -> None:
     CeleryInstrumentor().instrument()
     RedisInstrumentor().instrument()
     _state.exporter, _state.provider = exporter, provider
+    atexit.register(shutdown)
 
 
 def instrument_app(app: FastAPI) -> None:
@@ -130,7 +136,7 @@ def trace_engine(engine: Engine) -> Engine:
 
 def shutdown() -> None:
     """Export what is buffered and stop the exporter thread (a process's exit)."""
-    provider = _state.provider
+    provider, _state.provider = _state.provider, None
     if provider is not None:
         provider.shutdown()
         if _state.exporter is not None and _state.exporter.dropped:
