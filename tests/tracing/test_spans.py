@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from contextlib import nullcontext
 
+import pytest
 from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON, Decision
@@ -73,3 +74,23 @@ def test_generation_attributes_follow_the_genai_names() -> None:
     assert result_attributes({**stats, "num_output_tokens": 3}, 8)[
         "gen_ai.response.finish_reasons"
     ] == ["stop"]
+
+
+def test_content_needs_the_operators_opt_in_and_questions_kept_in_clear(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import app.tracing.genai as genai
+    from app.tracing import TracingConfig
+
+    def on(capture: bool) -> None:
+        found = TracingConfig("http://c/v1/traces", "w", "always_on", capture_content=capture)
+        monkeypatch.setattr(genai, "config", lambda: found)
+
+    on(capture=False)
+    assert not content_allowed(Settings(store_questions="clear"))
+    on(capture=True)
+    assert content_allowed(Settings(store_questions="clear"))
+    assert not content_allowed(Settings(store_questions="hashed"))
+    assert not content_allowed(Settings(store_questions="redacted"))
+    attrs = genai.content_attributes("q?", "a.")
+    assert '"content": "q?"' in attrs["gen_ai.input.messages"]
