@@ -14,12 +14,17 @@ import pytest
 
 from benchmarks.otlp import OtlpReceiver
 from generation import SamplingParams
+from tests.generation.tiny_models import build_model, perturbed_copy, save_checkpoint
 from tests.vllm.support import SMALL_KV, EnginePool
 
 
 def test_vllms_request_span_is_a_child_of_the_callers(
-    engine_pool: EnginePool, tiny_models: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+    engine_pool: EnginePool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # A head size vLLM's CPU attention serves (the conformance suite's pair).
+    target = build_model("llama", vocab_size=96, seed=3, hidden_size=256, logit_scale=4.0)
+    target_dir = save_checkpoint(target, tmp_path / "target")
+    draft_dir = save_checkpoint(perturbed_copy(target, noise=0.3), tmp_path / "draft")
     # vLLM reads only the traces-specific protocol name and defaults to gRPC; the worker sets it
     # (app/tracing/setup.py), this test does the same before the engine starts.
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "http/protobuf")
@@ -27,7 +32,7 @@ def test_vllms_request_span_is_a_child_of_the_callers(
     with OtlpReceiver() as receiver:
         llm_kwargs = {**SMALL_KV, "otlp_traces_endpoint": f"{receiver.endpoint}/v1/traces"}
         engine = engine_pool.get(
-            tiny_models["target"], tiny_models["draft"], "draft_model", 2, llm_kwargs=llm_kwargs
+            target_dir, draft_dir, "draft_model", 2, max_model_len=256, llm_kwargs=llm_kwargs
         )
         trace_id, parent = secrets.token_hex(16), secrets.token_hex(8)
         loop = engine.start_loop(2)
