@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from app.db import Tenant
 from app.serving import check_concurrency, worker_concurrency
 from app.settings import Settings
+from app.tracing import config as tracing_config
 
 if TYPE_CHECKING:  # both import torch; they load with the models, not with this module
     from generation import Engine
@@ -327,5 +328,8 @@ def vllm_options(settings: Settings) -> dict[str, Any]:
     found = tracing_config()
     if found is None:
         return dict(settings.vllm_options)
-    llm_kwargs = {"otlp_traces_endpoint": found.endpoint, **settings.vllm_options.get("llm_kwargs", {})}
+    llm_kwargs = {
+        "otlp_traces_endpoint": found.endpoint,
+        **settings.vllm_options.get("llm_kwargs", {}),
+    }
     return {**settings.vllm_options, "llm_kwargs": llm_kwargs}

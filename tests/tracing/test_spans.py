@@ -94,3 +94,20 @@ def test_content_needs_the_operators_opt_in_and_questions_kept_in_clear(
     assert not content_allowed(Settings(store_questions="redacted"))
     attrs = genai.content_attributes("q?", "a.")
     assert '"content": "q?"' in attrs["gen_ai.input.messages"]
+
+
+def test_a_tracing_vllm_worker_starts_vllm_with_the_same_endpoint(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import app.resources as resources
+    from app.tracing import TracingConfig
+
+    settings = Settings(vllm_options={"llm_kwargs": {"max_model_len": 512}})
+    assert resources.vllm_options(settings) == {"llm_kwargs": {"max_model_len": 512}}
+    found = TracingConfig("http://c:4318/v1/traces", "w", "always_on")
+    monkeypatch.setattr(resources, "tracing_config", lambda: found)
+    assert resources.vllm_options(settings)["llm_kwargs"] == {
+        "otlp_traces_endpoint": "http://c:4318/v1/traces", "max_model_len": 512}  # fmt: skip
+    own = Settings(vllm_options={"llm_kwargs": {"otlp_traces_endpoint": "http://other/v1/traces"}})
+    assert resources.vllm_options(own)["llm_kwargs"]["otlp_traces_endpoint"] == (
+        "http://other/v1/traces")  # fmt: skip
