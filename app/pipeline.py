@@ -99,8 +99,11 @@ def answer_query(
     queries); ``on_delta`` gets each burst of verified token ids as it lands.
     """
     qid = query_id if isinstance(query_id, uuid.UUID) else uuid.UUID(str(query_id))
-    with span("answer query", {"specrag.query.id": str(qid)}):
-        return _claim_and_answer(resources, qid, host, on_delta, generate_step)
+    with span("answer query", {"specrag.query.id": str(qid)}) as current:
+        outcome = _claim_and_answer(resources, qid, host, on_delta, generate_step)
+        if current is not None:
+            current.set_attribute("specrag.query.outcome", outcome)
+        return outcome
 
 
 def _claim_and_answer(
@@ -179,7 +182,7 @@ def _answer(
     with span("prompt build", {"specrag.prompt.passages": len(retrieved.hits)}) as current:
         built = build_request(resources, claimed, retrieved.hits)
         if current is not None:
-            current.set_attribute("gen_ai.usage.input_tokens", len(built.prompt_ids))
+            current.set_attribute("specrag.prompt.tokens", len(built.prompt_ids))
     generation_started = utcnow()
     with traced.generation_span(
         resources.settings, claimed.params, built.prompt_format, len(built.prompt_ids)

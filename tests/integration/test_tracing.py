@@ -168,6 +168,7 @@ def test_one_trace_from_the_clients_traceparent_to_the_engine(traced: Traced) ->
     answer = _one(spans, "answer query")
     assert answer.parent_span_id == run.span_id
     assert answer.attributes["specrag.query.id"] == view["id"]
+    assert answer.attributes["specrag.query.outcome"] == "succeeded"
     for step in ("claim", f"retrieval {traced.collection}", "prompt build", generation, "record"):
         assert _one(spans, step).parent_span_id == answer.span_id, step
     retrieval = _one(spans, f"retrieval {traced.collection}")
