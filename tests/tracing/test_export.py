@@ -50,3 +50,16 @@ def test_the_otlp_exporters_own_lines_are_kept_to_one(caplog: pytest.LogCaptureF
         for _ in range(5):
             logger.error("Failed to export span batch")
     assert len([r for r in caplog.records if r.name == OTLP_LOGGER]) <= 1
+
+
+def test_a_worker_exports_the_dropped_count_to_prometheus(monkeypatch: pytest.MonkeyPatch) -> None:
+    from prometheus_client import generate_latest
+
+    import app.metrics.worker as worker
+
+    assert b"specrag_trace_spans_dropped_total 0.0" in generate_latest(
+        worker.WorkerMetrics().registry
+    )
+    monkeypatch.setattr(worker, "dropped_spans", lambda: 7)
+    text = generate_latest(worker.WorkerMetrics().registry)
+    assert b"specrag_trace_spans_dropped_total 7.0" in text
