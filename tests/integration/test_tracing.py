@@ -181,6 +181,9 @@ def test_one_trace_from_the_clients_traceparent_to_the_engine(traced: Traced) ->
     # The instrumentation libraries' SQL spans, inside the trace (the claim's UPDATE at least).
     sql = [s for s in spans if s.kind == CLIENT and s.service == "specrag-worker"]
     assert any(by_id.get(s.parent_span_id) == _one(spans, "claim") for s in sql), sql
+    # And Redis's: the broker's LPUSH of the message, inside the request that sent it.
+    lpush = [s for s in spans if s.kind == CLIENT and s.name == "LPUSH"]
+    assert any(by_id.get(s.parent_span_id) in (server, publish) for s in lpush), lpush
 
     gen = _one(spans, generation).attributes
     stats = view["stats"]
