@@ -242,7 +242,7 @@ class GenerationStatsRecord(Base):
 
     # "chat" (the target tokenizer's chat template) or "raw" (null: recorded before 0011).
     prompt_format: Mapped[str | None] = mapped_column(String(8))
-    # The query's OpenTelemetry trace id, 32 hex (null: tracing off, or recorded before 0018).
+    # The query's OpenTelemetry trace id, 32 hex (null: tracing off, or recorded before 0019).
     trace_id: Mapped[str | None] = mapped_column(String(32))
 
     query: Mapped[Query] = relationship(back_populates="stats")
