@@ -238,7 +238,7 @@ def main() -> None:
           f"{r['spans_received']} spans received")  # fmt: skip
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(r, indent=2) + "\n")
+        args.out.write_text(json.dumps(r, indent=2, default=str) + "\n")
 
 
 if __name__ == "__main__":
