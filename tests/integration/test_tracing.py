@@ -266,8 +266,9 @@ def test_a_batch_is_a_trace_and_each_item_a_trace_linked_to_it(traced: Traced) -
         # Linked to a chunk task of the job's trace.
         ((linked_trace, linked_span),) = root.links
         assert linked_trace == job.trace_id
-        chunk = [s for s in traced.receiver.trace(job.trace_id) if s.span_id == linked_span]
-        assert [s.name for s in chunk] == ["run/specrag.batch_chunk"]
+        # The chunk task's span ends (and is exported) after its items: wait for it.
+        chunk = traced.receiver.wait_for(job.trace_id, {"run/specrag.batch_chunk"})
+        assert [s.name for s in chunk if s.span_id == linked_span] == ["run/specrag.batch_chunk"]
 
 
 def test_a_golden_run_is_a_trace_with_each_baseline_linked_to_its_answer(
