@@ -40,6 +40,8 @@ from app.resources import Resources
 from app.settings import Settings
 from app.streams import QueryStream, open_stream
 from app.suffix import scope_of
+from app.tracing import current_trace_id, current_traceparent, span
+from app.tracing import genai as traced
 from retrieval.prompt import fit_passages
 
 if TYPE_CHECKING:  # generation imports torch: loaded with the engine, not with this module
@@ -98,13 +100,30 @@ def answer_query(
     queries); ``on_delta`` gets each burst of verified token ids as it lands.
     """
     qid = query_id if isinstance(query_id, uuid.UUID) else uuid.UUID(str(query_id))
+    with span("answer query", {"specrag.query.id": str(qid)}) as current:
+        outcome = _claim_and_answer(resources, qid, host, on_delta, generate_step)
+        if current is not None:
+            current.set_attribute("specrag.query.outcome", outcome)
+        return outcome
+
+
+def _claim_and_answer(
+    resources: Resources,
+    qid: uuid.UUID,
+    host: str | None,
+    on_delta: DeltaCallback | None,
+    generate_step: GenerateStep | None,
+) -> Outcome:
     sf = resources.session_factory
     s = resources.settings
     window = s.database_retry_seconds
     # A claim the database cannot take raises DatabaseUnavailable: the caller keeps the message.
-    claimed = with_database(
-        lambda: claim(sf, qid, host or socket.gethostname()), seconds=window, what=f"query {qid}"
-    )
+    with span("claim"):
+        claimed = with_database(
+            lambda: claim(sf, qid, host or socket.gethostname()),
+            seconds=window,
+            what=f"query {qid}",
+        )
     if claimed is None:
         status = with_database(lambda: _status(sf, qid), seconds=window, what=f"query {qid}")
         log.info("query %s not claimed (status %s)", qid, status)
@@ -161,9 +180,22 @@ def _answer(
     stream: QueryStream,
 ) -> Outcome:
     retrieved = retrieve(resources, claimed)
-    built = build_request(resources, claimed, retrieved.hits)
+    with span("prompt build", {"specrag.prompt.passages": len(retrieved.hits)}) as current:
+        built = build_request(resources, claimed, retrieved.hits)
+        if current is not None:
+            current.set_attribute("specrag.prompt.tokens", len(built.prompt_ids))
     generation_started = utcnow()
-    result = generate_step(built, on_delta)
+    with traced.generation_span(
+        resources.settings, claimed.params, built.prompt_format, len(built.prompt_ids)
+    ) as current:
+        result = generate_step(built, on_delta)
+        if current is not None:
+            current.set_attributes(
+                traced.result_attributes(result.stats.to_dict(), built.sampling.max_new_tokens)
+            )
+            if traced.content_allowed(resources.settings):
+                text = answer_text(resources, result.token_ids)
+                current.set_attributes(traced.content_attributes(claimed.question, text))
     # Queued, not written here: ids never delivered as deltas and the text held back, so that the
     # streamed texts add up to exactly the stored answer.
     stream.finish(answer_text(resources, result.token_ids), list(result.token_ids))
@@ -176,6 +208,18 @@ def _answer(
 
 def retrieve(resources: Resources, claimed: Claimed) -> Retrieved:
     """The passages for the claimed question from its tenant's collection, timed."""
+    with span(
+        f"retrieval {claimed.collection}",
+        {
+            "gen_ai.operation.name": "retrieval",
+            "gen_ai.data_source.id": claimed.collection,
+            "gen_ai.retrieval.top_k": resources.settings.default_top_k,
+        },
+    ):
+        return _retrieve(resources, claimed)
+
+
+def _retrieve(resources: Resources, claimed: Claimed) -> Retrieved:
     tenant = resources.tenant_name(claimed.tenant_id)
     started = time.perf_counter()
     retrieval = resources.retrieval
@@ -267,8 +311,14 @@ def loop_step(
     """
 
     def step(built: BuiltRequest, on_delta: DeltaCallback | None) -> GenerationResult:
+        # Inside the generation span: an engine with spans of its own (vLLM) makes them children.
+        traceparent = current_traceparent()
         handle = resources.loop.submit(
-            built.prompt_ids, built.sampling, on_delta=on_delta, background=background
+            built.prompt_ids,
+            built.sampling,
+            on_delta=on_delta,
+            background=background,
+            trace_headers={"traceparent": traceparent} if traceparent else None,
         )
         if on_submit is not None:
             on_submit(handle)
@@ -319,29 +369,32 @@ def record(
         if stats.ttft_ms is not None
         else None
     )
-    return with_database(
-        lambda: _record(
-            resources.session_factory,
-            resources.settings,
-            qid,
-            attempt=claimed.attempt,
-            question=claimed.question,
-            text=text,
-            cited=built.cited,
-            stats=stats.to_dict(),
-            model_pair=resources.engine.model_pair,
-            engine_kind=resources.settings.engine,
-            index_version=retrieved.index_version,
-            prompt_tokens=len(built.prompt_ids),
-            times={
-                "retrieved_at": retrieved.retrieved_at,
-                "first_token_at": first_token_at,
-                "done_at": done_at,
-            },
-        ),
-        seconds=resources.settings.database_retry_seconds,
-        what=f"answer of query {qid}",
-    )
+    stats_dict = stats.to_dict()
+    stats_dict["trace_id"] = current_trace_id()
+    with span("record"):
+        return with_database(
+            lambda: _record(
+                resources.session_factory,
+                resources.settings,
+                qid,
+                attempt=claimed.attempt,
+                question=claimed.question,
+                text=text,
+                cited=built.cited,
+                stats=stats_dict,
+                model_pair=resources.engine.model_pair,
+                engine_kind=resources.settings.engine,
+                index_version=retrieved.index_version,
+                prompt_tokens=len(built.prompt_ids),
+                times={
+                    "retrieved_at": retrieved.retrieved_at,
+                    "first_token_at": first_token_at,
+                    "done_at": done_at,
+                },
+            ),
+            seconds=resources.settings.database_retry_seconds,
+            what=f"answer of query {qid}",
+        )
 
 
 def _record(

@@ -17,6 +17,7 @@ from app.db import Tenant
 from app.serving import check_concurrency, worker_concurrency
 from app.settings import Settings
 from app.suffix import SharedSuffixMemory
+from app.tracing import config as tracing_config
 
 if TYPE_CHECKING:  # both import torch; they load with the models, not with this module
     from generation import Engine
@@ -90,7 +91,7 @@ class Resources:
                     str(s.target_model),
                     str(s.draft_model) if s.draft_model else None,
                     s.device,
-                    s.vllm_options if s.engine == "vllm" else None,
+                    vllm_options(s) if s.engine == "vllm" else None,
                     config=engine_config(s),
                     dtype=dtype,
                     eagle_dir=str(s.eagle_model) if s.eagle_model else None,
@@ -325,3 +326,20 @@ def _batch_warmup(warmup: Any, settings: Settings) -> dict[str, Any]:
     from generation.spec_decode.goodput import buckets_up_to  # generation's package imports torch
 
     return {"batch_sizes": buckets_up_to(worker_concurrency(settings))}
+
+
+def vllm_options(settings: Settings) -> dict[str, Any]:
+    """``SPECRAG_VLLM_OPTIONS``, plus vLLM's own OTLP export while this process traces.
+
+    vLLM then writes one ``llm_request`` span per request, a child of the query's generation
+    span (the loop passes the ``traceparent``); an ``otlp_traces_endpoint`` the operator set in
+    ``llm_kwargs`` is kept.
+    """
+    found = tracing_config()
+    if found is None:
+        return dict(settings.vllm_options)
+    llm_kwargs = {
+        "otlp_traces_endpoint": found.endpoint,
+        **settings.vllm_options.get("llm_kwargs", {}),
+    }
+    return {**settings.vllm_options, "llm_kwargs": llm_kwargs}

@@ -484,6 +484,13 @@ class Settings(BaseSettings):
         description="Cosine similarity at which a cited passage supports an answer sentence.",
     )
 
+    # Tracing (app/tracing, docs/operations.md): the standard OTEL_* variables configure it.
+    tracing: bool = Field(
+        default=True,
+        description="Trace queries when an OTLP endpoint is set (OTEL_EXPORTER_OTLP_ENDPOINT); "
+        "false keeps tracing off whatever the OTEL_* variables say.",
+    )
+
     # Metrics (app/metrics, docs/metrics.md).
     metrics_port: int | None = Field(
         default=None,

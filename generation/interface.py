@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -62,11 +62,14 @@ class GenerationLoop(Protocol):
         on_delta: DeltaCallback | None = None,
         *,
         background: bool = False,
+        trace_headers: Mapping[str, str] | None = None,
     ) -> RequestHandle:
         """Queue one request; it joins the batch at the next step.
 
         ``background`` (batch jobs): it takes a free slot after every waiting foreground request,
-        and where extra rows cost real arithmetic (a CPU) it pauses while one runs."""
+        and where extra rows cost real arithmetic (a CPU) it pauses while one runs.
+        ``trace_headers``: the caller's W3C trace context (``traceparent``), for an engine that
+        writes spans of its own (vLLM's ``llm_request``)."""
         ...
 
     def close(self) -> None:

@@ -18,6 +18,7 @@ from typing import Any
 
 import faiss
 import numpy as np
+from opentelemetry import trace
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 from tqdm import tqdm
@@ -329,21 +330,37 @@ class RetrievalService:
         if index.ntotal == 0:
             return []
         depth = top_k + TIE_MARGIN if mode == "dense" else max(FUSION_DEPTH, top_k + TIE_MARGIN)
+        # Each leg a span of the caller's trace (the OpenTelemetry API alone: without an SDK
+        # configured by the process these are no-op spans).
+        tracer = trace.get_tracer(__name__)
         dense: list[tuple[int, float]] = []
         if mode != "lexical":
-            query = self.embedder.encode([question.strip()])  # [1, dim]
-            scores, ids = _search_one(index, query, min(depth, index.ntotal))
-            dense = [(int(i), float(s)) for i, s in zip(ids[0], scores[0], strict=True) if i >= 0]
-            dense.sort(key=lambda hit: (-hit[1], hit[0]))
+            with tracer.start_as_current_span("dense search") as leg:
+                query = self.embedder.encode([question.strip()])  # [1, dim]
+                scores, ids = _search_one(index, query, min(depth, index.ntotal))
+                dense = [
+                    (int(i), float(s)) for i, s in zip(ids[0], scores[0], strict=True) if i >= 0
+                ]
+                dense.sort(key=lambda hit: (-hit[1], hit[0]))
+                leg.set_attributes(
+                    {"specrag.retrieval.depth": depth, "specrag.retrieval.hits": len(dense)}
+                )
         words = [] if mode == "dense" else query_terms(question)
-        sparse = lexical.search(words, depth) if words else []
-        if mode == "hybrid":
-            ranked = fuse(dense, sparse)
-            if self.all_terms_bonus and words and ranked:
-                holding = lexical.holding_all(words, [f.chunk_id for f in ranked])
-                ranked = reward_all_terms(ranked, holding, self.all_terms_bonus)
-        else:
-            ranked = single(dense if mode == "dense" else sparse, mode)
+        sparse: list[tuple[int, float]] = []
+        if words:
+            with tracer.start_as_current_span("lexical search") as leg:
+                sparse = lexical.search(words, depth)
+                leg.set_attributes(
+                    {"specrag.retrieval.terms": len(words), "specrag.retrieval.hits": len(sparse)}
+                )
+        with tracer.start_as_current_span("fusion", attributes={"specrag.retrieval.mode": mode}):
+            if mode == "hybrid":
+                ranked = fuse(dense, sparse)
+                if self.all_terms_bonus and words and ranked:
+                    holding = lexical.holding_all(words, [f.chunk_id for f in ranked])
+                    ranked = reward_all_terms(ranked, holding, self.all_terms_bonus)
+            else:
+                ranked = single(dense if mode == "dense" else sparse, mode)
         # Only the passages that can make the top k are read (a margin for rows the tenant
         # check below drops, which a consistent index never has), not every fused candidate.
         ranked = sorted(ranked, key=lambda f: (-f.score, f.chunk_id))[: top_k + TIE_MARGIN]

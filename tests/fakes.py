@@ -194,6 +194,7 @@ class FakeLoop:
         on_delta: Any = None,
         *,
         background: bool = False,
+        trace_headers: Any = None,
     ) -> Any:
         """The request's handle, already finished (or failed); ``background`` is recorded."""
         from generation.handle import LoopHandle

@@ -74,7 +74,7 @@ def worker(
     as_json: bool,
 ) -> None:
     """Run a Celery worker that answers (and ingests) queued work until stopped."""
-    settings = get_settings()
+    settings = get_settings()  # tracing starts here (app/commands/common.py)
     names = [q.strip() for q in queues.split(",") if q.strip()]
     unknown = [q for q in names if q not in QUEUES]
     if unknown or not names:

@@ -16,6 +16,7 @@ from app.lifecycle.outbox import Sweeper
 from app.metrics import install as install_metrics
 from app.settings import Settings
 from app.tenancy.limits import Enforcer
+from app.tracing import instrument_app
 
 
 def create_app(
@@ -73,4 +74,5 @@ def create_app(
     app.include_router(documents.router)
     app.include_router(collections.router)
     install_metrics(app, session_factory, queue)
+    instrument_app(app)  # server spans, children of an inbound traceparent (no-op when off)
     return app

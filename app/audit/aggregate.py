@@ -134,6 +134,7 @@ def base_select(window: Window, sources: Sequence[str] = TRAFFIC_SOURCES) -> Sel
         s.c.num_cached_prompt_tokens,
         s.c.dtype,
         s.c.prompt_format,
+        s.c.trace_id,
         batch_bucket.label("batch_size"),
         chosen_k.label("chosen_k"),
         sh.c.status.label("shadow_status"),

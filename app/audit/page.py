@@ -201,6 +201,13 @@ def html_sections(report: dict[str, Any]) -> list[Section]:
             figures=[(charts.speedup_by_segment(report["groups"], keys), "Speedup by segment")],
         ),
         Section(
+            "Slowest answers",
+            text="Each with its trace id: open it in the trace backend to see where the time "
+            "went (docs/operations.md, Tracing). Empty trace ids: tracing was off.",
+            columns=list(report["slowest"][0]) if report.get("slowest") else [],
+            rows=list(report.get("slowest") or []),
+        ),
+        Section(
             "Not traffic",
             text="One-shot `ask --local` answers, golden evaluations and benchmark runs: left out "
             "of every figure above."

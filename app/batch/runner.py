@@ -28,6 +28,7 @@ from app.db.session import skip_fsync
 from app.pipeline import answer_query
 from app.resources import Resources
 from app.settings import Settings
+from app.tracing import current_traceparent, links_to, span
 
 if TYPE_CHECKING:
     from app.pipeline import GenerateStep
@@ -265,7 +266,16 @@ def run_chunk(
             maybe_finish(sf, batch_id)
             return "done"
         item_id, query_id = claimed
-        if answer_query(resources, query_id, host=host, generate_step=generate_step) == "released":
+        # Each item a trace of its own, linked to the job's (the chunk task's span): one trace
+        # per item keeps a ten-thousand-item job's trace readable.
+        with span(
+            "batch item",
+            {"specrag.batch.id": str(batch_id), "specrag.query.id": str(query_id)},
+            root=True,
+            links=links_to([current_traceparent()]),
+        ):
+            outcome = answer_query(resources, query_id, host=host, generate_step=generate_step)
+        if outcome == "released":
             # Cancelled in the loop for interactive work: the pipeline put the query back to
             # queued with nothing recorded; the item waits for its turn.
             requeue_item(sf, item_id, query_id)

@@ -25,6 +25,7 @@ from app.db.models import Query, Tenant, utcnow
 from app.privacy import stored_in_clear
 from app.requests import QueryRequest, RequestError, validate_request
 from app.settings import Settings
+from app.tracing import span
 from app.validation import check_time_range
 from retrieval.records import CollectionIndex
 
@@ -242,7 +243,10 @@ def parse_when(field: str, value: str | None) -> datetime | None:
 def dispatch_new(batch: Batch, dispatch: Callable[[uuid.UUID, int, int], None]) -> bool:
     """Send a new batch's first chunk tasks; False (the watchdog sends them later) on failure."""
     try:
-        dispatch(batch.id, batch.epoch, batch.lanes)
+        # The job's span: its chunk tasks (and each item's link) hang from it.
+        attrs = {"specrag.batch.id": str(batch.id), "specrag.batch.lanes": batch.lanes}
+        with span("batch", attrs):
+            dispatch(batch.id, batch.epoch, batch.lanes)
     except Exception as exc:  # broker down: the batch is stored, the watchdog revives it
         log.warning("dispatch of batch %s failed, left for the watchdog: %s", batch.id, exc)
         return False

@@ -13,6 +13,7 @@ import click
 from pydantic import ValidationError
 from sqlalchemy.exc import OperationalError
 
+import app.tracing as tracing
 from app.db.schema import SchemaNotCurrentError
 from app.dispatch import Dispatcher, DispatcherFactory
 from app.settings import Settings, invalid_settings
@@ -43,9 +44,14 @@ _SETTINGS = "specrag.settings"
 
 def get_settings() -> Settings:
     """The process's Settings, built once per CLI invocation and kept on the click context."""
-    meta = click.get_current_context().meta  # one dict shared by the whole invocation
+    ctx = click.get_current_context()
+    meta = ctx.meta  # one dict shared by the whole invocation
     if _SETTINGS not in meta:
         meta[_SETTINGS] = Settings()
+        # Tracing starts with the Settings, before any database engine or queue exists (their
+        # spans need the provider); an OTEL_* value it cannot honour stops the command here.
+        service = {"api": "specrag-api", "worker": "specrag-worker"}.get(ctx.info_name or "")
+        tracing.configure(service or "specrag-cli", enabled=meta[_SETTINGS].tracing)
     settings: Settings = meta[_SETTINGS]
     return settings
 

@@ -135,6 +135,9 @@ class Query(Base):
     sends: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     # How ``question`` is kept once final: NULL while in clear, else "hashed" or "redacted".
     question_stored: Mapped[str | None] = mapped_column(String(16))
+    # W3C traceparent of the span that stored the query (null: tracing off): whichever process
+    # sends it (API, sweeper, an after-answer admission) publishes it inside this trace.
+    traceparent: Mapped[str | None] = mapped_column(String(55))
 
     tenant: Mapped[Tenant] = relationship()
     answer: Mapped[Answer | None] = relationship(back_populates="query", uselist=False)
@@ -239,6 +242,8 @@ class GenerationStatsRecord(Base):
 
     # "chat" (the target tokenizer's chat template) or "raw" (null: recorded before 0011).
     prompt_format: Mapped[str | None] = mapped_column(String(8))
+    # The query's OpenTelemetry trace id, 32 hex (null: tracing off, or recorded before 0019).
+    trace_id: Mapped[str | None] = mapped_column(String(32))
 
     query: Mapped[Query] = relationship(back_populates="stats")
 
@@ -263,6 +268,7 @@ class GenerationStatsRecord(Base):
         "num_cached_prompt_tokens",
         "dtype",
         "prompt_format",
+        "trace_id",
     )
 
     def to_dict(self) -> dict[str, Any]:

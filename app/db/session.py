@@ -6,6 +6,7 @@ from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.settings import Settings
+from app.tracing import trace_engine
 
 
 def make_engine(settings: Settings) -> Engine:
@@ -24,8 +25,8 @@ def make_engine(settings: Settings) -> Engine:
             cur.execute("PRAGMA busy_timeout=30000")
             cur.close()
 
-        return engine
-    return create_engine(url, pool_pre_ping=True)
+        return trace_engine(engine)
+    return trace_engine(create_engine(url, pool_pre_ping=True))
 
 
 def make_session_factory(engine: Engine) -> sessionmaker[Session]:

@@ -25,6 +25,7 @@ from app.lifecycle.queries import get_or_create_tenant
 from app.pipeline import answer_query
 from app.requests import DEFAULT_NUM_SPECULATIVE_TOKENS, Method, validate_request
 from app.scoring import exact_match, faithfulness, retrieval_recall, token_f1
+from app.tracing import current_traceparent, links_to, span
 
 REFERENCE_KEYS = ("reference", "reference_answer", "answer")
 
@@ -147,7 +148,9 @@ def run_golden(
     spec_params = {**common, "method": method, "num_speculative_tokens": num_speculative_tokens}
     base_params = {**common, "method": "none"}
     embedder = resources.retrieval.embedder
-    with resources.session_factory() as session:
+    # A golden run is a trace of its own; each item's speculative and baseline answers in it.
+    run_span = span("golden run", {"specrag.golden.items": len(items)}, root=True)
+    with resources.session_factory() as session, run_span:
         owner = get_or_create_tenant(session, tenant)
         run = GoldenRun(
             id=uuid.uuid4(), source_file=source_file, tenant=tenant, method=method,
@@ -157,8 +160,13 @@ def run_golden(
         session.add(run)
         session.commit()
         for spec in items:
-            a = _ask(resources, owner, spec, spec_params)
-            b = _ask(resources, owner, spec, base_params)
+            with span("golden speculative", {"specrag.golden.line": spec.line_no}):
+                a = _ask(resources, owner, spec, spec_params)
+                answered = current_traceparent()
+            # The baseline re-decodes what the speculative answer decoded: linked to it.
+            with span("golden baseline", {"specrag.golden.line": spec.line_no},
+                      links=links_to([answered])):  # fmt: skip
+                b = _ask(resources, owner, spec, base_params)
             text, base_text = a.text or "", b.text or ""
             session.add(
                 GoldenItem(

@@ -22,6 +22,7 @@ import logging
 import math
 import time
 import uuid
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +35,7 @@ from app.audit.records import ShadowRun
 from app.db.models import Query, utcnow
 from app.requests import Method
 from app.settings import Settings
+from app.tracing import enabled, links_to, span
 
 log = logging.getLogger(__name__)
 
@@ -202,7 +204,8 @@ def run_shadow(
     try:
         params = SamplingParams(max_new_tokens=max_new, temperature=0.0, method="none")
         t0 = time.perf_counter()
-        result = engine.generate(prompt, params)
+        with _redecode_span(session_factory, qid, len(prompt)):
+            result = engine.generate(prompt, params)
         elapsed_ms = (time.perf_counter() - t0) * 1000.0
         baseline = [int(t) for t in result.token_ids]
         text = tokenizer.decode(baseline, skip_special_tokens=True).strip() if tokenizer else None
@@ -245,6 +248,18 @@ def run_shadow(
         return "unjudged"
     log.error("exactness violation: %s; %s", where, margin)
     return "violation"
+
+
+def _redecode_span(
+    session_factory: sessionmaker[Session], qid: uuid.UUID, prompt_tokens: int
+) -> AbstractContextManager[object]:
+    """A trace of its own for the baseline decode, linked to the query it re-decodes."""
+    if not enabled():
+        return nullcontext()
+    with session_factory() as session:
+        parent = session.scalar(select(Query.traceparent).where(Query.id == qid))
+    attrs = {"specrag.query.id": str(qid), "gen_ai.usage.input_tokens": prompt_tokens}
+    return span("shadow re-decode", attrs, root=True, links=links_to([parent]))
 
 
 def _finish(session_factory: sessionmaker[Session], qid: uuid.UUID, **values: Any) -> None:

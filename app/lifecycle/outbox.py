@@ -26,6 +26,7 @@ from app.db.session import skip_fsync
 from app.lifecycle.reaper import forget_lost_sends, reap_stale, rescue_unclaimed
 from app.periodic import Periodic
 from app.settings import Settings
+from app.tracing import resumed
 
 log = logging.getLogger(__name__)
 
@@ -186,8 +187,10 @@ def _claim_and_send(
     return _send_claimed(session_factory, ids, claimed, send)
 
 
-def _claim(session: Session, ids: list[uuid.UUID], due: Any) -> dict[uuid.UUID, str]:
-    """Mark the still-due queries among ``ids`` as sent (uncommitted); ``{id: queue}`` of those.
+def _claim(
+    session: Session, ids: list[uuid.UUID], due: Any
+) -> dict[uuid.UUID, tuple[str, str | None]]:
+    """Mark the still-due queries among ``ids`` as sent (uncommitted); ``{id: (queue, traceparent)}``.
 
     One ``UPDATE ... WHERE id IN (SELECT ... FOR UPDATE SKIP LOCKED) RETURNING`` on PostgreSQL:
     concurrent sweepers skip each other's rows instead of waiting or sending twice.
@@ -199,30 +202,33 @@ def _claim(session: Session, ids: list[uuid.UUID], due: Any) -> dict[uuid.UUID, 
         .where(Query.id.in_(ids), Query.status == "queued", due)
         .with_for_update(skip_locked=True)
     )
-    return dict(
-        session.execute(
-            update(Query)
-            .where(Query.id.in_(lockable.scalar_subquery()))
-            .values(enqueued_at=utcnow(), sends=Query.sends + 1)
-            .returning(Query.id, Query.queue)
-            .execution_options(synchronize_session=False)
-        )
-        .tuples()
-        .all()
-    )
+    rows = session.execute(
+        update(Query)
+        .where(Query.id.in_(lockable.scalar_subquery()))
+        .values(enqueued_at=utcnow(), sends=Query.sends + 1)
+        .returning(Query.id, Query.queue, Query.traceparent)
+        .execution_options(synchronize_session=False)
+    ).tuples()
+    return {qid: (queue, traceparent) for qid, queue, traceparent in rows}
 
 
 def _send_claimed(
     session_factory: sessionmaker[Session],
     ids: list[uuid.UUID],
-    claimed: dict[uuid.UUID, str],
+    claimed: dict[uuid.UUID, tuple[str, str | None]],
     send: Send,
 ) -> int:
-    """Send the claimed queries in ``ids`` order; a failed send gives back it and the rest."""
+    """Send the claimed queries in ``ids`` order; a failed send gives back it and the rest.
+
+    Each is sent inside the trace that stored it, whichever process sends it and whatever that
+    process was doing (an answer of another query, a sweep).
+    """
     order = [qid for qid in ids if qid in claimed]
     for n, query_id in enumerate(order):
+        queue, traceparent = claimed[query_id]
         try:
-            send(query_id, claimed[query_id])
+            with resumed(traceparent):
+                send(query_id, queue)
         except Exception as exc:  # the broker is down: give these back, try next round
             log.warning("sweep: enqueue of query %s failed: %s", query_id, exc)
             with session_factory() as session:

@@ -28,6 +28,7 @@ from app.requests import (
     check_text,
     validate_request,
 )
+from app.tracing import current_traceparent
 from retrieval.records import CollectionIndex
 
 # Re-exported: callers of the query store import the request model's names from here too.
@@ -100,6 +101,8 @@ def create_query(
         queue=str(queue),
         source=source,
         attempts=0,
+        # The span that stores it (an API request, a batch job): its send and answer join it.
+        traceparent=current_traceparent(),
     )
     session.add(query)
     try:

@@ -16,8 +16,11 @@ import threading
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 
 from app.hooks import Answered
+from app.tracing import dropped_spans
 
 LATENCY_BUCKETS = (
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
@@ -46,6 +49,18 @@ _HELP = {
     "num_output_tokens": "Tokens generated (accepted, recovered and bonus tokens).",
     "num_target_forwards": "Target forward passes after the prompt's prefill.",
 }
+
+
+class TraceExport(Collector):
+    """Spans this process could not export (app/tracing/export.py counts them), read at scrape."""
+
+    def collect(self) -> Any:
+        """One counter family: the dropped spans so far (0 while tracing is off)."""
+        yield CounterMetricFamily(
+            "specrag_trace_spans_dropped",
+            "Spans dropped because their export failed (collector down, refusing or too slow).",
+            value=dropped_spans(),
+        )
 
 
 class WorkerMetrics:
@@ -120,6 +135,7 @@ class WorkerMetrics:
             buckets=GROUNDEDNESS_BUCKETS,
             registry=reg,
         )
+        reg.register(TraceExport())
         # Labelled children per label set: .labels() costs a lock and a dict lookup per call.
         self._children: dict[tuple[str, ...], _Children] = {}
         self._lock = threading.Lock()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Mapping
 
 import torch
 
@@ -57,8 +58,12 @@ class EngineLoop:
         on_delta: DeltaCallback | None = None,
         *,
         background: bool = False,
+        trace_headers: Mapping[str, str] | None = None,
     ) -> LoopHandle:
-        """Queue one request; it joins the batch at the next step (thread-safe, returns at once)."""
+        """Queue one request; it joins the batch at the next step (thread-safe, returns at once).
+
+        ``trace_headers`` are accepted for the protocol's sake: this engine writes no spans of
+        its own (the caller's generation span covers the request)."""
         handle = LoopHandle(on_delta)
         try:
             self._batch.core.check_request(prompt_token_ids, params)

@@ -20,7 +20,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from contextlib import aclosing
 from typing import Any, Protocol
 
@@ -140,6 +140,8 @@ class VLLMRequest(LoopHandle):
         self._task: asyncio.Task[Any] | None = None
         self.registered = False
         """Whether the request was handed to vLLM (so ``abort`` can find it)."""
+        self.trace_headers: dict[str, str] | None = None
+        """W3C trace context (``traceparent``) vLLM's own request span is made a child of."""
 
     def cancel(self) -> None:
         """Abort the request in vLLM (``AsyncLLM.abort``); its slot is freed at the next step."""
@@ -194,15 +196,19 @@ class VLLMLoop:
         on_delta: DeltaCallback | None = None,
         *,
         background: bool = False,
+        trace_headers: Mapping[str, str] | None = None,
     ) -> VLLMRequest:
         """Queue one request; it joins vLLM's running batch at the next step (thread-safe).
 
         ``background`` is accepted and not acted on: on a GPU a batch job's rows share the
         steps almost free, and a full worker still cancels them for waiting interactive
-        queries (app/batch/preempt.py)."""
+        queries (app/batch/preempt.py). ``trace_headers`` go to ``AsyncLLM.generate``: with
+        ``otlp_traces_endpoint`` among the engine arguments, vLLM's ``llm_request`` span is a
+        child of the caller's span (vLLM ignores them without one)."""
         request_id = f"specrag-{uuid.uuid4().hex}"
         llm = self.engine.llm
         handle = VLLMRequest(self._runner, request_id, on_delta, lambda: llm.abort(request_id))
+        handle.trace_headers = dict(trace_headers) if trace_headers else None
         with self._lock:
             if self._closed:
                 handle.finish(None, Cancelled("the generation loop is closed"))
@@ -288,7 +294,10 @@ class VLLMLoop:
         inputs: dict[str, Any] = {"prompt_token_ids": prompt}
         if salt is not None:  # vLLM's own per-request salt of its prefix-cache hashes
             inputs["cache_salt"] = salt
-        async with aclosing(llm.generate(inputs, sampling, handle.request_id)) as stream:
+        stream_of = llm.generate(
+            inputs, sampling, handle.request_id, trace_headers=handle.trace_headers
+        )
+        async with aclosing(stream_of) as stream:
             async for output in stream:
                 batch_sizes.append(runner.in_flight)
                 token_ids = output.outputs[0].token_ids  # CUMULATIVE: every token so far

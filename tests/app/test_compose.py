@@ -38,6 +38,7 @@ def test_services_and_healthchecks() -> None:
         "flower",
         "prometheus",
         "grafana",
+        "jaeger",
     }
     for name, service in services.items():
         if name != "migrate":  # a one-shot job has nothing to check once it has exited
@@ -118,3 +119,14 @@ def test_the_train_worker_consumes_only_train() -> None:
     assert _queues(train) == {"train"} and "profiles" not in train
     assert train["build"]["dockerfile"] == "docker/Dockerfile"
     assert "specrag-data:/var/lib/specrag" in train["volumes"]  # where tune jobs read and write
+
+
+def test_jaeger_takes_otlp_under_the_tracing_profile() -> None:
+    compose = _compose()
+    jaeger = compose["services"]["jaeger"]
+    assert jaeger["profiles"] == ["tracing"]
+    assert "4318:4318" in jaeger["ports"]
+    env = compose["x-specrag-env"]
+    # Off unless the operator sets the endpoint: the empty default means no tracing.
+    assert env["OTEL_EXPORTER_OTLP_ENDPOINT"] == "${OTEL_EXPORTER_OTLP_ENDPOINT:-}"
+    assert compose["services"]["api"]["environment"]["OTEL_EXPORTER_OTLP_ENDPOINT"]

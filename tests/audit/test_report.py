@@ -232,3 +232,36 @@ def test_bad_input_names_the_field(audit_db: AuditDB, kwargs: dict, field: str) 
 def test_window_defaults_to_the_last_day() -> None:
     w = parse_window(None, "2026-03-10T12:00:00+02:00")
     assert w.until.isoformat() == "2026-03-10T10:00:00+00:00" and w.span == timedelta(days=1)
+
+
+def test_the_slowest_answers_carry_their_trace_ids(audit_db: AuditDB) -> None:
+    import uuid
+
+    from sqlalchemy import update
+
+    from app.audit.formats import render
+    from app.db import GenerationStatsRecord
+
+    before = report(audit_db, MAIN)["slowest"]
+    ok = sorted(
+        (x["total_ms"] for x in audit_db.main.rows if x["status"] == "succeeded"), reverse=True
+    )
+    assert [s["total_ms"] for s in before] == pytest.approx(ok[:10])
+    assert all(s["trace_id"] is None for s in before)  # seeded without tracing
+    trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
+    with Session(audit_db.engine) as session:
+        session.execute(
+            update(GenerationStatsRecord)
+            .where(GenerationStatsRecord.query_id == uuid.UUID(before[0]["query_id"]))
+            .values(trace_id=trace_id)
+        )
+        session.commit()
+    try:
+        after = report(audit_db, MAIN)
+        assert after["slowest"][0]["trace_id"] == trace_id
+        html = render(after, "html")[1]
+        assert trace_id in html and "Slowest answers" in html
+    finally:
+        with Session(audit_db.engine) as session:
+            session.execute(update(GenerationStatsRecord).values(trace_id=None))
+            session.commit()

@@ -1,0 +1,143 @@
+"""Tracing for one process: the SDK from ``OTEL_*`` when an endpoint is set, else nothing at all.
+
+``configure`` runs at a process's entry point (``specrag api``, ``specrag worker``, the CLI's
+in-process paths); until it turns tracing on there is no tracer provider, no instrumentation and
+no exporter thread, and app/tracing/spans.py's helpers return before touching OpenTelemetry.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import threading
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from app.tracing.config import TracingConfig, read_config
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+    from sqlalchemy import Engine
+
+    from app.tracing.export import CountingExporter
+
+log = logging.getLogger(__name__)
+EXCLUDED_URLS = "healthz,metrics"
+"""API paths polled by probes and scrapers: no trace each (``OTEL_PYTHON_FASTAPI_EXCLUDED_URLS``
+overrides)."""
+
+
+class _State:
+    config: TracingConfig | None = None
+    exporter: CountingExporter | None = None
+    provider: Any = None
+    lock = threading.Lock()
+
+
+_state = _State()
+
+
+def enabled() -> bool:
+    """Whether this process traces (``configure`` found an endpoint)."""
+    return _state.config is not None
+
+
+def config() -> TracingConfig | None:
+    """This process's tracing configuration, None when off."""
+    return _state.config
+
+
+def dropped_spans() -> int:
+    """Spans this process could not export (collector down or refusing), since it started."""
+    return 0 if _state.exporter is None else _state.exporter.dropped
+
+
+def configure(
+    service: str, *, enabled: bool = True, environ: Mapping[str, str] | None = None
+) -> bool:
+    """Turn tracing on for this process when the environment asks; returns whether it is on.
+
+    Raises TracingConfigError (naming the variable and the choices) on a value it cannot honour,
+    before anything is started. ``enabled`` is ``Settings.tracing`` (``SPECRAG_TRACING``). Calling
+    it again is a no-op: a process has one tracer provider.
+    """
+    env = os.environ if environ is None else environ
+    found = read_config(env, enabled=enabled, default_service=service)
+    with _state.lock:
+        if _state.config is not None or found is None:
+            return _state.config is not None
+        _start(found)
+        _state.config = found
+    log.info("tracing on: %s (sampler %s) to %s", found.service_name, found.sampler, found.endpoint)
+    return True
+
+
+def _start(found: TracingConfig) -> None:
+    from opentelemetry import trace
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.instrumentation.celery import CeleryInstrumentor
+    from opentelemetry.instrumentation.redis import RedisInstrumentor
+    from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    from app.tracing.export import CountingExporter, quiet_exporter_logs
+    from app.tracing.sampling import build_sampler
+
+    # vLLM's exporter (the engine's own spans, in this process and its engine processes) reads
+    # only the traces-specific protocol name and defaults to gRPC: it follows this process's.
+    os.environ.setdefault("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "http/protobuf")
+    exporter = CountingExporter(OTLPSpanExporter(endpoint=found.endpoint), found.endpoint)
+    quiet_exporter_logs()
+    provider = TracerProvider(
+        resource=Resource.create({SERVICE_NAME: found.service_name}),
+        sampler=build_sampler(found.sampler, found.ratio),
+        shutdown_on_exit=False,  # ``shutdown`` below, which also reports the dropped spans
+    )
+    provider.add_span_processor(BatchSpanProcessor(exporter))
+    trace.set_tracer_provider(provider)
+    # Publish and run spans with the context in the message headers; Redis commands (broker,
+    # streams, rate windows) inside a traced piece of work. SQL: ``trace_engine``.
+    CeleryInstrumentor().instrument()
+    RedisInstrumentor().instrument()
+    _state.exporter, _state.provider = exporter, provider
+    atexit.register(shutdown)
+
+
+def instrument_app(app: FastAPI) -> None:
+    """Server spans for ``app``'s requests (an inbound ``traceparent`` is their parent); no-op off."""
+    if not enabled():
+        return
+    from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
+
+    excluded = os.environ.get("OTEL_PYTHON_FASTAPI_EXCLUDED_URLS", EXCLUDED_URLS)
+    FastAPIInstrumentor.instrument_app(app, excluded_urls=excluded)
+
+
+def trace_engine(engine: Engine) -> Engine:
+    """``engine`` with a span per SQL statement run inside traced work; untouched when off.
+
+    The maintained instrumentation's ``EngineTracer``, attached per engine: its instrumentor
+    declares SQLAlchemy < 2.1 and its ``create_engine`` patch imports the asyncio extension
+    (greenlet), neither of which holds here, while the event listeners it attaches are 2.1's too.
+    """
+    if not enabled():
+        return engine
+    from opentelemetry.instrumentation.sqlalchemy.engine import EngineTracer
+    from opentelemetry.metrics import get_meter
+    from opentelemetry.trace import get_tracer
+
+    scope = "opentelemetry.instrumentation.sqlalchemy"
+    usage = get_meter(scope).create_up_down_counter("db.client.connections.usage")
+    EngineTracer(get_tracer(scope), engine, usage)
+    return engine
+
+
+def shutdown() -> None:
+    """Export what is buffered and stop the exporter thread (a process's exit)."""
+    provider, _state.provider = _state.provider, None
+    if provider is not None:
+        provider.shutdown()
+        if _state.exporter is not None and _state.exporter.dropped:
+            log.warning("tracing: %d spans were dropped (export failed)", _state.exporter.dropped)
