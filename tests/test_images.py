@@ -21,6 +21,7 @@ import fnmatch
 import functools
 import gc
 import json
+import re
 import shlex
 import tomllib
 from pathlib import Path, PurePosixPath
@@ -252,3 +253,13 @@ def test_the_install_maps_every_required_package() -> None:
     packages = {p for p in required_paths() if (ROOT / p / "__init__.py").is_file()}
     unmapped = [p for p in sorted(packages) if not any(fnmatch.fnmatch(p, x) for x in patterns)]
     assert unmapped == [], "pyproject.toml's [tool.setuptools.packages.find] leaves these out"
+
+
+def test_both_images_build_the_suffix_tree_the_makefile_pins() -> None:
+    # A torch worker serves method suffix by default and refuses to start without the tree:
+    # each image builds the same arctic-inference as `make venv`.
+    pin = re.search(r"^ARCTIC_PIN := (\S+)$", (ROOT / "Makefile").read_text(), re.M)
+    assert pin is not None, "Makefile: ARCTIC_PIN"
+    for name in ("Dockerfile", "Dockerfile.gpu"):
+        text = (ROOT / "docker" / name).read_text()
+        assert f"--no-build-isolation {pin.group(1)}" in text, f"docker/{name}: {pin.group(1)}"
