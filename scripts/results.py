@@ -24,11 +24,11 @@ GOAL_FIELDS = ("area", "goal", "figure", "op", "target", "unit")
 # Areas in the order of one query's path through the service, then the offline tools.
 # Area -> the page's heading (its anchor is the heading in lower case, spaces as hyphens).
 AREAS = {
-    "engine": "Engine", "bf16": "bfloat16", "eagle": "EAGLE head", "instruct": "Instruct demo pair",
+    "engine": "Engine", "bf16": "bfloat16", "eagle": "EAGLE head", "suffix": "Suffix drafts", "instruct": "Instruct demo pair",
     "batching": "Continuous batching", "prefix reuse": "Prefix reuse", "vllm": "vLLM",
     "serving": "Serving", "service": "Service", "streaming": "Streaming", "batch": "Batch jobs",
     "tenants": "Tenants", "hostile traffic": "Hostile traffic", "metrics": "Metrics",
-    "retrieval": "Retrieval", "scale-out": "Scale-out", "faults": "Faults", "audit": "Audit",
+    "retrieval": "Retrieval", "grounding": "Grounding", "scale-out": "Scale-out", "faults": "Faults", "audit": "Audit",
     "drafts": "Drafts tuned on traffic",
 }  # fmt: skip
 
