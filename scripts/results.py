@@ -48,6 +48,10 @@ machines are small shared VMs (2 cores); compared variants always run side by si
 so ratios travel better than absolute figures. ISA: `avx2` (no AVX-512), `avx512_bf16`
 (AVX-512 with bf16 dot products, no AMX), `amx` (Intel AMX tiles); `n/r` where the record does
 not say.
+
+Source `branch run`: the benchmark ran on the same host from a branch's tree before that branch
+was merged; the JSON's `provenance` names the branch, its commit, how the command was read and
+why the figure holds on the tree it is shown with. Rerunning the command replaces it.
 """
 
 
@@ -103,7 +107,9 @@ def row(data: dict[str, Any], goal: dict[str, Any]) -> str:
     target = "yes" if goal["target"] is True else number(goal["target"], goal["unit"])
     wanted = goal["goal"] + ("" if goal["op"] == "==" else f" ({goal['op']} {target})")
     source = "record"
-    if data["provenance"] == "run":
+    if data["provenance"].startswith("run on branch "):
+        source = "branch run"
+    elif data["provenance"] == "run":
         load = data.get("load_average")
         source = "run" if load is None else f"run, load {load:g}"
     date = str(data["date"])[:10]
