@@ -107,11 +107,10 @@ def row(data: dict[str, Any], goal: dict[str, Any]) -> str:
     target = "yes" if goal["target"] is True else number(goal["target"], goal["unit"])
     wanted = goal["goal"] + ("" if goal["op"] == "==" else f" ({goal['op']} {target})")
     source = "record"
-    if data["provenance"].startswith("run on branch "):
-        source = "branch run"
-    elif data["provenance"] == "run":
+    if data["provenance"] == "run" or data["provenance"].startswith("run on branch "):
+        source = "run" if data["provenance"] == "run" else "branch run"
         load = data.get("load_average")
-        source = "run" if load is None else f"run, load {load:g}"
+        source += "" if load is None else f", load {load:g}"
     date = str(data["date"])[:10]
     isa = data["host"].get("isa") or "n/r"
     cells = [wanted, figure, met(value, goal["op"], goal["target"]), date, f"`{data['commit']}`",
