@@ -28,10 +28,19 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import roc_auc_score
 
 from app.settings import Settings
+from benchmarks.support import goal, write_result
 from retrieval.embedder import Embedder
 from retrieval.grounding.scorer import FEATURES, THRESHOLD, FusedScorer, fuse
 from retrieval.grounding.sentences import split_sentences
 from testkit.grounding_sets import Example, demo_passages, examples, prose, stdlib_passages
+
+GOALS = [
+    goal("grounding", "Scorer AUROC on the held-out demo labeled set (documents unseen in the fit)",
+         "auroc_demo_held_out", ">=", 0.90),
+    goal("grounding", "Scorer AUROC on the standard library's docstrings (never fitted on; its "
+         "pairs are built here)", "auroc_stdlib", ">=", 0.90),
+]  # fmt: skip
+"""The rows of docs/results.md this benchmark backs (``write_result`` reads them)."""
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -118,6 +127,22 @@ def fit(x: np.ndarray, y: np.ndarray) -> dict[str, Any]:
     }
 
 
+def result_figures(results: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+    """The goals' figures of one run's JSON (AUROC, precision and recall per set) and notes."""
+    figures: dict[str, Any] = {}
+    notes = {}
+    for name, r in results["sets"].items():
+        figures[f"auroc_{name}"] = r["auroc"]
+        figures[f"precision_{name}"] = r["precision"]
+        figures[f"recall_{name}"] = r["recall"]
+        weakest = min(r["auroc_by_negative_kind"].items(), key=lambda kv: kv[1])
+        notes[f"auroc_{name}"] = (
+            f"{r['pairs']} pairs; at threshold {r['threshold']}: precision {r['precision']}, "
+            f"recall {r['recall']}; weakest negative kind {weakest[0]} {weakest[1]}"
+        )
+    return figures, notes
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("runs/grounding_calibration.json"))
@@ -180,6 +205,8 @@ def main() -> None:
         print(f"{'':14} by kind: {r['auroc_by_negative_kind']}")
     if args.fit:
         print("fitted on train:", json.dumps(results["fitted_on_train"]))
+    figures, notes = result_figures(results)
+    write_result("grounding_calibration", figures, GOALS, notes)
 
 
 if __name__ == "__main__":

@@ -28,6 +28,22 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.support import goal, write_result
+
+GOALS = [
+    goal("suffix", "Repeated questions, torch engine alone: mean acceptance length "
+         "suffix / draft_model", "repeated_mal_vs_draft_model", ">=", 2.0, "x"),
+    goal("suffix", "Repeated questions, torch engine alone: generation tokens/s suffix / none",
+         "repeated_tps_vs_none", ">=", 3.0, "x"),
+    goal("suffix", "Repeated questions, torch engine alone: generation tokens/s "
+         "suffix / draft_model", "repeated_tps_vs_draft_model", ">=", 1.5, "x"),
+    goal("suffix", "Fresh questions, torch engine alone: generation tokens/s suffix / ngram",
+         "fresh_tps_vs_ngram", ">=", 0.95, "x"),
+    goal("suffix", "Greedy answers of every method identical to none's (torch engine)",
+         "identical_to_none", "==", True),
+]  # fmt: skip
+"""The rows of docs/results.md this benchmark backs (``write_result`` reads them)."""
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -109,6 +125,38 @@ def ratios(table: dict[str, Any], suffix_labels: list[str]) -> dict[str, float]:
     return out
 
 
+def result_figures(report: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+    """The goals' figures of one run's report (its first suffix row against the baselines) and
+    each row's note."""
+    label = next(k for k in report["repeated"] if k.startswith("suffix"))
+    rep, fresh = report["repeated_ratios"], report["fresh_ratios"]
+    tps, mal = "generation_tokens_per_s", "mean_acceptance_length"
+    figures: dict[str, Any] = {
+        "suffix_row": label,
+        "repeated_mal_vs_draft_model": rep[f"{label} / draft_model k=4: {mal}"],
+        "repeated_tps_vs_none": rep[f"{label} / none k=1: {tps}"],
+        "repeated_tps_vs_draft_model": rep[f"{label} / draft_model k=4: {tps}"],
+        "fresh_tps_vs_ngram": fresh[f"{label} / ngram k=4: {tps}"],
+        "identical_to_none": all(
+            row["identical_to_none"] == row["requests"]
+            for table in (report["repeated"], report["fresh"])
+            for row in table.values()
+        ),
+    }
+    rows = report["repeated"]
+    n_rep, n_fresh = rows[label]["requests"], report["fresh"][label]["requests"]
+    notes = {
+        "repeated_mal_vs_draft_model": f"{label}, {n_rep} questions: MAL "
+        f"{rows[label][mal]:.2f} vs {rows['draft_model k=4'][mal]:.2f}",
+        "repeated_tps_vs_none": f"{rows[label][tps]:.1f} vs {rows['none k=1'][tps]:.1f} tok/s",
+        "repeated_tps_vs_draft_model": f"{rows[label][tps]:.1f} vs "
+        f"{rows['draft_model k=4'][tps]:.1f} tok/s",
+        "fresh_tps_vs_ngram": f"{n_fresh} questions; the scope holds the other questions' answers",
+        "identical_to_none": f"{n_rep} repeated and {n_fresh} fresh questions, every method",
+    }
+    return figures, notes
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--questions", type=int, default=16, help="repeated questions")
@@ -181,6 +229,8 @@ def main() -> None:
         for key, value in report[f"{name}_ratios"].items():
             print(f"  {key}: {value}")
     print(f"wrote {args.json}")
+    figures, notes = result_figures(report)
+    write_result("suffix_engine", figures, GOALS, notes)
 
 
 if __name__ == "__main__":

@@ -25,6 +25,15 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from benchmarks.support import goal, write_result
+
+GOALS = [
+    goal("suffix", "Memory of one scope of 10,000 demo-like answers at the default tree depth "
+         "(64): the larger of arctic-inference's estimate and the resident-set growth, "
+         "against its budget", "corpus_depth64_mib", "<=", 512.0, "MiB"),
+]  # fmt: skip
+"""The rows of docs/results.md this benchmark backs (``write_result`` reads them)."""
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -100,6 +109,25 @@ def measure(kind: str, depth: int, count: int, stream: list[int], vocab: int) ->
     return row
 
 
+def result_figures(report: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+    """Each row's larger memory figure (MiB) by kind and depth, and the goal row's note."""
+    figures: dict[str, Any] = {
+        f"{r['kind']}_depth{r['max_depth']}_mib": max(r["estimate_mb"], r["rss_growth_mb"])
+        for r in report["rows"]
+    }
+    figures.setdefault("corpus_depth64_mib", None)
+    rows = {(r["kind"], r["max_depth"]): r for r in report["rows"]}
+    notes = {}
+    if ("corpus", 64) in rows:
+        row, worst = rows["corpus", 64], rows.get(("random", 64))
+        notes["corpus_depth64_mib"] = (
+            f"{row['answers']} answers, {row['tokens']} tokens, {row['bytes_per_token']} B/token"
+            + (f"; uniform random ids (worst case): {figures['random_depth64_mib']} MiB"
+               if worst else "")
+        )  # fmt: skip
+    return figures, notes
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--answers", type=int, default=10_000, help="answers in the scope")
@@ -127,6 +155,8 @@ def main() -> None:
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(report, indent=2))
     print(f"wrote {args.json}")
+    figures, notes = result_figures(report)
+    write_result("suffix_memory", figures, GOALS, notes)
 
 
 if __name__ == "__main__":

@@ -29,7 +29,41 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.support import REPO, RedisServer, note, percentile, scratch_database
+from app.audit.stats import quantile
+from benchmarks.support import REPO, RedisServer, goal, note, scratch_database, write_result
+
+GOALS = [
+    goal("suffix", "Repeated asks through a worker: mean acceptance length suffix / draft_model",
+         "repeat_mal_vs_draft_model", ">=", 2.0, "x"),
+    goal("suffix", "Repeated asks: generation tokens/s suffix / none",
+         "repeat_tps_vs_none", ">=", 3.0, "x"),
+    goal("suffix", "Repeated asks: generation tokens/s suffix / draft_model",
+         "repeat_tps_vs_draft_model", ">=", 1.5, "x"),
+    goal("suffix", "Whole trace: p50 total latency suffix / draft_model",
+         "trace_p50_vs_draft_model", "<=", 1.0, "x"),
+    goal("suffix", "Whole trace: p95 total latency suffix / draft_model",
+         "trace_p95_vs_draft_model", "<=", 1.0, "x"),
+    goal("suffix", "Whole trace: p50 total latency suffix / ngram",
+         "trace_p50_vs_ngram", "<=", 1.0, "x"),
+    goal("suffix", "Whole trace: p95 total latency suffix / ngram",
+         "trace_p95_vs_ngram", "<=", 1.0, "x"),
+    goal("suffix", "Fresh asks (a tenant with no history): generation tokens/s suffix / ngram",
+         "fresh_tps_vs_ngram", ">=", 0.95, "x"),
+    goal("suffix", "Greedy answers through a worker identical to none's on every ask, every method",
+         "identical_to_none", "==", True),
+]  # fmt: skip
+"""The rows of docs/results.md this benchmark backs (``write_result`` reads them)."""
+FIGURES = {
+    "repeat_mal_vs_draft_model": "repeat MAL suffix / draft_model >= 2",
+    "repeat_tps_vs_none": "repeat tokens/s suffix / none >= 3",
+    "repeat_tps_vs_draft_model": "repeat tokens/s suffix / draft_model >= 1.5",
+    "trace_p50_vs_draft_model": "trace p50 suffix / draft_model < 1",
+    "trace_p95_vs_draft_model": "trace p95 suffix / draft_model < 1",
+    "trace_p50_vs_ngram": "trace p50 suffix / ngram < 1",
+    "trace_p95_vs_ngram": "trace p95 suffix / ngram < 1",
+    "fresh_tps_vs_ngram": "fresh tokens/s suffix / ngram >= 0.95",
+}
+"""Each goal's figure and the key of the run's ``goals`` ratio it is."""
 
 METHODS = ("suffix", "draft_model", "ngram", "none")
 PARAPHRASES = ("{q}", "Quick question: {q}", "Please answer this: {q}", "{lower}")
@@ -85,8 +119,8 @@ def sums(views: list[dict[str, Any]]) -> dict[str, Any]:
         "tokens_per_s": sum(s["num_output_tokens"] for s in stats) / gen_ms * 1000.0
         if gen_ms
         else None,
-        "total_ms_p50": percentile(totals, 50) if totals else None,
-        "total_ms_p95": percentile(totals, 95) if totals else None,
+        "total_ms_p50": quantile(totals, 0.5),
+        "total_ms_p95": quantile(totals, 0.95),
     }
 
 
@@ -229,6 +263,38 @@ def summarise(
     }
 
 
+def result_figures(result: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+    """The goals' figures of one run's JSON (what ``main`` prints) and each row's note."""
+    figures: dict[str, Any] = {
+        key: None if result["goals"][name] is None else round(result["goals"][name], 3)
+        for key, name in FIGURES.items()
+    }
+    asks = result["asks"]
+    figures["asks"] = asks
+    figures["identical_to_none"] = all(
+        n == sum(asks.values()) for n in result["identical_to_none"].values()
+    )
+    table = result["methods"]
+
+    def warm(kind: str, field: str, base: str) -> str:
+        mine, theirs = table["suffix_warm"][kind][field], table[base][kind][field]
+        return "n/a" if not mine or not theirs else f"{mine / theirs:.2f}x"
+
+    figures["warm_repeat_mal"] = table["suffix_warm"]["repeat"]["mean_acceptance_length"]
+    mal = {m: table[m]["repeat"]["mean_acceptance_length"] for m in ("suffix", "draft_model")}
+    notes = {
+        "repeat_mal_vs_draft_model": f"{asks['repeat']} repeated asks; MAL {mal['suffix']:.2f} "
+        f"vs {mal['draft_model']:.2f}; warm trees: "
+        f"{warm('repeat', 'mean_acceptance_length', 'draft_model')}",
+        "repeat_tps_vs_none": f"warm trees: {warm('repeat', 'tokens_per_s', 'none')}",
+        "repeat_tps_vs_draft_model": f"warm trees: {warm('repeat', 'tokens_per_s', 'draft_model')}",
+        "fresh_tps_vs_ngram": f"{asks['fresh']} fresh asks",
+        **{key: f"{sum(asks.values())} asks" for key in FIGURES if key.startswith("trace")},
+        "identical_to_none": f"{sum(asks.values())} asks, warm worker included",
+    }
+    return figures, notes
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--questions", type=int, default=300, help="Asks of the 3 tenants.")
@@ -266,6 +332,8 @@ def main() -> None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(text)
     print(text)
+    figures, notes = result_figures(result)
+    write_result("suffix_traffic", figures, GOALS, notes)
 
 
 if __name__ == "__main__":

@@ -24,11 +24,11 @@ GOAL_FIELDS = ("area", "goal", "figure", "op", "target", "unit")
 # Areas in the order of one query's path through the service, then the offline tools.
 # Area -> the page's heading (its anchor is the heading in lower case, spaces as hyphens).
 AREAS = {
-    "engine": "Engine", "bf16": "bfloat16", "eagle": "EAGLE head", "instruct": "Instruct demo pair",
+    "engine": "Engine", "bf16": "bfloat16", "eagle": "EAGLE head", "suffix": "Suffix drafts", "instruct": "Instruct demo pair",
     "batching": "Continuous batching", "prefix reuse": "Prefix reuse", "vllm": "vLLM",
     "serving": "Serving", "service": "Service", "streaming": "Streaming", "batch": "Batch jobs",
     "tenants": "Tenants", "hostile traffic": "Hostile traffic", "metrics": "Metrics",
-    "retrieval": "Retrieval", "scale-out": "Scale-out", "faults": "Faults", "audit": "Audit",
+    "retrieval": "Retrieval", "grounding": "Grounding", "scale-out": "Scale-out", "faults": "Faults", "audit": "Audit",
     "drafts": "Drafts tuned on traffic",
 }  # fmt: skip
 
@@ -48,6 +48,10 @@ machines are small shared VMs (2 cores); compared variants always run side by si
 so ratios travel better than absolute figures. ISA: `avx2` (no AVX-512), `avx512_bf16`
 (AVX-512 with bf16 dot products, no AMX), `amx` (Intel AMX tiles); `n/r` where the record does
 not say.
+
+Source `branch run`: the benchmark ran on the same host from a branch's tree before that branch
+was merged; the JSON's `provenance` names the branch, its commit, how the command was read and
+why the figure holds on the tree it is shown with. Rerunning the command replaces it.
 """
 
 
@@ -103,9 +107,10 @@ def row(data: dict[str, Any], goal: dict[str, Any]) -> str:
     target = "yes" if goal["target"] is True else number(goal["target"], goal["unit"])
     wanted = goal["goal"] + ("" if goal["op"] == "==" else f" ({goal['op']} {target})")
     source = "record"
-    if data["provenance"] == "run":
+    if data["provenance"] == "run" or data["provenance"].startswith("run on branch "):
+        source = "run" if data["provenance"] == "run" else "branch run"
         load = data.get("load_average")
-        source = "run" if load is None else f"run, load {load:g}"
+        source += "" if load is None else f", load {load:g}"
     date = str(data["date"])[:10]
     isa = data["host"].get("isa") or "n/r"
     cells = [wanted, figure, met(value, goal["op"], goal["target"]), date, f"`{data['commit']}`",

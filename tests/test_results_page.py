@@ -65,7 +65,7 @@ def test_results_files_carry_where_and_how_they_were_measured() -> None:
         assert data["date"] and data["commit"], path.name
         assert set(data["host"]) == {"cpu", "isa"}, path.name
         assert data["provenance"] == "run" or data["provenance"].startswith(
-            "carried from the record"
+            ("carried from the record", "run on branch ")
         ), path.name
 
 
@@ -117,3 +117,15 @@ def test_each_results_file_reads_the_goals_its_benchmark_declares() -> None:
         stored = [{k: g[k] for k in ("area", "goal", "figure", "op", "target", "unit")}
                   for g in data["goals"]]  # fmt: skip
         assert stored == declared_goals(ROOT / "benchmarks" / f"{path.stem}.py"), path.name
+
+
+def test_the_source_cell_tells_a_run_here_from_a_branch_run_and_a_record() -> None:
+    module = results_script()
+    data = json.loads((RESULTS / "audit.json").read_text(encoding="utf-8"))
+    goal = data["goals"][0]
+    cells = {}
+    for provenance, load in (("run", 2.5), ("run on branch b at abc1234", None),
+                             ("carried from the record: x", None)):  # fmt: skip
+        data.update(provenance=provenance, load_average=load)
+        cells[provenance] = module.row(data, goal).split(" | ")[6]
+    assert list(cells.values()) == ["run, load 2.5", "branch run", "record"]
