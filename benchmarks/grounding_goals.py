@@ -109,7 +109,7 @@ def run(args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
             data_dir=work / "data", database_url=database_url(dbname), broker_url=redis.url(0),
             target_model=Path(args.models) / "target", draft_model=Path(args.models) / "draft",
             device="cpu", torch_threads=1, worker_concurrency=1,
-            max_tokens_limit=args.max_tokens, default_top_k=args.top_k,
+            max_tokens_limit=args.max_tokens, default_top_k=args.top_k, grounding=True,
         )  # fmt: skip
         engine = make_engine(settings)
         upgrade(engine)

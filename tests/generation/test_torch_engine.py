@@ -138,7 +138,9 @@ def test_warmup_allocates_the_kv_store_and_measures_step_costs_once() -> None:
     )
     engine.warmup(batch_sizes=(1, 4))
     tables = dict(engine.step_costs().tables)
-    assert set(tables) == {(1, False), (1, True), (4, False), (4, True)}
+    # Where arctic-inference is installed, suffix steps get a table of their own at each bucket.
+    suffix = {(1, "suffix"), (4, "suffix")} if "suffix" in engine.methods else set()
+    assert set(tables) == {(1, False), (1, True), (4, False), (4, True)} | suffix
     # Every k is priced (no timing comparison here: on a shared machine a step's wall time
     # says little; docs/results.md quotes the costs).
     assert all(len(t.measured) == engine.max_speculative_tokens + 1 for t in tables.values())

@@ -157,7 +157,9 @@ class AsyncLLM:
             draft.append(t if (len(ctx) + len(draft)) % 5 else (t + 1) % self.vocab)
         return draft
 
-    async def generate(self, prompt: dict, sampling_params: SamplingParams, request_id: str):  # type: ignore[no-untyped-def]
+    async def generate(
+        self, prompt: dict, sampling_params: SamplingParams, request_id: str, trace_headers=None
+    ):  # type: ignore[no-untyped-def]  # noqa: E501
         sp = sampling_params.kwargs
         assert sp["output_kind"] is RequestOutputKind.CUMULATIVE
         assert request_id not in self.requests, "request ids must be unique"

@@ -136,6 +136,6 @@ def test_a_grounding_checkpoint_that_cannot_load_refuses_the_worker(
 ) -> None:
     from retrieval.grounding import ScorerLoadError
 
-    res = _resources(settings, grounding_model=tmp_path / "nowhere")
+    res = _resources(settings, grounding=True, grounding_model=tmp_path / "nowhere")
     with pytest.raises(ScorerLoadError, match="nowhere"):
         res.warm(answer=True, ingest=False)

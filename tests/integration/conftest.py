@@ -35,6 +35,7 @@ def service_settings(
         draft_model=tiny_models["draft"],
         device="cpu",
         default_max_tokens=8,
+        grounding=True,  # the live service grounds every answer (tests/integration/test_grounding_live.py)
         heartbeat_seconds=0.5,
         stale_after_seconds=4.0,
         sweep_interval_seconds=0.5,

@@ -17,6 +17,7 @@ from app.db import Query
 from app.settings import Settings
 from tests.integration.conftest import Deployment
 from tests.integration.helpers import ApiServer, RedisServer, WorkerProcess, stored_rows
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -84,6 +85,8 @@ def test_worker_killed_mid_answer_is_requeued_and_completes_once(
     query, answers, stats = _row(settings, query_id)
     assert (answers, stats) == (1, 1)
     assert query.attempts == 2 and query.worker_host and query.worker_host.startswith("second@")
+    # Celery logs a task's result once its after-answer hooks ran, after the query became final.
+    wait_until(lambda: _any_answer_log(second) >= 1, 30, "the second worker's task result")
     assert _any_answer_log(second) == 1
 
 

@@ -102,7 +102,7 @@ def test_a_redelivered_task_does_not_answer_twice(
 
     with SpecragClient(api.url, keys["acme"]) as client:
         query_id = client.submit("What does del do?", ingested, max_tokens=2)
-        first = client.wait(query_id, timeout=120)
+        first = client.wait(query_id, timeout=120, with_grounding=True)  # the view as final
         # The same message again, as acks_late may deliver it after a crash.
         send_query(create_celery(service_settings), query_id)
         send_query(create_celery(service_settings), query_id)
