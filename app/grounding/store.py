@@ -17,7 +17,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, selectinload, sessionmaker
 
 from app.db import Answer, AnswerGrounding
-from app.lifecycle.queries import get_query
+from app.lifecycle.queries import poll_query
 from retrieval.grounding import Grounding, SupportScorer, ground
 
 log = logging.getLogger(__name__)
@@ -84,12 +84,10 @@ def wait_for_grounding(
 ) -> Any:
     """The succeeded query (``app.lifecycle.queries.get_query``) once its grounding is stored, or as it
     is after ``timeout`` seconds (a worker with grounding off never stores one)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        with session_factory() as session:
-            query = get_query(session, query_id, None)
-            if query is None:
-                raise LookupError(f"query {query_id} does not exist")
-            if getattr(query, "grounding", None) is not None or time.monotonic() >= deadline:
-                return query
-        time.sleep(poll)
+    return poll_query(
+        session_factory,
+        query_id,
+        timeout,
+        lambda q: getattr(q, "grounding", None) is not None,
+        poll,
+    )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any, Literal
 
 from pydantic import BaseModel
@@ -182,6 +183,26 @@ def query_json(query: Query) -> dict[str, Any]:
     return QueryOut.model_validate(query_view(query)).model_dump(mode="json", exclude_none=True)
 
 
+def poll_query(
+    session_factory: sessionmaker[Session],
+    query_id: uuid.UUID,
+    timeout: float,
+    done: Callable[[Query], bool],
+    poll: float = 0.1,
+) -> Query:
+    """The query once ``done(query)``, or as it is after ``timeout`` seconds (LookupError if it
+    does not exist)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with session_factory() as session:
+            query = get_query(session, query_id, None)
+            if query is None:
+                raise LookupError(f"query {query_id} does not exist")
+            if done(query) or time.monotonic() >= deadline:
+                return query
+        time.sleep(poll)
+
+
 def wait_for(
     session_factory: sessionmaker[Session],
     query_id: uuid.UUID,
@@ -189,20 +210,15 @@ def wait_for(
     poll: float = 0.1,
 ) -> Query:
     """The query once it succeeded or failed; TimeoutError (saying its status) after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        with session_factory() as session:
-            query = get_query(session, query_id, None)
-            if query is None:
-                raise LookupError(f"query {query_id} does not exist")
-            if query.status in FINAL_STATUSES or time.monotonic() >= deadline:
-                if query.status not in FINAL_STATUSES:
-                    raise TimeoutError(
-                        f"query {query_id} still {query.status} after {timeout:.0f} s"
-                        " (is a worker running on this broker?)"
-                    )
-                return query
-        time.sleep(poll)
+    query = poll_query(
+        session_factory, query_id, timeout, lambda q: q.status in FINAL_STATUSES, poll
+    )
+    if query.status not in FINAL_STATUSES:
+        raise TimeoutError(
+            f"query {query_id} still {query.status} after {timeout:.0f} s"
+            " (is a worker running on this broker?)"
+        )
+    return query
 
 
 def require_collection(session: Session, tenant: str, collection: str) -> None:
