@@ -99,17 +99,26 @@ class Deployment:
 
 
 @pytest.fixture
-def private_deployment(service_settings: Settings, tmp_path: Path) -> Iterator[Deployment]:
-    """``service_settings`` on a fresh migrated PostgreSQL database and data dir of this test.
+def private_deployment(
+    service_settings: Settings, private_redis_db: str, tmp_path: Path
+) -> Iterator[Deployment]:
+    """``service_settings`` on a fresh migrated PostgreSQL database, a Redis database (broker and
+    streams) and a data dir of this test's own.
 
-    For tests that run their own broker and workers. One database is one deployment: on the
+    For tests that run their own workers. One database and one broker are one deployment: on the
     session's database, the sweepers of the session's API and worker (alive once an earlier test
-    started them) would re-queue this test's stale queries to the session's broker, where the
-    session's worker answers them; whether they do depends on test order.
+    started them) would re-queue this test's stale queries; on the session's broker, the
+    session's in-process worker would take this test's tasks, find no such query in its own
+    database and drop them, leaving them queued here for ever. Whether either happens depends on
+    test order, so neither is shared.
     """
     with fresh_pg_database(migrated=True) as url:
         settings = service_settings.model_copy(
-            update={"database_url": url, "data_dir": tmp_path / "deployment"}
+            update={
+                "database_url": url,
+                "broker_url": private_redis_db,
+                "data_dir": tmp_path / "deployment",
+            }
         )
         yield Deployment(settings, make_keys(settings), ingest_corpus(settings))
 

@@ -93,14 +93,6 @@ def _asked(sf: sessionmaker[Session], qid: uuid.UUID) -> Asked:
     return Asked(list(ids), drafts, int(stats.num_accepted_tokens or 0))
 
 
-BROKEN = pytest.mark.skip(
-    reason="KNOWN FAILURE, not passing: after a live worker answers its first suffix query, the "
-    "next query on its broker stays queued (the worker never receives it); the shared-memory "
-    "logic passes on PostgreSQL and Redis in tests/suffix, this live path does not"
-)
-
-
-@BROKEN
 def test_a_tenants_answer_is_never_drafted_for_another_tenants_identical_question(
     suffix_deployment: tuple[Settings, Any], worker_process: Callable[..., WorkerProcess]
 ) -> None:
@@ -120,7 +112,6 @@ def test_a_tenants_answer_is_never_drafted_for_another_tenants_identical_questio
     assert a_again.accepted > fresh.accepted, (a_again.drafts, fresh.drafts)
 
 
-@BROKEN
 def test_an_answer_recorded_by_one_worker_is_drafted_by_another_within_seconds(
     suffix_deployment: tuple[Settings, Any], worker_process: Callable[..., WorkerProcess]
 ) -> None:
