@@ -3,6 +3,7 @@ and ``when_done`` runs its continuation once, after the last of its futures."""
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from concurrent.futures import Future
@@ -22,7 +23,7 @@ def test_work_runs_in_order_on_one_thread_and_failures_stay_in_their_future() ->
             raise ValueError("bad answer")
         return i
 
-    futures = [backlog.submit(lambda i=i: work(i)) for i in range(4)]
+    futures = [backlog.submit(functools.partial(work, i)) for i in range(4)]
     assert [f.exception(10) is None for f in futures] == [True, False, True, True]
     assert [i for i, _ in ran] == [0, 1, 2, 3]
     assert {name for _, name in ran} == {"specrag-grounding"}
