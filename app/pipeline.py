@@ -18,6 +18,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal
@@ -29,7 +30,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from app.collection_prompts import stored_system_prompt
 from app.db import Answer, AnswerSource, GenerationStatsRecord, Query, utcnow
 from app.db.models import as_utc
-from app.hooks import Answered, run_after_answer
+from app.hooks import Answered, run_after_answer, when_done
 from app.lifecycle.failures import public_error
 from app.lifecycle.finish import finish_query
 from app.lifecycle.handback import engine_died, fail, hand_back, not_the_querys
@@ -134,9 +135,13 @@ def _claim_and_answer(
         # by the attempt: once a newer attempt writes to the stream, this one's are refused.
         stream = open_stream(resources, qid, claimed.attempt)
         try:
-            outcome = _answer(resources, qid, claimed, step, stream.chain(on_delta), stream)
+            outcome, pending = _answer(
+                resources, qid, claimed, step, stream.chain(on_delta), stream
+            )
             if outcome == QueryStatus.SUCCEEDED:
-                stream.end(outcome)  # after the commit: readers then find the final state
+                # After the commit, so readers find the final state; and after the hooks' work
+                # in other threads (grounding), so ``done`` carries it. The task is free now.
+                when_done(pending, lambda: stream.end(QueryStatus.SUCCEEDED))
             return outcome
         except BaseException as exc:
             if isinstance(exc, Exception) and engine_died(resources, exc):
@@ -178,7 +183,8 @@ def _answer(
     generate_step: GenerateStep,
     on_delta: DeltaCallback | None,
     stream: QueryStream,
-) -> Outcome:
+) -> tuple[Outcome, list[Future[Any]]]:
+    """The query answered and recorded; with the futures of the after-answer hooks' work."""
     retrieved = retrieve(resources, claimed)
     with span("prompt build", {"specrag.prompt.passages": len(retrieved.hits)}) as current:
         built = build_request(resources, claimed, retrieved.hits)
@@ -202,8 +208,8 @@ def _answer(
     outcome = record(resources, qid, claimed, retrieved, built, result, generation_started)
     if outcome == QueryStatus.SUCCEEDED:
         answered = _answered(resources, qid, claimed, QueryStatus.SUCCEEDED, built, result)
-        run_after_answer(resources, answered)
-    return outcome
+        return outcome, run_after_answer(resources, answered)
+    return outcome, []
 
 
 def retrieve(resources: Resources, claimed: Claimed) -> Retrieved:

@@ -20,6 +20,7 @@ from app.suffix import SharedSuffixMemory
 from app.tracing import config as tracing_config
 
 if TYPE_CHECKING:  # both import torch; they load with the models, not with this module
+    from app.grounding.background import GroundingBacklog
     from generation import Engine
     from generation.config import EngineConfig
     from generation.interface import GenerationLoop
@@ -58,6 +59,9 @@ class Resources:
         self._loop_lock = threading.Lock()
         self.shared_suffix_memory: SharedSuffixMemory | None = None
         """The engine's suffix trees over the stored answers (method suffix), once it loads."""
+        self.grounding_backlog: GroundingBacklog | None = None
+        """Where answers wait for grounding off the tasks' thread (a worker sets it: workers/
+        runtime.py); None: grounding runs in the thread that recorded the answer."""
 
     @property
     def engine(self) -> Engine:
@@ -129,11 +133,15 @@ class Resources:
         return loop is not None and bool(getattr(loop, "dead", False))
 
     def close(self) -> None:
-        """Stop the engine loop, if one was started (what it holds is cancelled)."""
+        """Stop the engine loop, if one was started (what it holds is cancelled), and the
+        grounding thread (app/grounding/background.py: what is queued is grounded, for a while)."""
         with self._loop_lock:
             loop, self._loop = self._loop, None
         if loop is not None:
             loop.close()
+        backlog, self.grounding_backlog = self.grounding_backlog, None
+        if backlog is not None:
+            backlog.close(timeout=10.0)  # what is queued is grounded, for a while
         if self.shared_suffix_memory is not None:
             self.shared_suffix_memory.stop()
 

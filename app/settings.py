@@ -68,7 +68,8 @@ class Settings(BaseSettings):
         description=(
             "Check every answer's grounding after it is recorded (docs/grounding.md); off: "
             "answers carry no grounding. Off by default: on a CPU worker the default scorer "
-            "costs more than the demo pair's generation and holds the worker's slot meanwhile."
+            "costs about as much CPU as the demo pair's generation for passages it has not "
+            "seen before (it runs on the worker's grounding thread, not in the task)."
         ),
     )
     grounding_model: Path | None = Field(

@@ -177,7 +177,10 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
         if any(j["groundedness"] is not None for j in judged)
         else None,
         "host": {"machine": platform.machine(), "processor": platform.processor()},
-        "answers": judged,
+        # With what was judged (answer, sources, grounding), so a miss can be read afterwards.
+        "answers": [
+            {**j, "quote": r["quote"], "view": r["view"]} for j, r in zip(judged, rows, strict=True)
+        ],
     }
 
 

@@ -50,9 +50,13 @@ def warm(app: Celery) -> None:
     apply_torch_threads(app.settings)  # type: ignore[attr-defined]
     kinds = getattr(app, "warm", {QueueName.ANSWER: True, QueueName.INGEST: True})
     log.info("loading worker resources (%s)", ", ".join(k for k, v in kinds.items() if v))
-    resources(app).warm(
-        answer=kinds.get(QueueName.ANSWER, True), ingest=kinds.get(QueueName.INGEST, True)
-    )
+    res = resources(app)
+    res.warm(answer=kinds.get(QueueName.ANSWER, True), ingest=kinds.get(QueueName.INGEST, True))
+    if kinds.get(QueueName.ANSWER, True) and res.settings.grounding:
+        # Grounding runs beside the tasks, never in them (app/grounding/background.py).
+        from app.grounding.background import GroundingBacklog
+
+        res.grounding_backlog = GroundingBacklog()
 
 
 def connect_signals(app: Celery) -> None:

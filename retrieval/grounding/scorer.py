@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import math
 import os
+import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +43,10 @@ FEATURES = (
 WEIGHTS = (2.653, 2.592, 0.474, 2.575, -1.426, -0.696, -3.716)
 BIAS = -5.977
 THRESHOLD = 0.57
+CACHE_PASSAGES = 4096
+"""Passages a fused scorer keeps ready (about 7 vectors of 384 floats each: ~45 MB at most)."""
+ENCODE_BATCH = 8
+"""Texts per encoder call, longest first: small enough that a batch pads little."""
 
 
 class Encoder(Protocol):
@@ -56,6 +62,15 @@ class PassageView:
     text: str
     terms: set[str]
     windows: list[tuple[str, set[str], int, int]]
+
+
+@dataclass(frozen=True)
+class PreparedPassage:
+    """A passage ready for scoring: its view, its unit embedding and its sentences' ones."""
+
+    view: PassageView
+    vector: np.ndarray  # [dim]
+    singles: np.ndarray  # [num_sentences, dim], the view's single-sentence windows in order
 
 
 @dataclass(frozen=True)
@@ -99,48 +114,94 @@ def fuse(features: Sequence[float]) -> float:
 
 
 class FusedScorer:
-    """BM25-analyser containment and MiniLM cosine with number/name/negation checks, fused."""
+    """BM25-analyser containment and MiniLM cosine with number/name/negation checks, fused.
+
+    What a passage needs for scoring (its terms and windows, its embedding and its sentences'
+    embeddings) depends on its text alone, so it is kept per passage text in a bounded cache
+    (``cache_passages`` most recently used; 0 keeps none): a chunk cited again costs only its
+    claims' encoding and the lexical checks. Texts are encoded longest first in batches of
+    ``ENCODE_BATCH``, so a batch pads to a length close to its own texts' rather than to the
+    longest passage (the same vectors to float rounding, a fraction of the time).
+    """
 
     name = "fused-bm25-minilm"
 
-    def __init__(self, encoder: Encoder, threshold: float | None = None) -> None:
+    def __init__(
+        self,
+        encoder: Encoder,
+        threshold: float | None = None,
+        cache_passages: int = CACHE_PASSAGES,
+    ) -> None:
         self.encoder = encoder
         self.threshold = THRESHOLD if threshold is None else float(threshold)
+        self.cache_passages = cache_passages
+        self._cache: OrderedDict[str, PreparedPassage] = OrderedDict()
+        self._cache_lock = threading.Lock()
+
+    def prepared(self, passages: Sequence[str]) -> list[PreparedPassage]:
+        """Each passage's view and vectors: from the cache, the others encoded together now."""
+        found: dict[str, PreparedPassage] = {}
+        with self._cache_lock:
+            for text in passages:
+                hit = self._cache.get(text)
+                if hit is not None:
+                    self._cache.move_to_end(text)
+                    found[text] = hit
+        missing = [t for t in dict.fromkeys(passages) if t not in found]
+        if missing:
+            views = [passage_view(t) for t in missing]
+            singles = [[w[0] for w in v.windows[: _singles(v)]] for v in views]
+            vectors = self._encode([*missing, *(w for ws in singles for w in ws)])
+            offset = len(missing)
+            for k, (text, view, ws) in enumerate(zip(missing, views, singles, strict=True)):
+                found[text] = PreparedPassage(view, vectors[k], vectors[offset : offset + len(ws)])
+                offset += len(ws)
+            if self.cache_passages > 0:
+                with self._cache_lock:
+                    for text in missing:
+                        self._cache[text] = found[text]
+                        self._cache.move_to_end(text)
+                    while len(self._cache) > self.cache_passages:
+                        self._cache.popitem(last=False)
+        return [found[t] for t in passages]
+
+    def _encode(self, texts: list[str]) -> np.ndarray:
+        """``encoder.encode(texts)`` in length-sorted batches of ``ENCODE_BATCH``, rows in order."""
+        order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
+        out: np.ndarray | None = None
+        for start in range(0, len(order), ENCODE_BATCH):
+            batch = order[start : start + ENCODE_BATCH]
+            rows = np.asarray(self.encoder.encode([texts[i] for i in batch]))
+            if out is None:
+                out = np.zeros((len(texts), rows.shape[1]), dtype=rows.dtype)
+            out[batch] = rows
+        return out if out is not None else np.zeros((0, 1), np.float32)
 
     def features(
         self, claims: Sequence[str], passages: Sequence[str]
     ) -> tuple[np.ndarray, list[list[tuple[int, int]]]]:
         """``FEATURES`` per pair ``[num_claims, num_passages, len(FEATURES)]`` and the spans."""
-        views = [passage_view(p) for p in passages]
-        singles = [v.windows[: _singles(v)] for v in views]
-        texts = [*claims, *passages, *(w[0] for ws in singles for w in ws)]
-        vectors = self.encoder.encode(list(texts)) if texts else np.zeros((0, 1), np.float32)
-        c_vec = vectors[: len(claims)]
-        p_vec = vectors[len(claims) : len(claims) + len(passages)]
-        w_vec = vectors[len(claims) + len(passages) :]
+        ready = self.prepared(passages)
+        c_vec = self._encode(list(claims))
         out = np.zeros((len(claims), len(passages), len(FEATURES)), dtype=np.float64)
         spans: list[list[tuple[int, int]]] = []
-        cosine = c_vec @ p_vec.T if len(passages) else np.zeros((len(claims), 0))
-        window_cos = c_vec @ w_vec.T if len(w_vec) else np.zeros((len(claims), 0))
         for i, claim in enumerate(claims):
             claim_terms = content_terms(claim)
             row: list[tuple[int, int]] = []
-            offset = 0
-            for j, view in enumerate(views):
-                n = len(singles[j])
-                best_cos = float(window_cos[i, offset : offset + n].max()) if n else 0.0
-                offset += n
-                ev = _evidence(claim, claim_terms, view)
+            for j, prep in enumerate(ready):
+                cosine = float(c_vec[i] @ prep.vector)
+                best_cos = float((prep.singles @ c_vec[i]).max()) if len(prep.singles) else 0.0
+                ev = _evidence(claim, claim_terms, prep.view)
                 out[i, j] = (
                     ev.containment,
                     ev.window_containment,
-                    float(cosine[i, j]),
+                    cosine,
                     best_cos,
                     ev.missing_number,
                     ev.missing_name,
                     ev.negation_mismatch,
                 )
-                window = view.windows[ev.window]
+                window = prep.view.windows[ev.window]
                 row.append((window[2], window[3]))
             spans.append(row)
         return out, spans

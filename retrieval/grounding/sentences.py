@@ -20,6 +20,14 @@ _MARKER = re.compile(r"\[(\d{1,3}(?:\s*[,;]\s*\d{1,3})*)\]")
 _STOP = re.compile(r"[.!?][\"')\]]*(?:\s*\[\d{1,3}(?:\s*[,;]\s*\d{1,3})*\])*(?=\s)")
 _BREAK = re.compile(r"\n[ \t]*\n\s*|\n(?=[ \t]*(?:[-*\u2022]|\d{1,3}[.)])\s)")
 _ABBREVIATIONS = ("e.g.", "i.e.", "etc.", "vs.", "cf.", "mr.", "dr.", "no.", "approx.")
+# A lead-in whose only object is a citation marker (``According to [1], …``, ``As stated in [2]:``)
+# says where the claim comes from, not what it claims: it is not scored.
+_MARKER_RUN = r"(?:\[\d{1,3}(?:\s*[,;]\s*\d{1,3})*\]\s*)+"
+_ATTRIBUTION = re.compile(
+    r"^\s*(?:according\s+to|as\s+(?:stated|noted|said|described|documented|shown|explained)\s+in"
+    r"|per|from|in|see)\s+(?:(?:passage|source|document)s?\s*)?" + _MARKER_RUN + r"[,:;]?\s*",
+    re.IGNORECASE,
+)
 MIN_CHARS = 2
 """Shorter pieces (a stray bullet, a lone marker) are not sentences."""
 
@@ -36,9 +44,10 @@ class Sentence:
 
     @property
     def claim(self) -> str:
-        """The sentence without its citation markers and list bullet: what is scored."""
-        text = _MARKER.sub(" ", self.text)
-        text = re.sub(r"^\s*(?:[-*\u2022]|\d{1,3}[.)])\s+", "", text)
+        """What is scored: the sentence without its list bullet, an attribution lead-in whose
+        object is a marker (``According to [1],``) and its citation markers."""
+        text = re.sub(r"^\s*(?:[-*\u2022]|\d{1,3}[.)])\s+", "", self.text)
+        text = _MARKER.sub(" ", _ATTRIBUTION.sub("", text, count=1))
         return " ".join(text.split())
 
 

@@ -3,6 +3,7 @@ stored after the answer, shown in the query's view, and without effect on answer
 
 from __future__ import annotations
 
+import threading
 import uuid
 from pathlib import Path
 from typing import Any
@@ -10,7 +11,8 @@ from typing import Any
 import pytest
 
 from app.db import Answer, AnswerGrounding, AnswerSource, prepare
-from app.grounding import ground_stored, install_hooks
+from app.grounding import ground_stored, install_hooks, wait_for_grounding
+from app.grounding.background import GroundingBacklog
 from app.grounding.hooks import ground_answer
 from app.hooks import unregister_after_answer
 from app.lifecycle.queries import (
@@ -139,3 +141,44 @@ def test_a_grounding_checkpoint_that_cannot_load_refuses_the_worker(
     res = _resources(settings, grounding=True, grounding_model=tmp_path / "nowhere")
     with pytest.raises(ScorerLoadError, match="nowhere"):
         res.warm(answer=True, ingest=False)
+
+
+class _HeldScorer:
+    """The real scorer, held at a gate: the test decides when grounding may finish."""
+
+    def __init__(self, scorer: Any) -> None:
+        self.scorer, self.name, self.threshold = scorer, scorer.name, scorer.threshold
+        self.gate, self.entered = threading.Event(), threading.Event()
+
+    def support(self, claims: Any, passages: Any) -> Any:
+        self.entered.set()
+        assert self.gate.wait(60), "the test never opened the gate"
+        return self.scorer.support(claims, passages)
+
+
+def test_a_worker_grounds_on_its_own_thread_after_the_task_returned(
+    settings: Settings, hooked: Any
+) -> None:
+    res = _resources(settings, grounding=True)
+    tenant = f"t-{uuid.uuid4().hex[:8]}"
+    assert res.retrieval.ingest(
+        [ROOT / "demo" / "corpus" / "assert.md"], collection="docs", tenant=tenant
+    ).ok
+    held = _HeldScorer(res.grounding_scorer)
+    res._grounding_scorer = held
+    res.grounding_backlog = GroundingBacklog()
+    try:
+        qid = _submit(res, tenant, max_tokens=12, num_speculative_tokens=3)
+        # The task returns while the grounding thread is still held in the scorer.
+        assert answer_query(res, qid, host="test") == "succeeded"
+        assert held.entered.wait(60)
+        with res.session_factory() as session:
+            query = get_query(session, qid, None)
+            assert query is not None and query.status == "succeeded"
+            assert "grounding" not in query_json(query)
+        held.gate.set()
+        view = query_json(wait_for_grounding(res.session_factory, qid, timeout=60))
+        assert view["grounding"]["scorer"] == "fused-bm25-minilm"
+    finally:
+        held.gate.set()
+        res.close()

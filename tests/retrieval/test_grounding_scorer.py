@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from retrieval import Embedder
@@ -85,3 +86,41 @@ def test_a_checkpoint_that_cannot_load_is_named(tmp_path: Path) -> None:
     three = _tiny_cross_encoder(tmp_path / "x", {0: "a", 1: "b", 2: "c"})
     with pytest.raises(ScorerLoadError, match="entailment"):
         CrossEncoderScorer(three)
+
+
+class _Counting:
+    """The real embedder, counting the texts it is asked to encode."""
+
+    def __init__(self, embedder: Embedder) -> None:
+        self.embedder = embedder
+        self.texts: list[str] = []
+
+    def encode(self, texts: list[str]) -> np.ndarray:
+        self.texts += texts
+        return self.embedder.encode(texts)
+
+
+def test_a_passage_cited_again_is_not_encoded_again(embedder: Embedder) -> None:
+    counting = _Counting(embedder)
+    scorer = FusedScorer(counting, cache_passages=1)
+    claims = ["Assert statements insert debugging assertions into a program."]
+    first = scorer.support(claims, [PASSAGE, OTHER]).scores
+    assert PASSAGE in counting.texts and OTHER in counting.texts
+    assert len(counting.texts) == 1 + 2 + 3 + 1  # the claim, both passages, their sentences
+    counting.texts.clear()
+    again = scorer.support(claims, [OTHER]).scores  # the one passage kept
+    assert counting.texts == claims
+    counting.texts.clear()
+    scorer.support(claims, [PASSAGE])  # evicted by the bound of one: encoded afresh
+    assert PASSAGE in counting.texts
+    assert again[0, 0] == pytest.approx(first[0, 1], abs=1e-6)
+
+
+def test_length_sorted_batches_give_the_scores_of_one_batch(embedder: Embedder) -> None:
+    claims = ["The code generator emits no code for an assert statement.", "It is async."]
+    passages = [PASSAGE, OTHER, PASSAGE[:90]]
+    uncached = FusedScorer(embedder, cache_passages=0)
+    feats, _ = uncached.features(claims, passages)
+    vectors = embedder.encode([*claims, *passages])  # everything padded into one batch
+    cosine = vectors[:2] @ vectors[2:].T
+    assert feats[:, :, 2] == pytest.approx(cosine, abs=1e-5)

@@ -30,6 +30,23 @@ def test_sentences_keep_their_spans_and_markers() -> None:
     assert said[4].claim == "item two"
 
 
+def test_an_attribution_to_a_marker_is_not_part_of_the_claim() -> None:
+    text = (
+        'According to [1], "The except clause, if present, must be last." As stated in [2]: it '
+        "matches. In [1][3] the value is 3. According to the manual, it is 4 [2]. In Python it is 5."
+    )
+    said = split_sentences(text)
+    assert [s.claim for s in said] == [
+        '"The except clause, if present, must be last."',
+        "it matches.",
+        "the value is 3.",
+        "According to the manual, it is 4 .",  # no marker as its object: a claim of its own
+        "In Python it is 5.",
+    ]
+    assert [s.markers for s in said] == [(1,), (2,), (1, 3), (2,), ()]
+    assert all(text[s.start : s.end] == s.text for s in said)  # the text itself is kept
+
+
 def test_a_lone_marker_line_cites_the_sentence_before_it() -> None:
     said = split_sentences("It ends here.\n\n[2]")
     assert len(said) == 1 and said[0].markers == (2,) and said[0].end == len("It ends here.\n\n[2]")

@@ -1,0 +1,212 @@
+"""Service throughput with grounding on against off, side by side on one host: the demo pair.
+
+    python -m benchmarks.grounding_throughput --out runs/grounding_throughput.json
+
+The held-out questions of ``benchmarks.instruct_goals`` (30 by default) are queued at once on
+one live worker (Redis, PostgreSQL, the shipped pair, the demo corpus ingested once), first with
+grounding off, then with a fresh worker with grounding on (its scorer starts with no passage
+kept). Per run: queries per second from the first query queued to the last one ``succeeded``
+(what the service's throughput is), and with grounding on also to the last grounding stored (the
+grounding thread may still work after the last answer). Answers are compared question by
+question: grounding must not change them.
+
+Needs PostgreSQL on 127.0.0.1:5432 and ``redis-server`` (a private one is started).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.instruct_goals import held_out_questions
+from benchmarks.support import (
+    RedisServer,
+    create_database,
+    database_url,
+    drop_database,
+    goal,
+    write_result,
+)
+
+GOALS = [
+    goal(
+        "grounding",
+        "Demo pair, held-out questions queued at once on one worker: throughput with grounding on "
+        "against off (within 5%)",
+        "throughput_on_pct",
+        ">=",
+        95.0,
+        "%",
+    ),
+    goal(
+        "grounding",
+        "Demo pair, the same queries: answers identical with grounding on and off",
+        "identical_answers",
+        "==",
+        True,
+    ),
+]
+"""The rows of docs/results.md this benchmark backs (``write_result`` reads them)."""
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    """Both runs' timings and answers."""
+    from app.db import make_engine, make_session_factory
+    from app.db.schema import upgrade
+    from app.lifecycle.queries import get_or_create_tenant
+    from app.resources import Resources
+    from app.settings import Settings
+
+    questions = [q["question"] for q in held_out_questions(args.questions)]
+    dbname = create_database()
+    redis = RedisServer(work)
+    redis.start()
+    out: dict[str, Any] = {}
+    try:
+        base = Settings(
+            data_dir=work / "data", database_url=database_url(dbname), broker_url=redis.url(0),
+            target_model=Path(args.models) / "target", draft_model=Path(args.models) / "draft",
+            device="cpu", torch_threads=1, worker_concurrency=1,
+            max_tokens_limit=args.max_tokens, default_top_k=args.top_k,
+        )  # fmt: skip
+        engine = make_engine(base)
+        upgrade(engine)
+        factory = make_session_factory(engine)
+        corpus = sorted((ROOT / "demo" / "corpus").glob("*.md"))
+        Resources(base, factory).retrieval.ingest(corpus, collection="demo", tenant="bench")
+        with factory() as session:
+            tenant = get_or_create_tenant(session, "bench")
+        for mode in ("off", "on"):
+            settings = base.model_copy(update={"grounding": mode == "on"})
+            out[mode] = one_run(mode, settings, factory, tenant, questions, args, work)
+        engine.dispose()
+    finally:
+        redis.stop()
+        drop_database(dbname)
+    return out
+
+
+def one_run(
+    mode: str,
+    settings: Any,
+    factory: Any,
+    tenant: Any,
+    questions: list[str],
+    args: argparse.Namespace,
+    work: Path,
+) -> dict[str, Any]:
+    """One worker with ``settings``: the questions queued at once, timed to the last answer."""
+    from sqlalchemy import func, select
+
+    from app.db import AnswerGrounding, Query
+    from app.lifecycle.outbox import send_and_mark
+    from app.lifecycle.queries import create_query, validate_request
+    from workers import create_celery, send_query
+    from workers.process import WorkerProcess, settings_env
+
+    worker = WorkerProcess(settings_env(settings), work / f"worker-{mode}.log",
+                           name=f"throughput-{mode}", cwd=ROOT).start()  # fmt: skip
+    try:
+        worker.wait_ready(timeout=900)
+        celery = create_celery(settings)
+
+        def submit(question: str) -> Any:
+            request = validate_request(settings, {
+                "question": question, "collection": "demo", "max_tokens": args.max_tokens,
+                "method": args.method, "num_speculative_tokens": 4,
+            })  # fmt: skip
+            with factory() as session:
+                query, _ = create_query(session, tenant, request, source="benchmark")
+            send_and_mark(
+                factory, query.id, "answer", lambda q, queue: send_query(celery, q, queue)
+            )
+            return query.id
+
+        def count(ids: list[Any], grounded: bool) -> int:
+            with factory() as session:
+                if grounded:
+                    stmt = select(func.count()).select_from(AnswerGrounding).where(
+                        AnswerGrounding.query_id.in_(ids))  # fmt: skip
+                else:
+                    stmt = select(func.count()).select_from(Query).where(
+                        Query.id.in_(ids), Query.status.in_(("queued", "running")))  # fmt: skip
+                return int(session.scalar(stmt) or 0)
+
+        warm = [submit(f"{questions[0]} (warm-up {mode})")]
+        while count(warm, grounded=False):
+            time.sleep(0.05)
+        ids = [submit(q) for q in questions]
+        deadline = time.monotonic() + 1800
+        while count(ids, grounded=False) or (mode == "on" and count(ids, True) < len(ids)):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"grounding {mode}: queries or groundings still open")
+            time.sleep(0.05)
+        with factory() as session:
+            rows = session.scalars(select(Query).where(Query.id.in_(ids))).all()
+            first = min(r.queued_at for r in rows)
+            last = max(r.done_at or r.queued_at for r in rows)
+            answers = {r.question: (r.answer.text if r.answer else None) for r in rows}
+            stored = session.scalars(
+                select(AnswerGrounding.created_at).where(AnswerGrounding.query_id.in_(ids))
+            ).all()
+            return {
+                "queries": len(ids),
+                "statuses": sorted({str(r.status) for r in rows}),
+                "span_s": (last - first).total_seconds(),
+                "grounded": len(stored),
+                "span_to_last_grounding_s": (max(stored) - first).total_seconds()
+                if stored
+                else None,
+                "answers": answers,
+            }
+    finally:
+        worker.stop()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default=str(ROOT / "models" / "demo"))
+    ap.add_argument("--questions", type=int, default=30)
+    ap.add_argument("--max-tokens", type=int, default=96)
+    ap.add_argument("--method", default="draft_model")
+    ap.add_argument("--top-k", type=int, default=3)
+    ap.add_argument("--out", type=Path, default=Path("runs/grounding_throughput.json"))
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="grounding-throughput-") as tmp:
+        r = run(args, Path(tmp))
+    off, on = r["off"], r["on"]
+    qps_off, qps_on = off["queries"] / off["span_s"], on["queries"] / on["span_s"]
+    same = sum(on["answers"][q] == off["answers"][q] for q in off["answers"])
+    figures = {
+        "queries": off["queries"],
+        "queries_per_s_off": round(qps_off, 3),
+        "queries_per_s_on": round(qps_on, 3),
+        "throughput_on_pct": round(100 * qps_on / qps_off, 1),
+        "queries_per_s_on_to_last_grounding": round(
+            on["queries"] / on["span_to_last_grounding_s"], 3
+        )
+        if on["span_to_last_grounding_s"]
+        else None,
+        "grounded_on": on["grounded"],
+        "identical_answers": same == len(off["answers"]),
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"figures": figures, "runs": r}, indent=2, default=str) + "\n")
+    print(json.dumps(figures, indent=2))
+    notes = {
+        "throughput_on_pct": f"{qps_on:.3f} queries/s on, {qps_off:.3f} off, {off['queries']} "
+        f"queries; to the last grounding stored: "
+        f"{figures['queries_per_s_on_to_last_grounding']} queries/s",
+        "identical_answers": f"{same} of {len(off['answers'])} answers identical",
+    }
+    write_result("grounding_throughput", figures, GOALS, notes)
+
+
+if __name__ == "__main__":
+    main()
