@@ -184,7 +184,15 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             load = [os.getloadavg()[0]]
             started = time.monotonic()
             cold: dict[str, list[dict[str, Any]]] = {m: [] for m in METHODS}
-            for i, item in enumerate(trace):
+            # Past --stop-after minutes, the three tenants' asks stop where they are (the fresh
+            # set still runs: its tenant learns only from itself); the result holds what ran.
+            stop = started + args.stop_after * 60 if args.stop_after else None
+            ran = []
+            for item in trace:
+                if stop is not None and item["kind"] != "fresh" and time.monotonic() > stop:
+                    continue
+                i = len(ran)
+                ran.append(item)
                 shift = i % len(METHODS)
                 for method in METHODS[shift:] + METHODS[:shift]:
                     view = ask(f"{method}-{item['tenant']}", item["question"], method)
@@ -192,6 +200,9 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                 if (i + 1) % 20 == 0:
                     note(f"{i + 1}/{len(trace)} asks x {len(METHODS)} methods")
             cold_s = time.monotonic() - started
+            if len(ran) < len(trace):
+                note(f"stopped after {args.stop_after} min: {len(ran)} of {len(trace)} asks")
+            trace = ran
             load.append(os.getloadavg()[0])
             worker.stop()
             note("warm case: a new worker, its trees rebuilt from the stored answers")
@@ -325,7 +336,9 @@ def result_figures(result: dict[str, Any]) -> tuple[dict[str, Any], dict[str, st
         return "n/a" if not mine or not theirs else f"{mine / theirs:.2f}x"
 
     figures["warm_repeat_mal"] = table["suffix_warm"]["repeat"]["mean_acceptance_length"]
-    mal = {m: table[m]["repeat"]["mean_acceptance_length"] for m in ("suffix", "draft_model")}
+    mal = {
+        m: table[m]["repeat"]["mean_acceptance_length"] or 0.0 for m in ("suffix", "draft_model")
+    }
     forms = result.get("repeat_forms", {})
 
     def cold(kind: str, field: str, base: str) -> str:
@@ -362,6 +375,12 @@ def main() -> None:
         "--suffix-k", type=int, default=None,
         help="k of suffix (default: the service's, 'auto': its drafts follow the match).",
     )  # fmt: skip
+    parser.add_argument(
+        "--stop-after",
+        type=float,
+        default=None,
+        help="Minutes after which the 3 tenants' asks stop (the fresh set runs).",
+    )
     parser.add_argument("--threads", type=int, default=1, help="The worker's torch threads.")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=None, help="Write the JSON here too.")
