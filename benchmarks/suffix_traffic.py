@@ -187,6 +187,13 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             # Past --stop-after minutes, the three tenants' asks stop where they are (the fresh
             # set still runs: its tenant learns only from itself); the result holds what ran.
             stop = started + args.stop_after * 60 if args.stop_after else None
+            if args.stop_at:  # a UTC clock time, HH:MM (today)
+                hours, minutes = (int(x) for x in args.stop_at.split(":"))
+                now = time.gmtime()
+                left = (hours * 60 + minutes) * 60 - (
+                    now.tm_hour * 3600 + now.tm_min * 60 + now.tm_sec
+                )
+                stop = min(stop or float("inf"), started + left)
             ran = []
             for item in trace:
                 if stop is not None and item["kind"] != "fresh" and time.monotonic() > stop:
@@ -201,7 +208,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                     note(f"{i + 1}/{len(trace)} asks x {len(METHODS)} methods")
             cold_s = time.monotonic() - started
             if len(ran) < len(trace):
-                note(f"stopped after {args.stop_after} min: {len(ran)} of {len(trace)} asks")
+                note(f"stopped on time: {len(ran)} of {len(trace)} asks")
             trace = ran
             load.append(os.getloadavg()[0])
             worker.stop()
@@ -380,6 +387,9 @@ def main() -> None:
         type=float,
         default=None,
         help="Minutes after which the 3 tenants' asks stop (the fresh set runs).",
+    )
+    parser.add_argument(
+        "--stop-at", default=None, help="The same at a UTC clock time, HH:MM (today)."
     )
     parser.add_argument("--threads", type=int, default=1, help="The worker's torch threads.")
     parser.add_argument("--seed", type=int, default=0)
