@@ -148,7 +148,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         with scratch_database("specrag_suffix") as url:
             settings = Settings(
                 data_dir=work / "data", database_url=url, broker_url=redis.url(0),
-                device="cpu", worker_concurrency=1, torch_threads=args.threads,
+                device="cpu", dtype=args.dtype, worker_concurrency=1, torch_threads=args.threads,
                 max_tokens_limit=args.max_tokens, eagle_model=None,
                 max_speculative_tokens=max(args.k, args.suffix_k or 0, 8),
             )  # fmt: skip
@@ -390,6 +390,12 @@ def main() -> None:
     )
     parser.add_argument(
         "--stop-at", default=None, help="The same at a UTC clock time, HH:MM (today)."
+    )
+    parser.add_argument(
+        "--dtype",
+        default="auto",
+        choices=("auto", "float32", "bfloat16"),
+        help="The worker's dtype (auto: bfloat16 where the CPU has AVX-512 BF16).",
     )
     parser.add_argument("--threads", type=int, default=1, help="The worker's torch threads.")
     parser.add_argument("--seed", type=int, default=0)
