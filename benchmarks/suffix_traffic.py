@@ -199,7 +199,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                     now.tm_hour * 3600 + now.tm_min * 60 + now.tm_sec
                 )
                 stop = min(stop or float("inf"), started + left)
-            ran = []
+            ran: list[dict[str, Any]] = []
             for item in trace:
                 if stop is not None and item["kind"] != "fresh" and time.monotonic() > stop:
                     continue
