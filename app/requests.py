@@ -101,9 +101,13 @@ class QueryRequest(BaseModel):
         description=f"{METHOD_CHOICES} (default: SPECRAG_DEFAULT_METHOD).",
     )
     num_speculative_tokens: StrictInt | Literal["auto"] = Field(
-        default=DEFAULT_NUM_SPECULATIVE_TOKENS,
+        default=None,
         validate_default=True,
-        description="Draft tokens per verification round, k >= 1, or 'auto'.",
+        description=(
+            f"Draft tokens per verification round, k >= 1, or 'auto' (default "
+            f"{DEFAULT_NUM_SPECULATIVE_TOKENS}; for suffix 'auto': its trees decide each "
+            f"round's length, up to SPECRAG_SUFFIX_MAX_SPECULATIVE_TOKENS)."
+        ),
     )
     max_tokens: StrictInt = Field(
         default=None,
@@ -161,9 +165,15 @@ class QueryRequest(BaseModel):
 
     @field_validator("num_speculative_tokens", mode="before")
     @classmethod
-    def _k_default(cls, value: Any) -> Any:
+    def _k_default(cls, value: Any, info: ValidationInfo) -> Any:
         if value is None:
-            return DEFAULT_NUM_SPECULATIVE_TOKENS
+            # A suffix draft's length follows its match (a long one where the scope has answered
+            # the same question before), which a fixed k would cut.
+            return (
+                "auto"
+                if info.data.get("method") == Method.SUFFIX
+                else DEFAULT_NUM_SPECULATIVE_TOKENS
+            )
         if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= 6:
             # The CLI and JSONL files may spell k as text -- in ASCII digits, and short: int()
             # also reads other scripts' digits ("٤") and refuses thousands of digits.

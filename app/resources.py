@@ -295,6 +295,7 @@ def engine_config(settings: Settings) -> EngineConfig:
     fields: dict[str, Any] = {
         "max_batch_size": worker_concurrency(settings),
         "max_speculative_tokens": settings.max_speculative_tokens,
+        "suffix_max_speculative_tokens": settings.suffix_max_speculative_tokens,
     }
     if settings.prefill_chunk is not None:
         fields["prefill_chunk"] = settings.prefill_chunk

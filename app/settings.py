@@ -152,6 +152,26 @@ class Settings(BaseSettings):
         ge=1,
         description="Most recent answers per tenant and collection in a worker's suffix trees.",
     )
+    suffix_prompt_tokens: int = Field(
+        default=32,
+        ge=0,
+        le=64,
+        description=(
+            "Last prompt tokens a worker's suffix trees hold before each answer: a repeated "
+            "question's prompt ends the same way, so its answer is drafted from the first token "
+            "(0: answers alone; at most the trees' depth, 64)."
+        ),
+    )
+    suffix_max_speculative_tokens: int = Field(
+        default=32,
+        ge=1,
+        le=64,
+        description=(
+            "Longest draft of a suffix query asking k 'auto' (the default for suffix): its trees "
+            "decide each round's length from the match, up to this (vLLM's "
+            "num_speculative_tokens for its suffix proposer)."
+        ),
+    )
     suffix_sync_seconds: float = Field(
         default=30.0,
         gt=0,

@@ -12,7 +12,8 @@ from the run itself. Then the warm case: the worker restarts (its trees rebuilt 
 answers) and ``suffix`` asks the same trace again.
 
 Reported per method and per kind of ask (``new``, ``repeat``, ``fresh``): mean acceptance length
-(1 + accepted / drafts, summed), generation tokens/s (output tokens over generation_ms, summed),
+(1 + accepted / drafts, summed), generation tokens/s (output tokens over generation_ms, summed;
+the goals' figure), decode tokens/s (tokens after the first over generation_ms less ttft_ms),
 and over the whole trace p50 / p95 of the stored total latency; whether every answer equals
 ``none``'s; the goals' ratios. Needs PostgreSQL on 127.0.0.1:5432 and ``redis-server``.
 """
@@ -81,7 +82,8 @@ def build_trace(
     slices: list[list[Path]], n: int, fresh: int, repeat: float, seed: int
 ) -> list[dict[str, Any]]:
     """``n`` interleaved asks of tenants 0..2 (``repeat`` of them again an earlier question of
-    the same tenant), then ``fresh`` new asks of tenant 3; each ``{tenant, question, kind}``."""
+    the same tenant), then ``fresh`` new asks of tenant 3; each ``{tenant, question, kind}``, a
+    repeat also its ``form`` (``exact`` or ``paraphrase``) and the question it repeats (``of``)."""
     rng = random.Random(seed)
     pools = []
     for files in slices:
@@ -96,7 +98,8 @@ def build_trace(
             q = rng.choice(asked[t])
             form = rng.choice(PARAPHRASES)
             trace.append({"tenant": t, "question": form.format(q=q, lower=q.lower()),
-                          "kind": "repeat"})  # fmt: skip
+                          "kind": "repeat", "form": "exact" if form == "{q}" else "paraphrase",
+                          "of": q})  # fmt: skip
         else:
             q = pools[t].pop()
             asked[t].append(q)
@@ -112,6 +115,8 @@ def sums(views: list[dict[str, Any]]) -> dict[str, Any]:
     accepted = sum(s["num_accepted_tokens"] or 0 for s in stats)
     gen_ms = sum(s["generation_ms"] for s in stats)
     totals = [s["total_ms"] for s in stats]
+    decode_ms = sum(s["generation_ms"] - (s.get("ttft_ms") or 0.0) for s in stats)
+    after_first = sum(max(s["num_output_tokens"] - 1, 0) for s in stats)
     return {
         "answers": len(stats),
         "failed": len(views) - len(stats),
@@ -119,6 +124,8 @@ def sums(views: list[dict[str, Any]]) -> dict[str, Any]:
         "tokens_per_s": sum(s["num_output_tokens"] for s in stats) / gen_ms * 1000.0
         if gen_ms
         else None,
+        "decode_tokens_per_s": after_first / decode_ms * 1000.0 if decode_ms > 0 else None,
+        "ttft_ms_mean": sum(s.get("ttft_ms") or 0.0 for s in stats) / len(stats) if stats else None,
         "total_ms_p50": quantile(totals, 0.5),
         "total_ms_p95": quantile(totals, 0.95),
     }
@@ -146,9 +153,9 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         with scratch_database("specrag_suffix") as url:
             settings = Settings(
                 data_dir=work / "data", database_url=url, broker_url=redis.url(0),
-                device="cpu", worker_concurrency=1, torch_threads=args.threads,
+                device="cpu", dtype=args.dtype, worker_concurrency=1, torch_threads=args.threads,
                 max_tokens_limit=args.max_tokens, eagle_model=None,
-                max_speculative_tokens=max(args.k, args.suffix_k),
+                max_speculative_tokens=max(args.k, args.suffix_k or 0, 8),
             )  # fmt: skip
             engine = make_engine(settings)
             sf = make_session_factory(engine)
@@ -164,7 +171,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             celery = create_celery(settings)
 
             def ask(tenant: str, question: str, method: str) -> dict[str, Any]:
-                k = args.suffix_k if method == "suffix" else args.k
+                k = args.suffix_k if method == "suffix" else args.k  # None: the service's
                 body = {"question": question, "collection": "demo", "method": method,
                         "max_tokens": args.max_tokens, "num_speculative_tokens": k}  # fmt: skip
                 request = validate_request(settings, body)
@@ -179,9 +186,25 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
 
             for method in METHODS:  # kernels and adaptive costs, in a tenant of its own
                 ask("warm-up", "What is this document about?", method)
+            load = [os.getloadavg()[0]]
             started = time.monotonic()
             cold: dict[str, list[dict[str, Any]]] = {m: [] for m in METHODS}
-            for i, item in enumerate(trace):
+            # Past --stop-after minutes, the three tenants' asks stop where they are (the fresh
+            # set still runs: its tenant learns only from itself); the result holds what ran.
+            stop = started + args.stop_after * 60 if args.stop_after else None
+            if args.stop_at:  # a UTC clock time, HH:MM (today)
+                hours, minutes = (int(x) for x in args.stop_at.split(":"))
+                now = time.gmtime()
+                left = (hours * 60 + minutes) * 60 - (
+                    now.tm_hour * 3600 + now.tm_min * 60 + now.tm_sec
+                )
+                stop = min(stop or float("inf"), started + left)
+            ran: list[dict[str, Any]] = []
+            for item in trace:
+                if stop is not None and item["kind"] != "fresh" and time.monotonic() > stop:
+                    continue
+                i = len(ran)
+                ran.append(item)
                 shift = i % len(METHODS)
                 for method in METHODS[shift:] + METHODS[:shift]:
                     view = ask(f"{method}-{item['tenant']}", item["question"], method)
@@ -189,6 +212,10 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                 if (i + 1) % 20 == 0:
                     note(f"{i + 1}/{len(trace)} asks x {len(METHODS)} methods")
             cold_s = time.monotonic() - started
+            if len(ran) < len(trace):
+                note(f"stopped on time: {len(ran)} of {len(trace)} asks")
+            trace = ran
+            load.append(os.getloadavg()[0])
             worker.stop()
             note("warm case: a new worker, its trees rebuilt from the stored answers")
             worker = start_worker(env, work / "worker2.log", queues="answer", name="warm")
@@ -199,13 +226,16 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             )  # fmt: skip
             ask("warm-up", "What is this document about?", "suffix")
             warm = [ask(f"suffix-{it['tenant']}", it["question"], "suffix") for it in trace]
+            load.append(os.getloadavg()[0])
             worker.stop()  # before its database is dropped
             engine.dispose()
     finally:
         if worker is not None:
             worker.stop()
         redis.stop()
-    return summarise(trace, cold, warm, cold_s, memory_line)
+    result = summarise(trace, cold, warm, cold_s, memory_line)
+    result["load_1min"] = {"start": load[0], "after_cold": load[1], "end": load[-1]}
+    return result
 
 
 def summarise(
@@ -223,6 +253,9 @@ def summarise(
         for kind in kinds:
             table[method][kind] = sums([v for v, it in zip(views, trace, strict=True)
                                         if it["kind"] == kind])  # fmt: skip
+        for form in ("exact", "paraphrase"):
+            table[method][f"repeat_{form}"] = sums([v for v, it in zip(views, trace, strict=True)
+                                                    if it.get("form") == form])  # fmt: skip
     none_answers = [v.get("answer") for v in cold["none"]]
     identical = {
         m: sum(v.get("answer") == a for v, a in zip(views, none_answers, strict=True))
@@ -253,6 +286,10 @@ def summarise(
         met[name] = value is not None and (value < bound if "<" in name else value >= bound)
     return {
         "asks": {k: sum(it["kind"] == k for it in trace) for k in kinds},
+        "repeat_forms": {
+            f: sum(it.get("form") == f for it in trace) for f in ("exact", "paraphrase")
+        },  # fmt: skip
+        "per_ask": per_ask(trace, cold, warm),
         "cold_run_s": cold_s,
         "methods": table,
         "identical_to_none": identical,
@@ -261,6 +298,37 @@ def summarise(
         "warm_worker_memory_line": memory_line.split("suffix memory:")[-1].strip(),
         "host": os.uname().machine,
     }
+
+
+def per_ask(
+    trace: list[dict[str, Any]], cold: dict[str, list[dict[str, Any]]], warm: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """Each ask's figures per method: acceptance length, output tokens, generation ms; a repeat
+    also whether each method's answer equals its method's answer to the question it repeats
+    (a paraphrase may retrieve other passages and answer otherwise)."""
+    first: dict[tuple[int, str], int] = {}
+    rows = []
+    for i, item in enumerate(trace):
+        if item["kind"] != "repeat":
+            first.setdefault((item["tenant"], item["question"]), i)
+        row: dict[str, Any] = {k: item[k] for k in ("tenant", "kind", "form") if k in item}
+        for method, views in [*cold.items(), ("suffix_warm", warm)]:
+            stats = views[i].get("stats") or {}
+            drafts, accepted = stats.get("num_drafts") or 0, stats.get("num_accepted_tokens") or 0
+            cell: dict[str, Any] = {
+                "mal": round(1 + accepted / drafts, 2) if drafts else None,
+                "tokens": stats.get("num_output_tokens"),
+                "generation_ms": round(stats.get("generation_ms") or 0),
+                "ttft_ms": round(stats.get("ttft_ms") or 0),
+            }
+            if item["kind"] == "repeat":
+                j = first.get((item["tenant"], item["of"]))
+                cell["same_answer_as_first"] = (
+                    None if j is None else views[i].get("answer") == views[j].get("answer")
+                )
+            row[method] = cell
+        rows.append(row)
+    return rows
 
 
 def result_figures(result: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
@@ -281,12 +349,27 @@ def result_figures(result: dict[str, Any]) -> tuple[dict[str, Any], dict[str, st
         return "n/a" if not mine or not theirs else f"{mine / theirs:.2f}x"
 
     figures["warm_repeat_mal"] = table["suffix_warm"]["repeat"]["mean_acceptance_length"]
-    mal = {m: table[m]["repeat"]["mean_acceptance_length"] for m in ("suffix", "draft_model")}
+    mal = {
+        m: table[m]["repeat"]["mean_acceptance_length"] or 0.0 for m in ("suffix", "draft_model")
+    }
+    forms = result.get("repeat_forms", {})
+
+    def cold(kind: str, field: str, base: str) -> str:
+        mine, theirs = table["suffix"][kind][field], table[base][kind][field]
+        return "n/a" if not mine or not theirs else f"{mine / theirs:.2f}x"
+
     notes = {
         "repeat_mal_vs_draft_model": f"{asks['repeat']} repeated asks; MAL {mal['suffix']:.2f} "
-        f"vs {mal['draft_model']:.2f}; warm trees: "
+        f"vs {mal['draft_model']:.2f}; exact repeats ({forms.get('exact')}): "
+        f"{cold('repeat_exact', 'mean_acceptance_length', 'draft_model')}, paraphrases "
+        f"({forms.get('paraphrase')}): "
+        f"{cold('repeat_paraphrase', 'mean_acceptance_length', 'draft_model')}; warm trees: "
         f"{warm('repeat', 'mean_acceptance_length', 'draft_model')}",
-        "repeat_tps_vs_none": f"warm trees: {warm('repeat', 'tokens_per_s', 'none')}",
+        "repeat_tps_vs_none": "after the first token (time to it excluded): "
+        f"{cold('repeat', 'decode_tokens_per_s', 'none')}; "
+        f"exact repeats: {cold('repeat_exact', 'tokens_per_s', 'none')}, "
+        f"paraphrases: {cold('repeat_paraphrase', 'tokens_per_s', 'none')}; warm trees: "
+        f"{warm('repeat', 'tokens_per_s', 'none')}",
         "repeat_tps_vs_draft_model": f"warm trees: {warm('repeat', 'tokens_per_s', 'draft_model')}",
         "fresh_tps_vs_ngram": f"{asks['fresh']} fresh asks",
         **{key: f"{sum(asks.values())} asks" for key in FIGURES if key.startswith("trace")},
@@ -304,7 +387,23 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=96)
     parser.add_argument("-k", type=int, default=4, help="k of draft_model and ngram.")
     parser.add_argument(
-        "--suffix-k", type=int, default=16, help="k of suffix (its drafts follow the match)."
+        "--suffix-k", type=int, default=None,
+        help="k of suffix (default: the service's, 'auto': its drafts follow the match).",
+    )  # fmt: skip
+    parser.add_argument(
+        "--stop-after",
+        type=float,
+        default=None,
+        help="Minutes after which the 3 tenants' asks stop (the fresh set runs).",
+    )
+    parser.add_argument(
+        "--stop-at", default=None, help="The same at a UTC clock time, HH:MM (today)."
+    )
+    parser.add_argument(
+        "--dtype",
+        default="auto",
+        choices=("auto", "float32", "bfloat16"),
+        help="The worker's dtype (auto: bfloat16 where the CPU has AVX-512 BF16).",
     )
     parser.add_argument("--threads", type=int, default=1, help="The worker's torch threads.")
     parser.add_argument("--seed", type=int, default=0)

@@ -35,6 +35,10 @@ class EngineConfig:
     suffix_max_depth: int = 64
     """Deepest path of a request's own suffix tree (method ``suffix``): the longest context it
     matches and the longest chain it proposes (a scope's tree has its ``SuffixMemory``'s)."""
+    suffix_max_speculative_tokens: int = 32
+    """Longest draft of a ``suffix`` row asking ``"auto"``: its trees decide the length (the
+    match times ``suffix_max_spec_factor``, ``suffix_min_token_prob``) up to this, as vLLM's
+    ``num_speculative_tokens`` caps its suffix proposer; a fixed k caps it at k instead."""
     suffix_max_spec_factor: float = 1.0
     """A suffix lookup proposes at most this x the matched length (vLLM's
     ``suffix_decoding_max_spec_factor``), and never more than the row's k."""
@@ -63,7 +67,8 @@ class EngineConfig:
     def __post_init__(self) -> None:
         for name in ("max_batch_size", "max_speculative_tokens", "prefill_chunk",
                      "background_prefill_chunk", "batch_prefill_chunk", "ngram_max_n",
-                     "prefix_block_size", "suffix_max_depth"):  # fmt: skip
+                     "prefix_block_size", "suffix_max_depth",
+                     "suffix_max_speculative_tokens"):  # fmt: skip
             value = getattr(self, name)
             if value is None and name == "batch_prefill_chunk":
                 continue  # None: prefill_chunk

@@ -119,7 +119,9 @@ class SpeculativeEngine:
         self.max_speculative_tokens = config.max_speculative_tokens
         models: list[Any] = [self.target_forward, self.draft_forward, self.eagle_head]
         models = [m for m in models if m is not None]
-        capacity = self.max_context + config.max_speculative_tokens + 1  # one round's padding
+        # One round's padding: the widest draft, a fixed or "auto" k or a suffix chain.
+        longest = max(config.max_speculative_tokens, config.suffix_max_speculative_tokens)
+        capacity = self.max_context + longest + 1
         self.kv_bytes_per_slot = slot_bytes(models, capacity)
         """Bytes of KV one request's slot takes, target, draft and head together."""
         self.max_concurrency = plan_slots(

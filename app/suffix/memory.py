@@ -47,11 +47,14 @@ class SharedSuffixMemory:
         max_answers: int,
         sync_seconds: float,
         feed_url: str | None,
+        prompt_tokens: int = 0,
     ) -> None:
         self.memory = memory
         self._sf = session_factory
         self._max = max_answers
         self._sync_seconds = sync_seconds
+        self._prompt_tokens = prompt_tokens
+        """Last prompt tokens held before each answer (``StoredAnswer.held_tokens``)."""
         self._feed = Feed(feed_url) if feed_url else None
         self._started = False
         self._lock = threading.Lock()
@@ -85,6 +88,7 @@ class SharedSuffixMemory:
             max_answers=settings.suffix_max_answers,
             sync_seconds=settings.suffix_sync_seconds,
             feed_url=settings.resolved_stream_url,
+            prompt_tokens=settings.suffix_prompt_tokens,
         )
 
     def fill(self) -> None:
@@ -167,7 +171,9 @@ class SharedSuffixMemory:
             held = self._held.setdefault(answer.scope, {})
         # The trees check the ids (a list of ints within the target's vocabulary) and log a
         # refusal; a refused answer is remembered so that no sync reads or logs it again.
-        if not self.memory.add(answer.scope, str(answer.query_id), answer.token_ids):
+        if not self.memory.add(
+            answer.scope, str(answer.query_id), answer.held_tokens(self._prompt_tokens)
+        ):
             self._refused.add(answer.query_id)
             if not held:
                 self._held.pop(answer.scope, None)

@@ -28,7 +28,8 @@ def scope_of(tenant_id: int, collection: str) -> str:
 
 @dataclass(frozen=True)
 class StoredAnswer:
-    """One answer the trees may hold: where it belongs and its output token ids (unchecked)."""
+    """One answer the trees may hold: where it belongs, its output and prompt token ids
+    (unchecked)."""
 
     query_id: uuid.UUID
     row_id: int
@@ -36,6 +37,24 @@ class StoredAnswer:
     scope: str
     token_ids: object
     """The stored JSON as read: the trees check it (``SuffixMemory.add`` refuses a bad list)."""
+    prompt_token_ids: object = None
+    """The prompt's stored JSON as read (unchecked, like ``token_ids``)."""
+
+    def held_tokens(self, prompt_tokens: int) -> object:
+        """What the trees hold of this answer: the last ``prompt_tokens`` of its prompt, then
+        its output. A repeated question ends its prompt the same way (question, passages, the
+        chat template's turn), so its first draft already matches that far and the answer is
+        proposed from the first token on; without them a draft can only grow with the output
+        matched (one token, then two, four...). A prompt that is not a list is handed on as it
+        is, for the trees to refuse and log."""
+        prompt, output = self.prompt_token_ids, self.token_ids
+        if prompt_tokens == 0:
+            return output
+        if not isinstance(prompt, list):
+            return prompt
+        if not isinstance(output, list):
+            return output
+        return prompt[-prompt_tokens:] + output
 
 
 @dataclass(frozen=True)
@@ -84,6 +103,7 @@ def answers(session: Session, query_ids: Iterable[uuid.UUID]) -> list[StoredAnsw
             AnswerTokens.query_id,
             AnswerTokens.id,
             AnswerTokens.output_token_ids,
+            AnswerTokens.prompt_token_ids,
             Query.tenant_id,
             Query.collection,
         )
@@ -92,6 +112,12 @@ def answers(session: Session, query_ids: Iterable[uuid.UUID]) -> list[StoredAnsw
         .order_by(AnswerTokens.id)
     )
     return [
-        StoredAnswer(r.query_id, r.id, scope_of(r.tenant_id, r.collection), r.output_token_ids)
+        StoredAnswer(
+            r.query_id,
+            r.id,
+            scope_of(r.tenant_id, r.collection),
+            r.output_token_ids,
+            r.prompt_token_ids,
+        )
         for r in rows
     ]

@@ -74,10 +74,14 @@ class Sequence:
 
     @property
     def fixed_k(self) -> int | None:
-        """The k the request asked for, 0 for method ``none``, or None for ``"auto"``."""
+        """The k the request asked for, 0 for method ``none``, or None for ``"auto"``; a
+        ``suffix`` request's ``"auto"`` is its trees' longest chain (they decide each round's
+        length from the match, not the batch's k)."""
         k = self.params.num_speculative_tokens
         if self.params.method == "none":
             return 0
+        if k == "auto" and self.suffix is not None:
+            return self.suffix.max_tokens
         return k if isinstance(k, int) else None
 
     @property

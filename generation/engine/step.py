@@ -134,6 +134,7 @@ class BatchEngine:
             seq.suffix = SuffixProposer(
                 core.suffix_memory, params.suffix_scope, config.suffix_max_depth,
                 config.suffix_max_spec_factor, config.suffix_min_token_prob,
+                config.suffix_max_speculative_tokens,
             )  # fmt: skip
         if params.method != "none":
             seq.acceptance = Acceptance(prior_alpha=core.recent[params.method].alpha)
@@ -180,7 +181,7 @@ class BatchEngine:
             len(rows),
             any(p.uses_draft_model for p in plans),
             any(p.uses_eagle for p in plans),
-            max(ks),
+            drafts.token_ids.shape[1],  # the width verified (a suffix chain may be shorter)
             time.perf_counter() - started,
             any(p.uses_suffix for p in plans),
         )

@@ -213,12 +213,15 @@ class SuffixProposer:
         max_depth: int = 64,
         max_spec_factor: float = 1.0,
         min_token_prob: float = 0.1,
+        max_tokens: int = 32,
     ) -> None:
         self.memory = memory if scope is not None else None
         self.scope = scope
         self.max_depth = max_depth
         self.max_spec_factor = max_spec_factor
         self.min_token_prob = min_token_prob
+        self.max_tokens = max_tokens
+        """Longest chain when the request asks ``"auto"`` (a fixed k caps it at k)."""
         self._tree = suffix_tree_class()(max_depth)
         self._indexed = 0
         self.from_memory = 0

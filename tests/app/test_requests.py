@@ -86,3 +86,12 @@ def test_loose_types_are_refused_naming_the_field(given: dict, field: str) -> No
         validate_request(Settings(), {"question": "Why?", "collection": "docs", **given})
     assert err.value.field == field
     assert "set_int_max_str_digits" not in err.value.message and len(err.value.message) < 300
+
+
+def test_suffix_asks_auto_unless_told(sqlite_settings: Settings) -> None:
+    body = {"question": "q", "collection": "c", "method": "suffix"}
+    assert validate_request(sqlite_settings, body).num_speculative_tokens == "auto"
+    told = validate_request(sqlite_settings, {**body, "num_speculative_tokens": 3})
+    assert told.num_speculative_tokens == 3
+    ngram = validate_request(sqlite_settings, {**body, "method": "ngram"})
+    assert ngram.num_speculative_tokens == DEFAULT_NUM_SPECULATIVE_TOKENS

@@ -84,6 +84,36 @@ def test_greedy_suffix_equals_none(
         assert any(r.stats.num_accepted_tokens < r.stats.num_draft_tokens for r in results[3:5])
 
 
+def test_auto_drafts_the_trees_chain_past_k_max_from_the_first_token(
+    engine: SpeculativeEngine,
+) -> None:
+    """Past answers held after their prompts' last 32 tokens (as the service holds them): a
+    repeated prompt's "auto" rounds draft its whole answer at once, up to
+    ``suffix_max_speculative_tokens`` (32), not ``max_speculative_tokens`` (8)."""
+    memory = engine.suffix_memory
+    assert memory is not None and engine.max_speculative_tokens == 8
+    rng = random.Random(11)
+    prompts = [[rng.randrange(VOCAB) for _ in range(40)] for _ in range(3)]
+    none = SamplingParams(max_new_tokens=MAX_NEW, method="none")
+    answers = [engine.generate(p, none).token_ids for p in prompts]
+    for i, (prompt, answer) in enumerate(zip(prompts, answers, strict=True)):
+        memory.add("tails", f"answer-{i}", prompt[-32:] + answer)
+        memory.add("answers", f"answer-{i}", answer)
+    for prompt, expected in zip(prompts, answers, strict=True):
+        rounds = {}
+        for scope in ("answers", "tails"):
+            params = SamplingParams(max_new_tokens=MAX_NEW, method="suffix",
+                                    num_speculative_tokens="auto", suffix_scope=scope)  # fmt: skip
+            result = engine.generate(prompt, params)
+            assert result.token_ids == expected
+            check_stats_invariants(result.stats, len(result.token_ids), MAX_NEW)
+            rounds[scope] = result.stats.num_drafts
+        # 39 tokens after the first: a round of 32 drafts, then one of the rest, all accepted.
+        assert rounds["tails"] == 2, result.stats
+        assert result.stats.num_accepted_tokens == MAX_NEW - 1 - 2
+        assert rounds["answers"] > rounds["tails"]  # answers alone: chains grow with the match
+
+
 def test_mixed_methods_in_one_batch(engine: SpeculativeEngine, references: list[list[int]]) -> None:
     prompts = _prompts()
     kinds = [("suffix", 4, "seen"), ("ngram", 3, None), ("none", 1, None), ("suffix", "auto", None)]

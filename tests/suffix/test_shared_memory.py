@@ -63,7 +63,7 @@ def make(
     started: list[SharedSuffixMemory] = []
 
     def build(
-        max_answers: int = 5, sync_seconds: float = 60.0, redis: bool = True
+        max_answers: int = 5, sync_seconds: float = 60.0, redis: bool = True, prompt_tokens: int = 0
     ) -> tuple[SharedSuffixMemory, Trees]:
         trees = Trees(max_answers)
         shared = trees.shared = SharedSuffixMemory(
@@ -72,6 +72,7 @@ def make(
             max_answers=max_answers,
             sync_seconds=sync_seconds,
             feed_url=private_redis_db if redis else None,
+            prompt_tokens=prompt_tokens,
         )
         started.append(shared.start())
         return shared, trees
@@ -88,15 +89,23 @@ def answer(
     *,
     collection: str = "docs",
     stored: str | None = None,
+    prompt: Any = (1,),
 ) -> uuid.UUID:
-    """A succeeded query of ``tenant`` whose stored output ids are ``output`` (as written)."""
+    """A succeeded query of ``tenant`` whose stored output (and prompt) ids are ``output`` (and
+    ``prompt``), as written."""
     with sf() as session:
         t = get_or_create_tenant(session, tenant)
         q = Query(tenant_id=t.id, collection=collection, question="q?", status="succeeded",
                   params={"method": "suffix"}, question_stored=stored)  # fmt: skip
         session.add(q)
         session.flush()
-        session.add(AnswerTokens(query_id=q.id, prompt_token_ids=[1], output_token_ids=output))
+        session.add(
+            AnswerTokens(
+                query_id=q.id,
+                prompt_token_ids=list(prompt) if isinstance(prompt, tuple) else prompt,
+                output_token_ids=output,
+            )
+        )
         session.commit()
         return q.id
 
@@ -236,3 +245,22 @@ def test_a_full_scope_keeps_the_newest_answers(sf: Any, make: Any) -> None:
     assert trees.ids(scope(sf, t)) == set(ids[-3:])
     shared.sync()
     assert trees.ids(scope(sf, t)) == set(ids[-3:])
+
+
+def test_the_trees_hold_each_answer_after_its_prompts_last_tokens(
+    sf: Any, make: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    t = _tenant()
+    answer(sf, t, [5, 6, 7, 8], prompt=[70, 71, 72, 73])
+    bad = answer(sf, t, [5, 6, 7, 8], prompt={"ids": [70]})
+    with caplog.at_level(logging.WARNING):
+        _, tails = make(prompt_tokens=3, max_answers=50)
+    _, outputs = make(max_answers=50)
+    # A repeated question's prompt ends the same way: its whole answer is drafted at once.
+    assert tails.proposes(scope(sf, t), [9, 71, 72, 73], k=8) == [5, 6, 7, 8]
+    assert tails.proposes(scope(sf, t), [9, 70, 71, 72], k=8) == [73, 5, 6, 7, 8]
+    # Answers alone: the prompt's end matches nothing (the first prompt token is not held).
+    assert outputs.proposes(scope(sf, t), [9, 71, 72, 73], k=8) == []
+    assert bad not in tails.ids(scope(sf, t))  # a prompt that is not a list: refused, logged
+    assert bad in outputs.ids(scope(sf, t))
+    assert any(str(bad) in r.getMessage() and "skipped" in r.getMessage() for r in caplog.records)
