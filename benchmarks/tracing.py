@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -130,12 +131,14 @@ def _one_round(
         with httpx.Client(timeout=30) as client:
             for _ in range(args.warmup):
                 wait([submit(client)], 120)
+            cpu0 = {"api": _cpu_s(api.pid), "worker": _cpu_s(worker.proc.pid)}  # type: ignore[union-attr]
             burst = [submit(client) for _ in range(args.burst)]
             wait(burst, 1800)
             sequential = []
             for _ in range(args.sequential):
                 sequential.append(submit(client))
                 wait(sequential[-1:], 120)
+            cpu1 = {"api": _cpu_s(api.pid), "worker": _cpu_s(worker.proc.pid)}  # type: ignore[union-attr]
         with factory() as session:
             rows = session.execute(
                 select(Query.queued_at, Query.done_at, Query.status).where(Query.id.in_(burst))
@@ -158,7 +161,17 @@ def _one_round(
         "p50_ms": quantile(totals, 0.5),
         "p95_ms": quantile(totals, 0.95),
         "answered": len(totals),
+        # CPU time per timed query (burst and sequential), API and worker processes.
+        **{
+            f"{k}_cpu_ms": (cpu1[k] - cpu0[k]) * 1000 / (args.burst + args.sequential) for k in cpu0
+        },
     }
+
+
+def _cpu_s(pid: int) -> float:
+    """User and system CPU seconds of process ``pid`` (all its threads) so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def census(spans: list[ReceivedSpan]) -> dict[str, Any]:
@@ -230,11 +243,13 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                     note(f"round {n} {variant}: {row}")
             time.sleep(1.0)  # the last traced round's final batch (its processes flushed at exit)
             spans = sink.spans()
+            if args.keep_spans is not None:
+                shutil.copyfile(sink.path, args.keep_spans)
         engine.dispose()
     finally:
         redis.stop()
         drop_database(dbname)
-    metrics = ("throughput_qps", "p50_ms", "p95_ms")
+    metrics = ("throughput_qps", "p50_ms", "p95_ms", "api_cpu_ms", "worker_cpu_ms")
     med = {v: {m: statistics.median(r[m] for r in rounds if r["variant"] == v) for m in metrics}
            for v in VARIANTS}  # fmt: skip
     paired = {
@@ -251,9 +266,12 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         "throughput_ratio": med["on"]["throughput_qps"] / med["off"]["throughput_qps"],
         "p50_ratio": med["on"]["p50_ms"] / med["off"]["p50_ms"],
         "p95_ratio": med["on"]["p95_ms"] / med["off"]["p95_ms"],
+        "cpu_ms_added": {
+            k: med["on"][f"{k}_cpu_ms"] - med["off"][f"{k}_cpu_ms"] for k in ("api", "worker")
+        },
         "round_ratios": paired,
         "spans": census(spans),
-        "args": {k: v for k, v in vars(args).items() if k != "out"},
+        "args": {k: v for k, v in vars(args).items() if k not in ("out", "keep_spans")},
     }
 
 
@@ -273,25 +291,33 @@ def main() -> None:
         help="A variable for both variants' processes (e.g. SPECRAG_TRACE_SQL=1); repeatable.",
     )  # fmt: skip
     parser.add_argument("--out", type=Path, default=None, help="Write the figures here instead.")
+    parser.add_argument(
+        "--keep-spans",
+        type=Path,
+        default=None,
+        help="Copy the raw exports (testkit/otlp.py's sink file) here.",
+    )
     args = parser.parse_args()
     args.env = dict(e.partition("=")[::2] for e in args.env)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     with tempfile.TemporaryDirectory(prefix="specrag-bench-") as tmp:
         r = run(args, Path(tmp))
-    print("| round | tracing | queries/s (burst) | p50 ms | p95 ms |")
-    print("|---|---|---|---|---|")
-    for row in r["rounds"]:
-        print(f"| {row['round']} | {row['variant']} | {row['throughput_qps']:.2f} | "
-              f"{row['p50_ms']:.1f} | {row['p95_ms']:.1f} |")  # fmt: skip
-    for v in VARIANTS:
-        m = r["median"][v]
-        print(f"| median | {v} | {m['throughput_qps']:.2f} | {m['p50_ms']:.1f} | "
-              f"{m['p95_ms']:.1f} |")  # fmt: skip
+    print(
+        "| round | tracing | queries/s (burst) | p50 ms | p95 ms | API CPU ms/q | worker CPU ms/q |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for label, row in [
+        *((r["round"], r) for r in r["rounds"]),
+        *(("median", {**r["median"][v], "variant": v}) for v in VARIANTS),
+    ]:
+        print(f"| {label} | {row['variant']} | {row['throughput_qps']:.2f} | {row['p50_ms']:.1f} | "
+              f"{row['p95_ms']:.1f} | {row['api_cpu_ms']:.1f} | {row['worker_cpu_ms']:.1f} |")  # fmt: skip
     rr = r["round_ratios"]
     print(f"\ntraced/untraced (ratio of medians; per-round ratios' range): throughput "
           f"{r['throughput_ratio']:.3f} ({_spread(rr['throughput_qps'])}), p50 "
           f"{r['p50_ratio']:.3f} ({_spread(rr['p50_ms'])}), p95 {r['p95_ratio']:.3f} "
-          f"({_spread(rr['p95_ms'])})")  # fmt: skip
+          f"({_spread(rr['p95_ms'])}); CPU added per query: API "
+          f"{r['cpu_ms_added']['api']:.2f} ms, worker {r['cpu_ms_added']['worker']:.2f} ms")  # fmt: skip
     c = r["spans"]
     print(
         f"{c['spans_per_query']:.1f} spans per traced query ({c['query_traces']} query traces; "
@@ -306,6 +332,7 @@ def main() -> None:
         "p50_ratio": round(r["p50_ratio"], 4),
         "round_ratios": {k: [round(x, 4) for x in v] for k, v in rr.items()},
         "median": r["median"],
+        "cpu_ms_added": r["cpu_ms_added"],
         "rounds": r["rounds"],
         "spans": c,
         "args": r["args"],
