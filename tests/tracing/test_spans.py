@@ -34,8 +34,8 @@ def test_off_by_default_and_free() -> None:
     assert not content_allowed(Settings())
 
 
-def _parent() -> Context:
-    ctx = SpanContext(0x1234, 0x5678, is_remote=True, trace_flags=TraceFlags(1))
+def _parent(sampled: bool = True, remote: bool = True) -> Context:
+    ctx = SpanContext(0x1234, 0x5678, is_remote=remote, trace_flags=TraceFlags(int(sampled)))
     return trace.set_span_in_context(NonRecordingSpan(ctx))
 
 
@@ -46,6 +46,18 @@ def test_client_spans_only_inside_a_trace() -> None:
     server = sampler.should_sample(Context(), 1, "POST /v1/queries", SpanKind.SERVER)
     assert orphan.decision == Decision.DROP
     assert inside.decision == server.decision == Decision.RECORD_AND_SAMPLE
+
+
+def test_a_client_span_under_a_dropped_one_is_dropped_too() -> None:
+    # A Redis pipeline's EVALSHA outside any trace is dropped; the SCRIPT EXISTS it sends first
+    # has that dropped span as its parent, and ``always_on`` alone would sample it.
+    sampler = ClientsInsideTraces(ALWAYS_ON)
+    under_dropped = sampler.should_sample(
+        _parent(sampled=False, remote=False), 0x1234, "SCRIPT EXISTS", SpanKind.CLIENT
+    )
+    internal = sampler.should_sample(_parent(sampled=False), 0x1234, "answer query")
+    assert under_dropped.decision == Decision.DROP
+    assert internal.decision == Decision.RECORD_AND_SAMPLE  # always_on's own rule for the rest
 
 
 def test_every_named_sampler_builds() -> None:
