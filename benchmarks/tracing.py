@@ -174,6 +174,11 @@ def _cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _sql(s: ReceivedSpan) -> bool:
+    system = s.attributes.get("db.system.name", s.attributes.get("db.system"))
+    return s.kind == CLIENT and system not in (None, "redis")
+
+
 def census(spans: list[ReceivedSpan]) -> dict[str, Any]:
     """What a traced query exports: spans per query trace (those with an ``answer query``), by
     name and by service, and how many spans arrived outside query traces."""
@@ -191,9 +196,7 @@ def census(spans: list[ReceivedSpan]) -> dict[str, Any]:
         "spans_per_query": inside / n,
         "per_query_by_name": {k: round(v / n, 2) for k, v in names.most_common()},
         "per_query_by_service": {k: round(v / n, 2) for k, v in services.most_common()},
-        "sql_spans_per_query": round(sum(1 for t in queries for s in t if s.kind == CLIENT
-                                         and "db.system" in s.attributes
-                                         or "db.system.name" in s.attributes) / n, 2),
+        "sql_spans_per_query": round(sum(1 for t in queries for s in t if _sql(s)) / n, 2),
         "spans_outside_query_traces": len(spans) - inside,
         "outside_by_name": dict(
             Counter(s.name for t in others for s in t).most_common(8)

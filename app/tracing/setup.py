@@ -139,6 +139,14 @@ def trace_engine(engine: Engine, *, statements: bool) -> Engine:
     return engine
 
 
+def flush(timeout_s: float = 5.0) -> None:
+    """Export what is buffered now (no-op when off). ``specrag api`` calls it as it stops:
+    uvicorn ends a stopped server by raising the signal again, so no exit handler runs there."""
+    provider = _state.provider
+    if provider is not None:
+        provider.force_flush(int(timeout_s * 1000))
+
+
 def shutdown() -> None:
     """Export what is buffered and stop the exporter thread (a process's exit)."""
     provider, _state.provider = _state.provider, None
