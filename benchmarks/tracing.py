@@ -21,7 +21,7 @@ per-round ratios, and the spans a traced query exports by name; writes
 benchmarks/results/tracing.json (``--out`` elsewhere).
 
     flock /tmp/bench.lock env PYTHONPATH=$PWD .venv/bin/python -m benchmarks.tracing \\
-        [--rounds 8] [--burst 120] [--sequential 60] [--env SPECRAG_TRACE_SQL=true]
+        [--rounds 8] [--burst 120] [--sequential 60] [--env SPECRAG_TRACE_SQL=true] [--control]
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ class Deployment:
         self.url = ""
         self.auth: dict[str, str] = {}
 
-    def prepare(self, extra_env: dict[str, str], endpoint: str) -> None:
+    def prepare(self, extra_env: dict[str, str], endpoint: str, *, traced: bool) -> None:
         """Migrate, ingest the demo documents, make a key; start the API and the worker."""
         from app.db import make_engine, make_session_factory
         from app.db.schema import upgrade
@@ -119,7 +119,7 @@ class Deployment:
             self.auth = {"Authorization": f"Bearer {create_key(session, 'bench')}"}
         env = {k: v for k, v in settings_env(settings).items() if not k.startswith("OTEL_")}
         env.update(extra_env)
-        if self.variant == "on":
+        if traced:
             env.update(OTEL_EXPORTER_OTLP_ENDPOINT=endpoint, OTEL_TRACES_SAMPLER="always_on")
         self.worker = WorkerProcess(
             env, self.work / "worker.log", name=f"bench-{self.variant}", cwd=ROOT
@@ -270,7 +270,8 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             for i, variant in enumerate(VARIANTS):
                 (work / variant).mkdir()
                 deployments[variant] = Deployment(variant, work / variant, redis.url(i), models)
-                deployments[variant].prepare(args.env, sink.endpoint)
+                traced = variant == "on" and not args.control
+                deployments[variant].prepare(args.env, sink.endpoint, traced=traced)
             rounds: list[dict[str, Any]] = []
             with httpx.Client(timeout=30) as client:
                 for d in deployments.values():
@@ -340,6 +341,10 @@ def main() -> None:
         "--env", action="append", default=[], metavar="NAME=VALUE",
         help="A variable for both deployments' processes (e.g. SPECRAG_TRACE_SQL=true).",
     )  # fmt: skip
+    parser.add_argument(
+        "--control", action="store_true",
+        help="Trace neither deployment (an A/A run: the ratios' spread with no difference).",
+    )  # fmt: skip
     parser.add_argument("--out", type=Path, default=None, help="Write the figures here instead.")
     parser.add_argument(
         "--keep-spans", type=Path, default=None,
@@ -394,6 +399,8 @@ def main() -> None:
         "p95_ratio": f"all rounds' queries; per-round {_spread(rr['p95_ms'])}; "
         f"{lat['off']['p95_ms']:.0f} ms off",
     }
+    if args.control and args.out is None:
+        return  # an A/A run backs no goal
     write_result("tracing", figures, GOALS, notes, out=args.out)
 
 
