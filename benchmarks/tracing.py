@@ -198,11 +198,19 @@ class Deployment:
             rows = session.execute(
                 select(Query.queued_at, Query.done_at, Query.status).where(Query.id.in_(burst))
             ).all()
-            totals: list[float] = [
-                q.stats.total_ms
+            stats = [
+                q.stats
                 for q in session.scalars(select(Query).where(Query.id.in_(sequential)))
                 if q.stats is not None and q.stats.total_ms is not None
             ]
+        totals = [float(st.total_ms or 0.0) for st in stats]
+        # Where a sequential query's time went: the stored stages, and the rest (claim, prompt,
+        # record, the broker's hop) as total minus them.
+        stages = []
+        for st in stats:
+            parts = {"queue_ms": st.queue_ms or 0.0, "retrieval_ms": st.retrieval_ms or 0.0,
+                     "generation_ms": st.generation_ms or 0.0}  # fmt: skip
+            stages.append({**parts, "rest_ms": float(st.total_ms or 0.0) - sum(parts.values())})
         assert all(r.status == "succeeded" for r in rows), "a burst query did not succeed"
         assert len(totals) == args.sequential, "a sequential query has no stats"
         wall = (max(r.done_at for r in rows) - min(r.queued_at for r in rows)).total_seconds()
@@ -216,6 +224,7 @@ class Deployment:
             "api_cpu_ms": (cpu1["api"] - cpu0["api"]) * 1000 / n,
             "worker_cpu_ms": (cpu1["worker"] - cpu0["worker"]) * 1000 / n,
             "totals_ms": totals,
+            "stages": stages,
         }
 
     def stop(self) -> None:
@@ -310,8 +319,19 @@ def summarize(rounds: list[dict[str, Any]], spans: list[ReceivedSpan], args: Any
     }
     pooled = {v: [t for r in rounds if r["variant"] == v for t in r["totals_ms"]] for v in VARIANTS}
     latency = {v: {"p50_ms": _q(pooled[v], 0.5), "p95_ms": _q(pooled[v], 0.95)} for v in VARIANTS}
+    stages = {
+        v: {
+            k: round(statistics.median(st[k] for r in rounds if r["variant"] == v
+                                       for st in r["stages"]), 2)
+            for k in ("queue_ms", "retrieval_ms", "generation_ms", "rest_ms")
+        }
+        for v in VARIANTS
+    }  # fmt: skip
     return {
-        "rounds": [{k: v for k, v in r.items() if k != "totals_ms"} for r in rounds],
+        "rounds": [
+            {k: v for k, v in r.items() if k not in ("totals_ms", "stages")} for r in rounds
+        ],
+        "stage_medians": stages,
         "median": med,
         "pooled_latency": latency,
         "throughput_ratio": med["on"]["throughput_qps"] / med["off"]["throughput_qps"],
@@ -368,6 +388,8 @@ def main() -> None:
     print(f"\nall rounds' sequential latency: off p50 {lat['off']['p50_ms']:.1f} p95 "
           f"{lat['off']['p95_ms']:.1f} ms, on p50 {lat['on']['p50_ms']:.1f} p95 "
           f"{lat['on']['p95_ms']:.1f} ms")  # fmt: skip
+    for v in VARIANTS:
+        print(f"{v}: sequential stage medians {r['stage_medians'][v]}")
     print(f"traced/untraced (per-round ratios' range): throughput {r['throughput_ratio']:.3f} "
           f"({_spread(rr['throughput_qps'])}), p50 {r['p50_ratio']:.3f} ({_spread(rr['p50_ms'])}), "
           f"p95 {r['p95_ratio']:.3f} ({_spread(rr['p95_ms'])}); CPU per query added: API "
@@ -387,6 +409,7 @@ def main() -> None:
         "round_ratios": {k: [round(x, 4) for x in v] for k, v in rr.items()},
         "median": r["median"],
         "pooled_latency": lat,
+        "stage_medians": r["stage_medians"],
         "cpu_ms_added": r["cpu_ms_added"],
         "rounds": r["rounds"],
         "spans": c,
