@@ -123,3 +123,26 @@ def test_a_tracing_vllm_worker_starts_vllm_with_the_same_endpoint(
     own = Settings(vllm_options={"llm_kwargs": {"otlp_traces_endpoint": "http://other/v1/traces"}})
     assert resources.vllm_options(own)["llm_kwargs"]["otlp_traces_endpoint"] == (
         "http://other/v1/traces")  # fmt: skip
+
+
+def test_heartbeats_run_in_the_context_of_the_query_they_keep() -> None:
+    # Traced, a heartbeat's UPDATE is then a span of the query's trace, not an orphan.
+    import contextvars
+    import threading
+    import uuid
+
+    from app.lifecycle.lease import heartbeat
+
+    current: contextvars.ContextVar[str] = contextvars.ContextVar("current", default="none")
+    seen: list[str] = []
+    beat = threading.Event()
+
+    def session_factory() -> None:
+        seen.append(current.get())
+        beat.set()
+        raise RuntimeError("no database here")  # a failed beat is logged and skipped
+
+    current.set("the query's")
+    with heartbeat(session_factory, uuid.uuid4(), 1, 0.01, 60.0):  # type: ignore[arg-type]
+        assert beat.wait(5)
+    assert seen and set(seen) == {"the query's"}
