@@ -92,7 +92,9 @@ class Deployment:
         self.url = ""
         self.auth: dict[str, str] = {}
 
-    def prepare(self, extra_env: dict[str, str], endpoint: str, *, traced: bool) -> None:
+    def prepare(
+        self, extra_env: dict[str, str], endpoint: str, *, traced: bool, sampler: str = "always_on"
+    ) -> None:
         """Migrate, ingest the demo documents, make a key; start the API and the worker."""
         from app.db import make_engine, make_session_factory
         from app.db.schema import upgrade
@@ -120,7 +122,7 @@ class Deployment:
         env = {k: v for k, v in settings_env(settings).items() if not k.startswith("OTEL_")}
         env.update(extra_env)
         if traced:
-            env.update(OTEL_EXPORTER_OTLP_ENDPOINT=endpoint, OTEL_TRACES_SAMPLER="always_on")
+            env.update(OTEL_EXPORTER_OTLP_ENDPOINT=endpoint, OTEL_TRACES_SAMPLER=sampler)
         self.worker = WorkerProcess(
             env, self.work / "worker.log", name=f"bench-{self.variant}", cwd=ROOT
         ).start()
@@ -280,7 +282,9 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                 (work / variant).mkdir()
                 deployments[variant] = Deployment(variant, work / variant, redis.url(i), models)
                 traced = variant == "on" and not args.control
-                deployments[variant].prepare(args.env, sink.endpoint, traced=traced)
+                deployments[variant].prepare(
+                    args.env, sink.endpoint, traced=traced, sampler=args.sampler
+                )
             rounds: list[dict[str, Any]] = []
             with httpx.Client(timeout=30) as client:
                 for d in deployments.values():
@@ -362,6 +366,11 @@ def main() -> None:
         help="A variable for both deployments' processes (e.g. SPECRAG_TRACE_SQL=true).",
     )  # fmt: skip
     parser.add_argument(
+        "--sampler", default="always_on",
+        help="The traced deployment's OTEL_TRACES_SAMPLER (always_off: the instrumentation's "
+        "cost without spans).",
+    )  # fmt: skip
+    parser.add_argument(
         "--control", action="store_true",
         help="Trace neither deployment (an A/A run: the ratios' spread with no difference).",
     )  # fmt: skip
@@ -422,8 +431,8 @@ def main() -> None:
         "p95_ratio": f"all rounds' queries; per-round {_spread(rr['p95_ms'])}; "
         f"{lat['off']['p95_ms']:.0f} ms off",
     }
-    if args.control and args.out is None:
-        return  # an A/A run backs no goal
+    if (args.control or args.sampler != "always_on") and args.out is None:
+        return  # a control run backs no goal
     write_result("tracing", figures, GOALS, notes, out=args.out)
 
 
