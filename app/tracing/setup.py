@@ -140,11 +140,16 @@ def trace_engine(engine: Engine, *, statements: bool) -> Engine:
 
 
 def flush(timeout_s: float = 5.0) -> None:
-    """Export what is buffered now (no-op when off). ``specrag api`` calls it as it stops:
-    uvicorn ends a stopped server by raising the signal again, so no exit handler runs there."""
+    """Export what is buffered now and log the spans dropped so far (no-op when off).
+
+    ``specrag api`` calls it as it stops: uvicorn ends a stopped server by raising the signal
+    again, so no exit handler (``shutdown``) runs there.
+    """
     provider = _state.provider
     if provider is not None:
         provider.force_flush(int(timeout_s * 1000))
+        if _state.exporter is not None and _state.exporter.dropped:
+            log.warning("tracing: %d spans were dropped (export failed)", _state.exporter.dropped)
 
 
 def shutdown() -> None:
