@@ -512,6 +512,11 @@ class Settings(BaseSettings):
         description="Trace queries when an OTLP endpoint is set (OTEL_EXPORTER_OTLP_ENDPOINT); "
         "false keeps tracing off whatever the OTEL_* variables say.",
     )
+    trace_sql: bool = Field(
+        default=False,
+        description="While tracing, a span per SQL statement (SQLAlchemy's instrumentation): "
+        "about 60% of a query's spans and most of tracing's cost (docs/operations.md, Tracing).",
+    )
 
     # Metrics (app/metrics, docs/metrics.md).
     metrics_port: int | None = Field(

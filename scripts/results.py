@@ -27,7 +27,7 @@ AREAS = {
     "engine": "Engine", "bf16": "bfloat16", "eagle": "EAGLE head", "suffix": "Suffix drafts", "instruct": "Instruct demo pair",
     "batching": "Continuous batching", "prefix reuse": "Prefix reuse", "vllm": "vLLM",
     "serving": "Serving", "service": "Service", "streaming": "Streaming", "batch": "Batch jobs",
-    "tenants": "Tenants", "hostile traffic": "Hostile traffic", "metrics": "Metrics",
+    "tenants": "Tenants", "hostile traffic": "Hostile traffic", "metrics": "Metrics", "tracing": "Tracing",
     "retrieval": "Retrieval", "grounding": "Grounding", "scale-out": "Scale-out", "faults": "Faults", "audit": "Audit",
     "drafts": "Drafts tuned on traffic",
 }  # fmt: skip

@@ -16,6 +16,7 @@ from app.lifecycle.outbox import Sweeper
 from app.metrics import install as install_metrics
 from app.settings import Settings
 from app.tenancy.limits import Enforcer
+from app.tracing import flush as flush_traces
 from app.tracing import instrument_app
 
 
@@ -45,6 +46,7 @@ def create_app(
                 running.stop()
             await stream.close_stream_source(app)
             engine.dispose()
+            flush_traces()  # the last requests' spans: no exit handler runs after uvicorn stops
 
     app = FastAPI(
         title="specrag",

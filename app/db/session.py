@@ -25,8 +25,8 @@ def make_engine(settings: Settings) -> Engine:
             cur.execute("PRAGMA busy_timeout=30000")
             cur.close()
 
-        return trace_engine(engine)
-    return trace_engine(create_engine(url, pool_pre_ping=True))
+        return trace_engine(engine, statements=settings.trace_sql)
+    return trace_engine(create_engine(url, pool_pre_ping=True), statements=settings.trace_sql)
 
 
 def make_session_factory(engine: Engine) -> sessionmaker[Session]:

@@ -14,6 +14,7 @@ everything back at once (its engine died: workers/engine_guard.py).
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import threading
 import time
@@ -124,7 +125,11 @@ def heartbeat(
             except Exception:  # a missed beat is not fatal; the next one may succeed
                 log.exception("heartbeat of query %s failed", query_id)
 
-    thread = threading.Thread(target=beat, name=f"heartbeat-{query_id}", daemon=True)
+    # The beats run in the caller's context: traced, their UPDATEs are the query's (SQL spans).
+    thread = threading.Thread(
+        target=contextvars.copy_context().run, args=(beat,), name=f"heartbeat-{query_id}",
+        daemon=True,
+    )  # fmt: skip
     thread.start()
     try:
         yield

@@ -1,7 +1,7 @@
 """OpenTelemetry for specrag: one trace per query, from the web backend's request to the engine.
 
 - setup.py: ``configure`` (the SDK from ``OTEL_*``, only when an endpoint is set), the FastAPI
-  instrumentation, shutdown; config.py checks the variables; sampling.py, export.py.
+  instrumentation, flush and shutdown; config.py checks the variables; sampling.py, export.py.
 - spans.py: the spans app/ writes by hand, and a stored query's ``traceparent``.
 - genai.py: the generation span's GenAI and ``specrag.spec_decode.*`` attributes.
 
@@ -14,6 +14,7 @@ from app.tracing.setup import (
     configure,
     dropped_spans,
     enabled,
+    flush,
     instrument_app,
     shutdown,
     trace_engine,
@@ -37,6 +38,7 @@ __all__ = [
     "current_traceparent",
     "dropped_spans",
     "enabled",
+    "flush",
     "instrument_app",
     "links_to",
     "read_config",

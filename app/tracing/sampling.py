@@ -3,7 +3,10 @@
 A worker polls its broker (Redis ``BRPOP``), heartbeats its queries and sweeps the outbox from
 threads that carry no trace; instrumented, each of those calls would be a one-span trace of its
 own, thousands an hour, burying the queries' traces and paying their export. A client span
-(SQL, Redis) is kept only inside a trace some traced work began.
+(SQL, Redis) is kept only inside a trace some traced work began: under a sampled parent. A client
+call that makes client calls of its own (a Redis pipeline loading its scripts) is dropped with
+them, whatever the sampler would say of the inner ones (``always_on`` samples a span whose
+parent was dropped).
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from opentelemetry.util.types import Attributes
 
 
 class ClientsInsideTraces(Sampler):
-    """Drops a client span that would start a trace; asks ``inner`` about every other span."""
+    """Drops a client span outside a sampled span; asks ``inner`` about every other span."""
 
     def __init__(self, inner: Sampler) -> None:
         self.inner = inner
@@ -42,12 +45,11 @@ class ClientsInsideTraces(Sampler):
         links: Sequence[Link] | None = None,
         trace_state: object = None,
     ) -> SamplingResult:
-        """DROP for a client span with no parent, else ``inner``'s decision."""
-        if (
-            kind == SpanKind.CLIENT
-            and not get_current_span(parent_context).get_span_context().is_valid
-        ):
-            return SamplingResult(Decision.DROP)
+        """DROP for a client span with no parent or an unsampled one, else ``inner``'s decision."""
+        if kind == SpanKind.CLIENT:
+            parent = get_current_span(parent_context).get_span_context()
+            if not parent.is_valid or not parent.trace_flags.sampled:
+                return SamplingResult(Decision.DROP)
         return self.inner.should_sample(
             parent_context,
             trace_id,

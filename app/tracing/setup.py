@@ -98,7 +98,7 @@ def _start(found: TracingConfig) -> None:
     provider.add_span_processor(BatchSpanProcessor(exporter))
     trace.set_tracer_provider(provider)
     # Publish and run spans with the context in the message headers; Redis commands (broker,
-    # streams, rate windows) inside a traced piece of work. SQL: ``trace_engine``.
+    # streams, rate windows) inside a traced piece of work. SQL: ``trace_engine``, on request.
     CeleryInstrumentor().instrument()
     RedisInstrumentor().instrument()
     _state.exporter, _state.provider = exporter, provider
@@ -112,17 +112,22 @@ def instrument_app(app: FastAPI) -> None:
     from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
 
     excluded = os.environ.get("OTEL_PYTHON_FASTAPI_EXCLUDED_URLS", EXCLUDED_URLS)
-    FastAPIInstrumentor.instrument_app(app, excluded_urls=excluded)
+    # One server span per request: the ASGI ``http receive`` / ``http send`` spans under it (three
+    # a request) time the transport's chunks, not our work, and cost as much as the rest.
+    FastAPIInstrumentor.instrument_app(
+        app, excluded_urls=excluded, exclude_spans=["receive", "send"]
+    )
 
 
-def trace_engine(engine: Engine) -> Engine:
-    """``engine`` with a span per SQL statement run inside traced work; untouched when off.
+def trace_engine(engine: Engine, *, statements: bool) -> Engine:
+    """``engine`` with a span per SQL statement run inside traced work when tracing is on and
+    ``statements`` (``Settings.trace_sql``) asks for them; else untouched, at no cost per statement.
 
     The maintained instrumentation's ``EngineTracer``, attached per engine: its instrumentor
     declares SQLAlchemy < 2.1 and its ``create_engine`` patch imports the asyncio extension
     (greenlet), neither of which holds here, while the event listeners it attaches are 2.1's too.
     """
-    if not enabled():
+    if not enabled() or not statements:
         return engine
     from opentelemetry.instrumentation.sqlalchemy.engine import EngineTracer
     from opentelemetry.metrics import get_meter
@@ -132,6 +137,19 @@ def trace_engine(engine: Engine) -> Engine:
     usage = get_meter(scope).create_up_down_counter("db.client.connections.usage")
     EngineTracer(get_tracer(scope), engine, usage)
     return engine
+
+
+def flush(timeout_s: float = 5.0) -> None:
+    """Export what is buffered now and log the spans dropped so far (no-op when off).
+
+    ``specrag api`` calls it as it stops: uvicorn ends a stopped server by raising the signal
+    again, so no exit handler (``shutdown``) runs there.
+    """
+    provider = _state.provider
+    if provider is not None:
+        provider.force_flush(int(timeout_s * 1000))
+        if _state.exporter is not None and _state.exporter.dropped:
+            log.warning("tracing: %d spans were dropped (export failed)", _state.exporter.dropped)
 
 
 def shutdown() -> None:

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
+from functools import cache
 from typing import TYPE_CHECKING, Any
 
 from app.tracing.setup import enabled
 
 if TYPE_CHECKING:
-    from opentelemetry.trace import Link, Span
+    from opentelemetry.trace import Link, Span, Tracer
 
 TRACER = "specrag"
 """The instrumentation scope of the spans specrag writes by hand."""
@@ -36,11 +37,19 @@ def span(
     return _span(name, dict(attributes or {}), list(links), root)
 
 
+@cache
+def _tracer() -> Tracer:
+    # Once per process: the SDK builds a new tracer (and its scope) on every get_tracer call.
+    from opentelemetry import trace
+
+    return trace.get_tracer(TRACER)
+
+
 @contextmanager
 def _span(name: str, attributes: dict[str, Any], links: list[Link], root: bool) -> Iterator[Span]:
-    from opentelemetry import context, trace
+    from opentelemetry import context
 
-    tracer = trace.get_tracer(TRACER)
+    tracer = _tracer()
     parent = context.Context() if root else None
     clean = {k: v for k, v in attributes.items() if v is not None}
     # Exceptions are recorded by type only: a message may quote the question or the passages.

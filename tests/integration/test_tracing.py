@@ -68,6 +68,7 @@ def _env(settings: Settings, endpoint: str) -> dict[str, str]:
         OTEL_TRACES_SAMPLER="parentbased_always_on",
         OTEL_BSP_SCHEDULE_DELAY="100",  # export within a tenth of a second, not five
         OTEL_EXPORTER_OTLP_TIMEOUT="1",
+        SPECRAG_TRACE_SQL="true",  # the SQL spans are asked for (off by default: their cost)
     )
     return env
 
@@ -160,6 +161,9 @@ def test_one_trace_from_the_clients_traceparent_to_the_engine(traced: Traced) ->
 
     server = _one(spans, "POST /v1/queries")
     assert (server.service, server.kind, server.parent_span_id) == ("specrag-api", SERVER, parent)
+    # One span for the request: no ASGI ``http receive`` / ``http send`` spans under it.
+    assert not [s for s in spans if s.parent_span_id == server.span_id and s.name.startswith(
+        "POST /v1/queries ")]  # fmt: skip
     publish, run = _one(spans, PUBLISH), _one(spans, RUN)
     # Sent by the API's admission, or first by a sweeper (every 0.5 s here) that found it stored:
     # either way inside the stored trace, under the request that stored it.
@@ -178,7 +182,8 @@ def test_one_trace_from_the_clients_traceparent_to_the_engine(traced: Traced) ->
         assert _one(spans, leg).parent_span_id == retrieval.span_id, leg
     assert retrieval.attributes["gen_ai.operation.name"] == "retrieval"
     assert retrieval.attributes["gen_ai.data_source.id"] == traced.collection
-    # The instrumentation libraries' SQL spans, inside the trace (the claim's UPDATE at least).
+    # The instrumentation libraries' SQL spans (SPECRAG_TRACE_SQL), inside the trace (the claim's
+    # UPDATE at least).
     sql = [s for s in spans if s.kind == CLIENT and s.service == "specrag-worker"]
     assert any(by_id.get(s.parent_span_id) == _one(spans, "claim") for s in sql), sql
     # And Redis's: the broker's LPUSH of the message, inside the request that sent it.

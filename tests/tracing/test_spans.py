@@ -34,8 +34,8 @@ def test_off_by_default_and_free() -> None:
     assert not content_allowed(Settings())
 
 
-def _parent() -> Context:
-    ctx = SpanContext(0x1234, 0x5678, is_remote=True, trace_flags=TraceFlags(1))
+def _parent(sampled: bool = True, remote: bool = True) -> Context:
+    ctx = SpanContext(0x1234, 0x5678, is_remote=remote, trace_flags=TraceFlags(int(sampled)))
     return trace.set_span_in_context(NonRecordingSpan(ctx))
 
 
@@ -46,6 +46,18 @@ def test_client_spans_only_inside_a_trace() -> None:
     server = sampler.should_sample(Context(), 1, "POST /v1/queries", SpanKind.SERVER)
     assert orphan.decision == Decision.DROP
     assert inside.decision == server.decision == Decision.RECORD_AND_SAMPLE
+
+
+def test_a_client_span_under_a_dropped_one_is_dropped_too() -> None:
+    # A Redis pipeline's EVALSHA outside any trace is dropped; the SCRIPT EXISTS it sends first
+    # has that dropped span as its parent, and ``always_on`` alone would sample it.
+    sampler = ClientsInsideTraces(ALWAYS_ON)
+    under_dropped = sampler.should_sample(
+        _parent(sampled=False, remote=False), 0x1234, "SCRIPT EXISTS", SpanKind.CLIENT
+    )
+    internal = sampler.should_sample(_parent(sampled=False), 0x1234, "answer query")
+    assert under_dropped.decision == Decision.DROP
+    assert internal.decision == Decision.RECORD_AND_SAMPLE  # always_on's own rule for the rest
 
 
 def test_every_named_sampler_builds() -> None:
@@ -111,3 +123,26 @@ def test_a_tracing_vllm_worker_starts_vllm_with_the_same_endpoint(
     own = Settings(vllm_options={"llm_kwargs": {"otlp_traces_endpoint": "http://other/v1/traces"}})
     assert resources.vllm_options(own)["llm_kwargs"]["otlp_traces_endpoint"] == (
         "http://other/v1/traces")  # fmt: skip
+
+
+def test_heartbeats_run_in_the_context_of_the_query_they_keep() -> None:
+    # Traced, a heartbeat's UPDATE is then a span of the query's trace, not an orphan.
+    import contextvars
+    import threading
+    import uuid
+
+    from app.lifecycle.lease import heartbeat
+
+    current: contextvars.ContextVar[str] = contextvars.ContextVar("current", default="none")
+    seen: list[str] = []
+    beat = threading.Event()
+
+    def session_factory() -> None:
+        seen.append(current.get())
+        beat.set()
+        raise RuntimeError("no database here")  # a failed beat is logged and skipped
+
+    current.set("the query's")
+    with heartbeat(session_factory, uuid.uuid4(), 1, 0.01, 60.0):  # type: ignore[arg-type]
+        assert beat.wait(5)
+    assert seen and set(seen) == {"the query's"}
