@@ -58,10 +58,13 @@ def test_an_engine_is_refused_a_concurrency_it_cannot_hold(tiny_models: dict[str
     assert huge.max_concurrency * huge.kv_bytes_per_slot < 10**9 * engine.kv_bytes_per_slot
     with pytest.raises(ValueError, match=r"SPECRAG_WORKER_CONCURRENCY: .* holds at most"):
         check_concurrency(huge, 10**9)
-    # Allocated once, at the size decided: every slot holds the full context and one round.
+    # Allocated once, at the size decided: every slot holds the full context and one round of
+    # the widest draft (a fixed or "auto" k, or a suffix chain).
     store = engine.kv_stores[0]
     assert store.num_slots == 4
-    assert store.capacity == engine.max_context + engine.max_speculative_tokens + 1
+    widest = max(engine.max_speculative_tokens, engine.config.suffix_max_speculative_tokens)
+    assert widest == 32  # the suffix chain's default is the wider
+    assert store.capacity == engine.max_context + widest + 1
 
 
 def test_an_engine_that_states_its_limit_is_held_to_it() -> None:
