@@ -25,6 +25,8 @@ import platform
 import statistics
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -81,76 +83,93 @@ def judge(row: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def run(args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
-    """Ask the held-out questions through a live worker; each row's view carries its grounding."""
+@contextmanager
+def demo_deployment(
+    args: argparse.Namespace, work: Path, **update: Any
+) -> Iterator[tuple[Any, Any, Any]]:
+    """A deployment of its own for the demo pair: a new PostgreSQL database, a private Redis and
+    the demo corpus ingested for tenant ``bench``; yields its workers' settings (``update`` on
+    top), its session factory and the tenant. Everything is dropped after."""
     from app.db import make_engine, make_session_factory
     from app.db.schema import upgrade
-    from app.grounding import wait_for_grounding
-    from app.lifecycle.outbox import send_and_mark
-    from app.lifecycle.queries import (
-        create_query,
-        get_or_create_tenant,
-        query_view,
-        validate_request,
-    )
+    from app.lifecycle.queries import get_or_create_tenant
     from app.resources import Resources
     from app.settings import Settings
-    from workers import create_celery, send_query
-    from workers.process import WorkerProcess, settings_env
 
-    questions = held_out_questions(args.questions)
     dbname = create_database()
     redis = RedisServer(work)
     redis.start()
-    worker = None
-    rows = []
     try:
         settings = Settings(
             data_dir=work / "data", database_url=database_url(dbname), broker_url=redis.url(0),
             target_model=Path(args.models) / "target", draft_model=Path(args.models) / "draft",
             device="cpu", torch_threads=1, worker_concurrency=1,
-            max_tokens_limit=args.max_tokens, default_top_k=args.top_k, grounding=True,
+            max_tokens_limit=args.max_tokens, default_top_k=args.top_k, **update,
         )  # fmt: skip
         engine = make_engine(settings)
         upgrade(engine)
         factory = make_session_factory(engine)
         corpus = sorted((ROOT / "demo" / "corpus").glob("*.md"))
         Resources(settings, factory).retrieval.ingest(corpus, collection="demo", tenant="bench")
-        worker = WorkerProcess(settings_env(settings), work / "worker.log", name="grounding",
-                               cwd=ROOT).start()  # fmt: skip
-        worker.wait_ready(timeout=900)
-        celery = create_celery(settings)
         with factory() as session:
             tenant = get_or_create_tenant(session, "bench")
-
-        def ask(question: str) -> dict[str, Any]:
-            request = validate_request(settings, {
-                "question": question, "collection": "demo", "max_tokens": args.max_tokens,
-                "method": args.method, "num_speculative_tokens": 4,
-            })  # fmt: skip
-            with factory() as session:
-                query, _ = create_query(session, tenant, request)
-            send_and_mark(
-                factory, query.id, "answer", lambda q, queue: send_query(celery, q, queue)
-            )
-            deadline = time.monotonic() + 900
-            while time.monotonic() < deadline:
-                found = wait_for_grounding(factory, query.id, timeout=0)
-                if found.status == "failed" or getattr(found, "grounding", None) is not None:
-                    return json.loads(json.dumps(query_view(found), default=str))
-                time.sleep(0.1)
-            raise TimeoutError(f"query {query.id} still open")
-
-        ask(f"{questions[0]['question']} (warm-up)")
-        for i, q in enumerate(questions):
-            rows.append({**q, "view": ask(q["question"])})
-            print(f"[{time.strftime('%H:%M:%S')}] {i + 1}/{len(questions)}", flush=True)
+        yield settings, factory, tenant
         engine.dispose()
     finally:
-        if worker is not None:
-            worker.stop()
         redis.stop()
         drop_database(dbname)
+
+
+def submit(
+    settings: Any, factory: Any, tenant: Any, celery: Any, question: str, args: argparse.Namespace
+) -> Any:
+    """Store ``question`` for ``tenant`` (the benchmark's method, k=4) and queue it; its id."""
+    from app.lifecycle.outbox import send_and_mark
+    from app.lifecycle.queries import create_query, validate_request
+    from workers import send_query
+
+    request = validate_request(settings, {
+        "question": question, "collection": "demo", "max_tokens": args.max_tokens,
+        "method": args.method, "num_speculative_tokens": 4,
+    })  # fmt: skip
+    with factory() as session:
+        query, _ = create_query(session, tenant, request, source="benchmark")
+    send_and_mark(factory, query.id, "answer", lambda q, queue: send_query(celery, q, queue))
+    return query.id
+
+
+def run(args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
+    """Ask the held-out questions through a live worker; each row's view carries its grounding."""
+    from app.grounding import wait_for_grounding
+    from app.lifecycle.queries import query_view
+    from workers import create_celery
+    from workers.process import WorkerProcess, settings_env
+
+    questions = held_out_questions(args.questions)
+    rows = []
+    with demo_deployment(args, work, grounding=True) as (settings, factory, tenant):
+        worker = WorkerProcess(settings_env(settings), work / "worker.log", name="grounding",
+                               cwd=ROOT).start()  # fmt: skip
+        try:
+            worker.wait_ready(timeout=900)
+            celery = create_celery(settings)
+
+            def ask(question: str) -> dict[str, Any]:
+                query_id = submit(settings, factory, tenant, celery, question, args)
+                deadline = time.monotonic() + 900
+                while time.monotonic() < deadline:
+                    found = wait_for_grounding(factory, query_id, timeout=0)
+                    if found.status == "failed" or getattr(found, "grounding", None) is not None:
+                        return json.loads(json.dumps(query_view(found), default=str))
+                    time.sleep(0.1)
+                raise TimeoutError(f"query {query_id} still open")
+
+            ask(f"{questions[0]['question']} (warm-up)")
+            for i, q in enumerate(questions):
+                rows.append({**q, "view": ask(q["question"])})
+                print(f"[{time.strftime('%H:%M:%S')}] {i + 1}/{len(questions)}", flush=True)
+        finally:
+            worker.stop()
     return rows
 
 

@@ -22,15 +22,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.grounding_goals import demo_deployment, submit
 from benchmarks.instruct_goals import held_out_questions
-from benchmarks.support import (
-    RedisServer,
-    create_database,
-    database_url,
-    drop_database,
-    goal,
-    write_result,
-)
+from benchmarks.support import goal, write_result
 
 GOALS = [
     goal(
@@ -56,39 +50,13 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
-    """Both runs' timings and answers."""
-    from app.db import make_engine, make_session_factory
-    from app.db.schema import upgrade
-    from app.lifecycle.queries import get_or_create_tenant
-    from app.resources import Resources
-    from app.settings import Settings
-
+    """Both runs' timings and answers, on one deployment (grounding_goals.demo_deployment)."""
     questions = [q["question"] for q in held_out_questions(args.questions)]
-    dbname = create_database()
-    redis = RedisServer(work)
-    redis.start()
     out: dict[str, Any] = {}
-    try:
-        base = Settings(
-            data_dir=work / "data", database_url=database_url(dbname), broker_url=redis.url(0),
-            target_model=Path(args.models) / "target", draft_model=Path(args.models) / "draft",
-            device="cpu", torch_threads=1, worker_concurrency=1,
-            max_tokens_limit=args.max_tokens, default_top_k=args.top_k,
-        )  # fmt: skip
-        engine = make_engine(base)
-        upgrade(engine)
-        factory = make_session_factory(engine)
-        corpus = sorted((ROOT / "demo" / "corpus").glob("*.md"))
-        Resources(base, factory).retrieval.ingest(corpus, collection="demo", tenant="bench")
-        with factory() as session:
-            tenant = get_or_create_tenant(session, "bench")
+    with demo_deployment(args, work) as (base, factory, tenant):
         for mode in ("off", "on"):
             settings = base.model_copy(update={"grounding": mode == "on"})
             out[mode] = one_run(mode, settings, factory, tenant, questions, args, work)
-        engine.dispose()
-    finally:
-        redis.stop()
-        drop_database(dbname)
     return out
 
 
@@ -105,9 +73,7 @@ def one_run(
     from sqlalchemy import func, select
 
     from app.db import AnswerGrounding, Query
-    from app.lifecycle.outbox import send_and_mark
-    from app.lifecycle.queries import create_query, validate_request
-    from workers import create_celery, send_query
+    from workers import create_celery
     from workers.process import WorkerProcess, settings_env
 
     worker = WorkerProcess(settings_env(settings), work / f"worker-{mode}.log",
@@ -116,17 +82,8 @@ def one_run(
         worker.wait_ready(timeout=900)
         celery = create_celery(settings)
 
-        def submit(question: str) -> Any:
-            request = validate_request(settings, {
-                "question": question, "collection": "demo", "max_tokens": args.max_tokens,
-                "method": args.method, "num_speculative_tokens": 4,
-            })  # fmt: skip
-            with factory() as session:
-                query, _ = create_query(session, tenant, request, source="benchmark")
-            send_and_mark(
-                factory, query.id, "answer", lambda q, queue: send_query(celery, q, queue)
-            )
-            return query.id
+        def ask(question: str) -> Any:
+            return submit(settings, factory, tenant, celery, question, args)
 
         def count(ids: list[Any], grounded: bool) -> int:
             with factory() as session:
@@ -138,10 +95,10 @@ def one_run(
                         Query.id.in_(ids), Query.status.in_(("queued", "running")))  # fmt: skip
                 return int(session.scalar(stmt) or 0)
 
-        warm = [submit(f"{questions[0]} (warm-up {mode})")]
+        warm = [ask(f"{questions[0]} (warm-up {mode})")]
         while count(warm, grounded=False):
             time.sleep(0.05)
-        ids = [submit(q) for q in questions]
+        ids = [ask(q) for q in questions]
         deadline = time.monotonic() + 1800
         while count(ids, grounded=False) or (mode == "on" and count(ids, True) < len(ids)):
             if time.monotonic() > deadline:

@@ -100,12 +100,7 @@ class OtlpReceiver:
                 request = ExportTraceServiceRequest()
                 request.ParseFromString(body)
                 receiver._keep(request)
-                reply = ExportTraceServiceResponse().SerializeToString()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/x-protobuf")
-                self.send_header("Content-Length", str(len(reply)))
-                self.end_headers()
-                self.wfile.write(reply)
+                _accept(self)
 
             def log_message(self, *args: Any) -> None:
                 pass
@@ -203,9 +198,18 @@ def _bodies(path: Path) -> list[bytes]:
     return out
 
 
+def _accept(handler: BaseHTTPRequestHandler) -> None:
+    """Answer an export as a collector does: 200 with an empty ExportTraceServiceResponse."""
+    reply = ExportTraceServiceResponse().SerializeToString()
+    handler.send_response(200)
+    handler.send_header("Content-Type", "application/x-protobuf")
+    handler.send_header("Content-Length", str(len(reply)))
+    handler.end_headers()
+    handler.wfile.write(reply)
+
+
 def _sink(path: Path) -> None:
     """The sink process: serve on a free loopback port, print the endpoint, store every export."""
-    reply = ExportTraceServiceResponse().SerializeToString()
     lock = threading.Lock()
     out: IO[bytes] = path.open("ab", buffering=0)
 
@@ -221,11 +225,7 @@ def _sink(path: Path) -> None:
                 return
             with lock:
                 out.write(struct.pack("<I", len(body)) + body)
-            self.send_response(200)
-            self.send_header("Content-Type", "application/x-protobuf")
-            self.send_header("Content-Length", str(len(reply)))
-            self.end_headers()
-            self.wfile.write(reply)
+            _accept(self)
 
         def log_message(self, *args: Any) -> None:
             pass

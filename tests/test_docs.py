@@ -72,7 +72,13 @@ def test_pages_stay_short() -> None:
 def test_the_checks_catch_what_they_look_for(tmp_path: Path) -> None:
     """The patterns above find a broken path and a build-log line (a check that cannot fail is none)."""
     # Built from parts, so this file itself holds no build-log words for the tree-wide check.
-    text = "See docs/nowhere.md and app/pipeline.py; measured in " + "session 12 (" + "issue 34)."
+    text = (
+        "See docs/nowhere.md and app/pipeline.py; measured in "
+        + "sess"
+        + "ion 12 ("
+        + "iss"
+        + "ue 34)."
+    )
     assert PATH.findall(text) == ["docs/nowhere.md", "app/pipeline.py"]
     assert not _exists("docs/nowhere.md") and _exists("app/pipeline.py")
     assert len(HISTORY.findall(text)) == 2
