@@ -31,7 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from app.audit.stats import quantile
-from benchmarks.support import REPO, RedisServer, goal, note, scratch_database, write_result
+from benchmarks.support import DEMO, REPO, RedisServer, goal, note, scratch_database, write_result
+from generation.exactness import SLACK
 
 GOALS = [
     goal("suffix", "Repeated asks through a worker: mean acceptance length suffix / draft_model",
@@ -156,6 +157,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                 device="cpu", dtype=args.dtype, worker_concurrency=1, torch_threads=args.threads,
                 max_tokens_limit=args.max_tokens, eagle_model=None,
                 max_speculative_tokens=max(args.k, args.suffix_k or 0, 8),
+                prefix_cache_mb=args.prefix_cache_mb,
             )  # fmt: skip
             engine = make_engine(settings)
             sf = make_session_factory(engine)
@@ -227,6 +229,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             ask("warm-up", "What is this document about?", "suffix")
             warm = [ask(f"suffix-{it['tenant']}", it["question"], "suffix") for it in trace]
             load.append(os.getloadavg()[0])
+            divergences = judge_divergences(sf, cold, warm, settings.dtype)
             worker.stop()  # before its database is dropped
             engine.dispose()
     finally:
@@ -234,6 +237,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             worker.stop()
         redis.stop()
     result = summarise(trace, cold, warm, cold_s, memory_line)
+    result["divergences"] = divergences
     result["load_1min"] = {"start": load[0], "after_cold": load[1], "end": load[-1]}
     return result
 
@@ -300,6 +304,49 @@ def summarise(
     }
 
 
+def judge_divergences(
+    sf: Any, cold: dict[str, list[dict[str, Any]]], warm: list[dict[str, Any]], dtype: str
+) -> list[dict[str, Any]]:
+    """Every answer whose greedy tokens differ from ``none``'s to the same ask, judged on the
+    target as the worker ran it (generation/exactness.py): where they first differ, ``none``'s
+    top-2 logit gap against the rounding between one-token and verification-shaped passes. In
+    float32 any divergence is a bug; in bfloat16 one is excused only at such a near-tie."""
+    from app.db import Query
+    from app.drafts.records import AnswerTokens
+    from generation import SpeculativeEngine
+    from generation.exactness import check_greedy
+    from generation.model.dtypes import resolve_dtype
+
+    def ids(query_id: str) -> tuple[list[int], list[int]] | None:
+        with sf() as session:
+            row = session.query(AnswerTokens).filter_by(query_id=query_id).one_or_none()
+            assert session.get(Query, query_id) is not None
+            return None if row is None else (row.prompt_token_ids, row.output_token_ids)
+
+    pairs = [(m, i, v, cold["none"][i]) for m, views in [*cold.items(), ("suffix_warm", warm)]
+             for i, v in enumerate(views) if m != "none"
+             and v.get("answer") != cold["none"][i].get("answer")]  # fmt: skip
+    if not pairs:
+        return []
+    name = resolve_dtype(dtype, "cpu")
+    target = SpeculativeEngine.from_pretrained(DEMO / "target", DEMO / "draft", dtype=name)
+    found = []
+    for method, i, view, ref in pairs:
+        mine, theirs = ids(view["id"]), ids(ref["id"])
+        if mine is None or theirs is None or mine[0] != theirs[0]:
+            found.append({"method": method, "ask": i, "judged": False,
+                          "why": "no stored ids" if mine is None or theirs is None
+                          else "prompts differ"})  # fmt: skip
+            continue
+        div = check_greedy(target.target_forward, theirs[0], theirs[1], mine[1])
+        found.append({"method": method, "ask": i, "judged": True, "dtype": name,
+                      "position": None if div is None else div.position,
+                      "gap": None if div is None else div.gap,
+                      "tolerance": None if div is None else div.tolerance,
+                      "excused": div is None or div.excused})  # fmt: skip
+    return found
+
+
 def per_ask(
     trace: list[dict[str, Any]], cold: dict[str, list[dict[str, Any]]], warm: list[dict[str, Any]]
 ) -> list[dict[str, Any]]:
@@ -329,6 +376,21 @@ def per_ask(
             row[method] = cell
         rows.append(row)
     return rows
+
+
+def judged(divergences: list[dict[str, Any]]) -> str:
+    """One line on the answers that differ from ``none``'s: how many, and how many at a
+    near-tie of the target (excused in bfloat16) against at a clear margin (a bug)."""
+    if not divergences:
+        return "no answer differs"
+    near = sum(d["judged"] and d["excused"] for d in divergences)
+    unjudged = sum(not d["judged"] for d in divergences)
+    where = ", ".join(f"{d['method']} ask {d['ask']}" for d in divergences)
+    return (
+        f"{len(divergences)} differ ({where}): {near} at a near-tie of the target "
+        f"(top-2 gap within {SLACK:g}x the rounding between pass shapes), "
+        f"{len(divergences) - near - unjudged} at a clear margin, {unjudged} not judged"
+    )
 
 
 def result_figures(result: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
@@ -373,7 +435,8 @@ def result_figures(result: dict[str, Any]) -> tuple[dict[str, Any], dict[str, st
         "repeat_tps_vs_draft_model": f"warm trees: {warm('repeat', 'tokens_per_s', 'draft_model')}",
         "fresh_tps_vs_ngram": f"{asks['fresh']} fresh asks",
         **{key: f"{sum(asks.values())} asks" for key in FIGURES if key.startswith("trace")},
-        "identical_to_none": f"{sum(asks.values())} asks, warm worker included",
+        "identical_to_none": f"{sum(asks.values())} asks, warm worker included; "
+        + judged(result.get("divergences", [])),
     }
     return figures, notes
 
@@ -406,6 +469,11 @@ def main() -> None:
         help="The worker's dtype (auto: bfloat16 where the CPU has AVX-512 BF16).",
     )
     parser.add_argument("--threads", type=int, default=1, help="The worker's torch threads.")
+    parser.add_argument(
+        "--prefix-cache-mb", type=float, default=256.0 * len(METHODS),
+        help="The worker's prefix cache (default: the service's 256 MB per method: the four "
+        "methods' tenants share one worker here, where a deployment gives its traffic all of it).",
+    )  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=None, help="Write the JSON here too.")
     parser.add_argument("--work", type=Path, default=None, help="Keep data and logs here.")

@@ -53,6 +53,8 @@ __all__ = [
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO_CORPUS = REPO / "demo" / "corpus"
+DEMO = REPO / "models" / "demo"
+"""The shipped demo pair: ``target/`` and ``draft/``."""
 RESULTS = REPO / "benchmarks" / "results"
 """Where every benchmark writes its figures (``NAME.json``); docs/results.md is rendered from them."""
 

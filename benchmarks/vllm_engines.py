@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.support import goal, write_result
+from benchmarks.support import DEMO, goal, write_result
 
 GOALS = [
     goal(
@@ -44,7 +44,6 @@ GOALS = [
 """The rows of docs/results.md this benchmark backs (``write_result`` reads them)."""
 
 REPO = Path(__file__).resolve().parent.parent
-DEMO = REPO / "models" / "demo"
 
 
 def rag_prompts(count: int) -> list[list[int]]:
