@@ -367,6 +367,7 @@ def per_ask(
                 "tokens": stats.get("num_output_tokens"),
                 "generation_ms": round(stats.get("generation_ms") or 0),
                 "ttft_ms": round(stats.get("ttft_ms") or 0),
+                "cached_prompt_tokens": stats.get("num_cached_prompt_tokens"),
             }
             if item["kind"] == "repeat":
                 j = first.get((item["tenant"], item["of"]))
