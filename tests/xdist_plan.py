@@ -9,8 +9,10 @@ process on a shared CPU). ``OMP_NUM_THREADS`` reaches the workers and CLIs the t
 Order: ``--dist loadfile`` hands out whole files, and xdist by default hands out the files with
 the most tests first, so the few-test files that start live workers (the slowest of all) came
 last and one process ran them alone while the other sat idle. Longest first instead: the files
-in SLOWEST_FIRST lead, in that order; the rest follow, most tests first, as xdist would order
-them (the Makefile passes ``--no-loadscope-reorder`` so that xdist keeps this order).
+in SLOWEST_FIRST lead, in that order; then the other files of WORKER_FOLDERS, whose every file
+starts live workers (tens of seconds, however few its tests); then the rest. Within the last two
+groups, most tests first, as xdist would order them (the Makefile passes
+``--no-loadscope-reorder`` so that xdist keeps this order).
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ SLOWEST_FIRST = (
     "tests/retrieval/test_golden.py",
 )
 """The files that took longest in ``make test`` (its ``--durations`` list), longest first."""
+WORKER_FOLDERS = ("tests/integration/", "tests/batch/")
+"""Folders whose files start live workers or services: after SLOWEST_FIRST, before the rest."""
 
 
 def thread_share(workers: int) -> int:
@@ -52,7 +56,8 @@ def share_threads(config: pytest.Config) -> None:
 
 def slowest_first(config: pytest.Config, items: list[pytest.Item]) -> None:
     """In an xdist worker process: order ``items`` by file, SLOWEST_FIRST's files first, then
-    the other files by their number of tests (most first); within a file, as collected."""
+    WORKER_FOLDERS' files, then the rest, each group by number of tests (most first); within a
+    file, as collected."""
     if getattr(config, "workerinput", None) is None:
         return
     root = config.rootpath
@@ -65,6 +70,7 @@ def slowest_first(config: pytest.Config, items: list[pytest.Item]) -> None:
 
     def key(pair: tuple[str, pytest.Item]) -> tuple[int, int, int]:
         path = pair[0]
-        return (rank.get(path, len(rank)), -counts[path], first_seen[path])
+        group = rank.get(path, len(rank) + (0 if path.startswith(WORKER_FOLDERS) else 1))
+        return (group, -counts[path], first_seen[path])
 
     items[:] = [item for _, item in sorted(zip(files, items, strict=True), key=key)]
