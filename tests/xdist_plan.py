@@ -31,8 +31,7 @@ SLOWEST_FIRST = (
     "tests/integration/test_service.py",
     "tests/integration/test_client_retries.py",
 )
-"""The files that took longest in ``make test`` (its ``--durations`` list), longest first: 1.5 to
-4 minutes each on a 2-core host beside the other process."""
+"""The files that took longest in ``make test`` (its ``--durations`` list), longest first."""
 WORKER_FOLDERS = ("tests/integration/", "tests/batch/")
 """Folders whose files start live workers or services: after SLOWEST_FIRST, before the rest."""
 
