@@ -65,10 +65,13 @@ typecheck: venv
 # live workers starting and answering, which leaves a core free. Every test runs on a database
 # and broker of its own session (tests/conftest.py), so the processes never see each other's
 # rows or messages. PYTEST_WORKERS=0 runs it in this process, in file order.
+# Each process gets its share of the cores for torch's threads, and the slowest files start
+# first (tests/xdist_plan.py; --no-loadscope-reorder keeps that order, where xdist would start
+# the files with the most tests first).
 # --durations: the slowest tests are printed at the end, for whoever speeds the suite up.
 PYTEST_WORKERS ?= 2
 pytest: venv services
-	HF_HUB_OFFLINE=1 scripts/timed.sh pytest $(VENV)/bin/pytest -ra --durations=15 -n $(PYTEST_WORKERS) --dist loadfile --ignore=tests/vllm $(PYTEST_ARGS)
+	HF_HUB_OFFLINE=1 scripts/timed.sh pytest $(VENV)/bin/pytest -ra --durations=15 -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder --ignore=tests/vllm $(PYTEST_ARGS)
 
 # The tests on real vLLM (tests/vllm/), from .venv-vllm, in ONE process: its engines are shared
 # by the whole session (each start costs tens of seconds), and vLLM binds its OpenMP threads to

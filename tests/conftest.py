@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from testkit.tokenizer import train_tokenizer
+from tests.xdist_plan import share_threads, slowest_first
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEMO_CORPUS = REPO_ROOT / "demo" / "corpus"
@@ -239,9 +240,16 @@ MODEL_FIXTURES = {"tiny_models", "chat_models", "embedder", "demo_dirs", "live"}
 """Fixtures that load real weights: tiny random model pairs, MiniLM, the shipped demo pair."""
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist, this process's share of the cores (tests/xdist_plan.py)."""
+    share_threads(config)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark ``integration`` the tests that ask for live services (a fixture of LIVE_FIXTURES or a
-    ``postgresql`` parameter), ``models`` those that ask for weights (MODEL_FIXTURES)."""
+    ``postgresql`` parameter), ``models`` those that ask for weights (MODEL_FIXTURES). Under
+    pytest-xdist, the slowest files first (tests/xdist_plan.py)."""
+    slowest_first(config, items)
     for item in items:
         names = set(getattr(item, "fixturenames", ()))
         callspec = getattr(item, "callspec", None)

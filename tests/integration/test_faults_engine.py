@@ -3,7 +3,7 @@
 The torch engine's loop thread is ended inside a live ``specrag worker`` subprocess (fault
 injected by tests/integration/inject/sitecustomize.py) with queries in flight. The worker must
 stop taking queries, hand back what it held and exit with status 70 within seconds; a second
-worker then answers every query exactly once. (vLLM's EngineCore: tests/vllm/test_engine_death.py.)
+worker then answers every query exactly once. (vLLM's EngineCore: tests/vllm/test_worker.py.)
 """
 
 from __future__ import annotations

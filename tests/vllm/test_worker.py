@@ -6,12 +6,18 @@ subprocesses, the API on a loopback port): API -> Celery -> vLLM -> answer, sour
 and audit rows; SSE from vLLM's deltas; a burst of 24, each answered once, greedy answers and
 stored stats those of one at a time; a request vLLM's started speculation cannot serve, or
 sampling while speculating on vLLM's CPU build, fails with the reason and stores nothing; the worker's metrics equal the stored stats; SIGKILL with
-queries in flight, each answered once by a second vLLM worker. One test, two worker starts:
-each start is a vLLM engine start (tens of seconds here).
+queries in flight, each answered once by a second vLLM worker; SIGKILL of that worker's vLLM
+EngineCore child with queries in flight: the worker fails none of them nor stays up failing every
+later one, it hands them back and exits with status 70 (its supervisor restarts it), and a third
+vLLM worker answers each once. One test, three worker starts: each start is a vLLM engine start
+(tens of seconds here), so the second worker, started for the first's SIGKILL, is the one whose
+engine dies.
 """
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 import uuid
 from collections.abc import Callable
@@ -26,6 +32,7 @@ from app.settings import Settings
 from tests.integration.conftest import Deployment
 from tests.integration.helpers import ApiServer, RedisServer, WorkerProcess, free_port, stored_rows
 from tests.integration.test_metrics import _scrape, _stored, _sum
+from workers.engine_guard import EXIT_ENGINE_DEAD
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO = REPO / "models" / "demo"
@@ -72,7 +79,32 @@ def _stats_rows(settings: Settings, ids: list[str]) -> dict[str, GenerationStats
     return {str(r.query_id): r for r in rows}
 
 
-def test_a_vllm_worker_answers_streams_bursts_counts_and_survives_sigkill(
+def _children(pid: int) -> list[int]:
+    """Direct children of ``pid`` (from /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+            found.append(int(entry.name))
+    return found
+
+
+def _engine_core(pid: int) -> int:
+    for child in _children(pid):
+        try:
+            if "EngineCore" in (Path("/proc") / str(child) / "cmdline").read_text(errors="replace"):
+                return child
+        except OSError:
+            continue
+    raise AssertionError(f"no EngineCore child of {pid}: {_children(pid)}")
+
+
+def test_a_vllm_worker_answers_streams_bursts_counts_and_survives_sigkill_and_engine_death(
     private_deployment: Deployment,
     private_redis: RedisServer,
     worker_process: Callable[..., WorkerProcess],
@@ -182,9 +214,32 @@ def test_a_vllm_worker_answers_streams_bursts_counts_and_survives_sigkill(
         second = worker_process(settings.model_copy(update={"metrics_port": None}), "vllm-second")
         second.wait_ready(timeout=400)
         after = [client.wait(i, timeout=400) for i in held_ids]
-    assert [d["status"] for d in after] == ["succeeded"] * 8, after
-    lengths = [d["stats"]["num_output_tokens"] for d in after]
-    assert min(lengths) > 200, lengths  # the premise above: long answers, held at the kill
-    for query, answers, stats in stored_rows(settings, held_ids).values():
-        assert (answers, stats, query.attempts) == (1, 1, 2)
-        assert (query.worker_host or "").startswith("vllm-second@")
+        assert [d["status"] for d in after] == ["succeeded"] * 8, after
+        lengths = [d["stats"]["num_output_tokens"] for d in after]
+        assert min(lengths) > 200, lengths  # the premise above: long answers, held at the kill
+        for query, answers, stats in stored_rows(settings, held_ids).values():
+            assert (answers, stats, query.attempts) == (1, 1, 2)
+            assert (query.worker_host or "").startswith("vllm-second@")
+
+        # SIGKILL of the second worker's EngineCore with queries in flight: none fails, the
+        # worker exits EXIT_ENGINE_DEAD, and a third vLLM worker answers each once.
+        assert second.proc is not None
+        dying = [client.submit(f"What does del do? ({n})", docs, max_tokens=400) for n in range(6)]
+        deadline = time.monotonic() + 120
+        while not any(client.get(q)["status"] == "running" for q in dying):
+            assert time.monotonic() < deadline, f"nothing ran: {second.tail()}"
+            time.sleep(0.05)
+        os.kill(_engine_core(second.proc.pid), signal.SIGKILL)
+        killed_at = time.monotonic()
+        status = second.proc.wait(timeout=60)
+        exited_in = time.monotonic() - killed_at
+        assert status == EXIT_ENGINE_DEAD, second.tail()
+        views = [client.get(q) for q in dying]
+        assert not [v for v in views if v["status"] == "failed"], views
+        third = worker_process(settings.model_copy(update={"metrics_port": None}), "vllm-third")
+        third.wait_ready(timeout=400)
+        revived = {q: client.wait(q, timeout=300) for q in dying}
+    assert all(d["status"] == "succeeded" for d in revived.values()), revived
+    rows = stored_rows(settings, dying)
+    assert all((answers, stats) == (1, 1) for _, answers, stats in rows.values()), rows
+    print(f"\nEngineCore killed: worker exited {exited_in:.2f} s later with status {status}")
