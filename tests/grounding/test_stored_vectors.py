@@ -163,3 +163,25 @@ def test_backfill_fills_missing_and_other_layouts_of_the_tenant_named(
     assert all(c.grounding_layout == LAYOUT for c in after)
     view = passage_view(after[0].text)
     assert PassageVectors.from_stored(after[0].grounding_vectors, view) is not None
+
+
+def test_backfill_command_stores_what_is_missing(
+    res: Resources, tenant: str, migrated_pg_url: str, tmp_path: Path
+) -> None:
+    import json
+
+    from click.testing import CliRunner
+
+    from app.cli import main
+
+    chunk = _chunks(res, tenant)[0]
+    with res.session_factory() as session:
+        session.execute(update(Chunk).where(Chunk.id == chunk.id)
+                        .values(grounding_vectors=None, grounding_layout=None))  # fmt: skip
+        session.commit()
+    env = {"SPECRAG_DATABASE_URL": migrated_pg_url, "SPECRAG_DATA_DIR": str(tmp_path)}
+    args = ["grounding", "backfill", "--tenant", tenant, "--json"]
+    result = CliRunner().invoke(main, args, env=env)
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output.splitlines()[-1]) == {"chunks": 1, "collections": 1}
+    assert _chunks(res, tenant)[0].grounding_layout == LAYOUT
