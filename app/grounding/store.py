@@ -41,30 +41,28 @@ def ground_stored(
         if answer is None:
             return None
         text, passages = answer.text, [s.text for s in answer.sources]
-        sources = [(s.chunk_id, s.text) for s in answer.sources]
-    started = time.perf_counter()
-    result = ground(text, passages, scorer, passage_vectors(session_factory, scorer, sources))
+        started = time.perf_counter()
+        known = passage_vectors(session, scorer, [(s.chunk_id, s.text) for s in answer.sources])
+    result = ground(text, passages, scorer, known)
     elapsed_ms = (time.perf_counter() - started) * 1000.0
     return store(session_factory, query_id, result, elapsed_ms)
 
 
 def passage_vectors(
-    session_factory: sessionmaker[Session], scorer: SupportScorer, sources: list[tuple[int, str]]
+    session: Session, scorer: SupportScorer, sources: list[tuple[int, str]]
 ) -> dict[str, bytes] | None:
     """The stored vectors of the sources' passages (retrieval.grounding.stored), those missing
-    encoded and stored now, so the next answer citing them finds them; None for a scorer that
-    needs none (a cross-encoder)."""
+    encoded and stored now (committed), so the next answer citing them finds them; None for a
+    scorer that needs none (a cross-encoder). ``sources``: (chunk id, passage text) pairs."""
     if not isinstance(scorer, FusedScorer) or not sources:
         return None
-    with session_factory() as session:
-        known = stored_vectors(session, sources)
+    known = stored_vectors(session, sources)
     missing = {cid: text for cid, text in sources if text not in known}
     if missing:
         texts = list(dict.fromkeys(missing.values()))
         blobs = {t: v.to_bytes() for t, v in zip(texts, scorer.passage_vectors(texts), strict=True)}
-        with session_factory() as session:
-            store_vectors(session, {cid: (text, blobs[text]) for cid, text in missing.items()})
-            session.commit()
+        store_vectors(session, {cid: (text, blobs[text]) for cid, text in missing.items()})
+        session.commit()
         known.update(blobs)
     return known
 

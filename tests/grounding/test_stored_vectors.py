@@ -137,7 +137,8 @@ def test_a_chunk_without_vectors_gets_them_from_its_first_answer(
         session.commit()
     counting = CountingEncoder(res.retrieval.embedder)
     scorer = FusedScorer(counting)
-    known = passage_vectors(res.session_factory, scorer, [(chunk.id, chunk.text)])
+    with res.session_factory() as session:
+        known = passage_vectors(session, scorer, [(chunk.id, chunk.text)])
     assert known is not None and chunk.text in known
     assert counting.texts == 1 + passage_view(chunk.text).singles  # encoded once, here
     with res.session_factory() as session:
