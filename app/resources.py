@@ -199,6 +199,8 @@ class Resources:
                     max_query_chars=s.max_question_chars,
                     search_mode=s.search_mode,
                     all_terms_bonus=s.all_terms_bonus,
+                    # The fused grounding scorer reads each chunk's vectors stored at ingest.
+                    grounding_vectors=s.grounding and s.grounding_model is None,
                 )
             return self._retrieval
 

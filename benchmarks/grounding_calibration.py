@@ -75,7 +75,8 @@ def relex(rows: list[Example], x: np.ndarray) -> np.ndarray:
     """Cached features with the lexical ones computed afresh (they need no model): a change to
     ``retrieval.grounding.checks`` is measured without re-embedding."""
     from retrieval.grounding.checks import content_terms
-    from retrieval.grounding.scorer import _evidence, passage_view
+    from retrieval.grounding.passages import passage_view
+    from retrieval.grounding.scorer import _evidence
 
     out = x.copy()
     views: dict[str, Any] = {}

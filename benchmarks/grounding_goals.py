@@ -110,7 +110,11 @@ def demo_deployment(
         upgrade(engine)
         factory = make_session_factory(engine)
         corpus = sorted((ROOT / "demo" / "corpus").glob("*.md"))
-        Resources(settings, factory).retrieval.ingest(corpus, collection="demo", tenant="bench")
+        report = Resources(settings, factory).retrieval.ingest(
+            corpus, collection="demo", tenant="bench"
+        )
+        print(f"ingest: {report.seconds:.1f} s, grounding vectors stored: {settings.grounding}",
+              flush=True)  # fmt: skip
         with factory() as session:
             tenant = get_or_create_tenant(session, "bench")
         yield settings, factory, tenant

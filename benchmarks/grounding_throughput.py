@@ -3,9 +3,10 @@
     python -m benchmarks.grounding_throughput --out runs/grounding_throughput.json
 
 The held-out questions of ``benchmarks.instruct_goals`` (30 by default) are queued at once on
-one live worker (Redis, PostgreSQL, the shipped pair, the demo corpus ingested once), first with
+one live worker (Redis, PostgreSQL, the shipped pair, the demo corpus ingested once, as a
+deployment with grounding on ingests it: with each chunk's grounding vectors), first with
 grounding off, then with a fresh worker with grounding on (its scorer starts with no passage
-kept). Per run: queries per second from the first query queued to the last one ``succeeded``
+kept in memory). Per run: queries per second from the first query queued to the last one ``succeeded``
 (what the service's throughput is), and with grounding on also to the last grounding stored (the
 grounding thread may still work after the last answer). Answers are compared question by
 question: grounding must not change them.
@@ -53,7 +54,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     """Both runs' timings and answers, on one deployment (grounding_goals.demo_deployment)."""
     questions = [q["question"] for q in held_out_questions(args.questions)]
     out: dict[str, Any] = {}
-    with demo_deployment(args, work) as (base, factory, tenant):
+    with demo_deployment(args, work, grounding=True) as (base, factory, tenant):
         for mode in ("off", "on"):
             settings = base.model_copy(update={"grounding": mode == "on"})
             out[mode] = one_run(mode, settings, factory, tenant, questions, args, work)

@@ -104,6 +104,13 @@ class Chunk(RecordBase):
     # from these without analysing text again. NULL only for chunks ingested before migration
     # 0008 until they are backfilled (then a host analyses those chunks' text itself).
     lexical_terms: Mapped[str | None] = mapped_column(Text, nullable=True, deferred=True)
+    # What the grounding scorer needs of the chunk's text (retrieval.grounding.passages: its
+    # vector and its sentences', float32 rows) under ``grounding_layout``: stored at ingest when
+    # grounding is on, else by ``specrag grounding backfill`` or the first answer citing it.
+    grounding_vectors: Mapped[bytes | None] = mapped_column(
+        LargeBinary, nullable=True, deferred=True
+    )
+    grounding_layout: Mapped[int | None] = mapped_column(Integer, nullable=True)
 
     document: Mapped[Document] = relationship(back_populates="chunks")
 

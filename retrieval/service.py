@@ -43,6 +43,7 @@ from retrieval.fusion import (
     reward_all_terms,
     single,
 )
+from retrieval.grounding.passages import encode_passages
 from retrieval.host_indexes import HostIndexes
 from retrieval.index_store import IndexStore
 from retrieval.loaders import load_document
@@ -84,6 +85,7 @@ class RetrievalService:
         max_held: int = 0,
         max_collections: int | Callable[[str], int] = 0,
         all_terms_bonus: float = ALL_TERMS_BONUS,
+        grounding_vectors: bool = False,
     ) -> None:
         """``indexes``: this host's indexes when already opened (``open_retrieval`` warms them
         while the embedding model loads); by default opened here on ``index_dir``, holding at
@@ -92,7 +94,9 @@ class RetrievalService:
         ``max_collections``: collections one tenant may have (0: no limit; a callable gives a
         tenant's own); an ingest that would create one more is refused (CollectionLimitError).
         ``all_terms_bonus``: hybrid mode adds this to the fused score of a passage holding every
-        term of the question (retrieval.fusion.reward_all_terms; 0: off)."""
+        term of the question (retrieval.fusion.reward_all_terms; 0: off).
+        ``grounding_vectors``: ingest also stores what the grounding scorer needs of each chunk
+        (retrieval.grounding.passages), so that grounding an answer encodes only its claims."""
         self.search_mode = _check_mode(search_mode)
         if not all_terms_bonus >= 0:  # also refuses NaN
             raise ValueError(f"all_terms_bonus must be 0 or more, got {all_terms_bonus}")
@@ -101,6 +105,7 @@ class RetrievalService:
         self.embedder = embedder
         self.max_file_bytes = max_file_bytes
         self.max_query_chars = max_query_chars
+        self.grounding_vectors = grounding_vectors
         if indexes is None:
             indexes = HostIndexes(session_factory, IndexStore(index_dir), max_held=max_held)
         self.store = indexes.store
@@ -215,6 +220,13 @@ class RetrievalService:
         for p in pending:
             p.vectors = vectors[offset : offset + len(p.chunks)]
             offset += len(p.chunks)
+        if self.grounding_vectors:
+            found = encode_passages(self.embedder, [c.text for p in pending for c in p.chunks])
+            blobs: list[bytes | None] = [v.to_bytes() for v in found]
+            offset = 0
+            for p in pending:
+                p.grounding = blobs[offset : offset + len(p.chunks)]
+                offset += len(p.chunks)
 
     def _stored_hash(self, tenant: str, collection: str, source: str) -> str | None:
         with self.session_factory() as session:

@@ -24,6 +24,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from retrieval.changelog import log_changes, prune_log
 from retrieval.chunking import ChunkDraft
 from retrieval.errors import CollectionLimitError, public_reason
+from retrieval.grounding.passages import LAYOUT as GROUNDING_LAYOUT
 from retrieval.host_indexes import HostIndexes
 from retrieval.indexes import apply_changes, centroids_of, kind_of, new_flat
 from retrieval.lexical import LexicalChange
@@ -45,6 +46,8 @@ class PreparedDocument:
     chunks: list[ChunkDraft]
     vectors: np.ndarray  # [len(chunks), dim] float32, unit length
     existed: bool = False  # an earlier version of the file was stored (its status: "updated")
+    # Per chunk, the grounding scorer's vectors (retrieval.grounding.passages), when computed.
+    grounding: list[bytes | None] | None = None
 
 
 @dataclass
@@ -237,6 +240,7 @@ class CollectionWriter:
         existing.num_chunks = len(prepared.chunks)
         session.flush()
         terms = [chunk_terms(c.title, c.heading, c.text) for c in prepared.chunks]
+        grounding = prepared.grounding or [None] * len(prepared.chunks)
         rows = [
             Chunk(
                 document_id=existing.id,
@@ -247,9 +251,11 @@ class CollectionWriter:
                 token_count=c.token_count,
                 embedding=to_bytes(vector),
                 lexical_terms=chunk_terms_text,
+                grounding_vectors=blob,
+                grounding_layout=None if blob is None else GROUNDING_LAYOUT,
             )
-            for c, vector, chunk_terms_text in zip(
-                prepared.chunks, prepared.vectors, terms, strict=True
+            for c, vector, chunk_terms_text, blob in zip(
+                prepared.chunks, prepared.vectors, terms, grounding, strict=True
             )
         ]
         session.add_all(rows)

@@ -1,4 +1,5 @@
-"""``specrag grounding check FILE.jsonl``: the grounding of given answers against given passages.
+"""``specrag grounding check FILE.jsonl``: the grounding of given answers against given passages;
+``specrag grounding backfill``: the fused scorer's passage vectors for chunks ingested without them.
 
 Each input line is ``{"answer": str, "passages": [str, ...]}``; each output line, in order, is
 ``{"groundedness", "sentences": [{"text", "start", "end", "score", "supported_by"}], ...}`` with
@@ -68,6 +69,31 @@ def check(file: Path, as_json: bool) -> None:
     results = [ground(answer, passages, scorer).to_dict() for answer, passages in pairs]
     for result in results:
         emit(result, as_json, text=_human(result))
+
+
+@grounding_group.command("backfill")
+@click.option("--collection", "-c", default=None, help="Only this collection (default: all).")
+@click.option("--tenant", default=None, help="Only this tenant's chunks (default: all).")
+@json_option
+@one_line_errors
+def backfill_command(collection: str | None, tenant: str | None, as_json: bool) -> None:
+    """Store the grounding vectors of every chunk ingested without them (with grounding off, or
+    before migration 0020), so that no answer citing them encodes its passages."""
+    import sys
+
+    from tqdm import tqdm
+
+    from app.db import prepare
+    from retrieval.embedder import Embedder  # heavy: torch
+    from retrieval.grounding.stored import backfill
+
+    settings = get_settings()
+    _, session_factory = prepare(settings)
+    embedder = Embedder.shared(settings.embedding_model, device="cpu")
+    with tqdm(unit="chunk", desc="grounding vectors", file=sys.stderr, disable=as_json) as bar:
+        done = backfill(session_factory, embedder, tenant, collection, bar.update)
+    emit(done.to_dict(), as_json,
+         f"{done.chunks} chunks given grounding vectors in {done.collections} collections")  # fmt: skip
 
 
 def _human(result: dict[str, Any]) -> str:

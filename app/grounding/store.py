@@ -3,6 +3,8 @@
 The answer text and the passages it was given are read back from ``answers`` and
 ``answer_sources`` (the passages as copied there, in citation order), so grounding needs nothing
 from the run that produced them and can follow the commit that made the query ``succeeded``.
+The fused scorer's passage vectors are read from the sources' chunks, where ingest stored them
+(retrieval.grounding.stored): grounding an answer encodes only its own sentences.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ from sqlalchemy.orm import Session, selectinload, sessionmaker
 
 from app.db import Answer, AnswerGrounding
 from app.lifecycle.queries import poll_query
-from retrieval.grounding import Grounding, SupportScorer, ground
+from retrieval.grounding import FusedScorer, Grounding, SupportScorer, ground
+from retrieval.grounding.stored import store_vectors, stored_vectors
 
 log = logging.getLogger(__name__)
 
@@ -38,10 +41,30 @@ def ground_stored(
         if answer is None:
             return None
         text, passages = answer.text, [s.text for s in answer.sources]
-    started = time.perf_counter()
-    result = ground(text, passages, scorer)
+        started = time.perf_counter()
+        known = passage_vectors(session, scorer, [(s.chunk_id, s.text) for s in answer.sources])
+    result = ground(text, passages, scorer, known)
     elapsed_ms = (time.perf_counter() - started) * 1000.0
     return store(session_factory, query_id, result, elapsed_ms)
+
+
+def passage_vectors(
+    session: Session, scorer: SupportScorer, sources: list[tuple[int, str]]
+) -> dict[str, bytes] | None:
+    """The stored vectors of the sources' passages (retrieval.grounding.stored), those missing
+    encoded and stored now (committed), so the next answer citing them finds them; None for a
+    scorer that needs none (a cross-encoder). ``sources``: (chunk id, passage text) pairs."""
+    if not isinstance(scorer, FusedScorer) or not sources:
+        return None
+    known = stored_vectors(session, sources)
+    missing = {cid: text for cid, text in sources if text not in known}
+    if missing:
+        texts = list(dict.fromkeys(missing.values()))
+        blobs = {t: v.to_bytes() for t, v in zip(texts, scorer.passage_vectors(texts), strict=True)}
+        store_vectors(session, {cid: (text, blobs[text]) for cid, text in missing.items()})
+        session.commit()
+        known.update(blobs)
+    return known
 
 
 def store(

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from retrieval.grounding.scorer import SupportScorer
+from retrieval.grounding.scorer import Known, SupportScorer
 from retrieval.grounding.sentences import split_sentences
 
 
@@ -64,8 +64,12 @@ class Grounding:
         return asdict(self)
 
 
-def ground(answer: str, passages: Sequence[str], scorer: SupportScorer) -> Grounding:
-    """The grounding of ``answer`` against ``passages`` (indexed from 0) under ``scorer``."""
+def ground(
+    answer: str, passages: Sequence[str], scorer: SupportScorer, known: Known | None = None
+) -> Grounding:
+    """The grounding of ``answer`` against ``passages`` (indexed from 0) under ``scorer``;
+    ``known``: the passages' vectors where they were stored (the fused scorer then encodes only
+    the answer's claims)."""
     name, threshold = scorer.name, scorer.threshold
     if not answer.strip():
         return Grounding(None, [], reason="empty answer", scorer=name, threshold=threshold)
@@ -74,7 +78,7 @@ def ground(answer: str, passages: Sequence[str], scorer: SupportScorer) -> Groun
         return Grounding(None, [], reason="no sentences", scorer=name, threshold=threshold)
     if not passages:
         return Grounding(None, [], reason="no passages", scorer=name, threshold=threshold)
-    support = scorer.support([s.claim for s in said], list(passages))
+    support = scorer.support([s.claim for s in said], list(passages), known)
     out: list[SentenceGrounding] = []
     marks = marks_supported = supported = supported_cited = 0
     for i, sentence in enumerate(said):

@@ -19,7 +19,7 @@ import math
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -27,7 +27,14 @@ from typing import Any, Protocol
 import numpy as np
 
 from retrieval.grounding.checks import Evidence, content_terms, evidence
-from retrieval.grounding.sentences import split_sentences
+from retrieval.grounding.passages import (
+    Encoder,
+    PassageVectors,
+    PassageView,
+    encode_passages,
+    encode_sorted,
+    passage_view,
+)
 
 FEATURES = (
     "containment",
@@ -45,32 +52,14 @@ BIAS = -5.977
 THRESHOLD = 0.57
 CACHE_PASSAGES = 4096
 """Passages a fused scorer keeps ready (about 7 vectors of 384 floats each: ~45 MB at most)."""
-ENCODE_BATCH = 8
-"""Texts per encoder call, longest first: small enough that a batch pads little."""
-
-
-class Encoder(Protocol):
-    """What the fused scorer needs of an embedder: unit-length rows, one per text."""
-
-    def encode(self, texts: list[str]) -> np.ndarray: ...
-
-
-@dataclass(frozen=True)
-class PassageView:
-    """A passage split for scoring: its text, terms and windows (text, terms, span)."""
-
-    text: str
-    terms: set[str]
-    windows: list[tuple[str, set[str], int, int]]
 
 
 @dataclass(frozen=True)
 class PreparedPassage:
-    """A passage ready for scoring: its view, its unit embedding and its sentences' ones."""
+    """A passage ready for scoring: its view and its vectors."""
 
     view: PassageView
-    vector: np.ndarray  # [dim]
-    singles: np.ndarray  # [num_sentences, dim], the view's single-sentence windows in order
+    vectors: PassageVectors
 
 
 @dataclass(frozen=True)
@@ -81,25 +70,20 @@ class Support:
     spans: list[list[tuple[int, int]]]  # [num_claims][num_passages] (start, end) in the passage
 
 
+Known = Mapping[str, bytes]
+"""Passage vectors stored before (at ingest: ``PassageVectors.to_bytes``), by passage text."""
+
+
 class SupportScorer(Protocol):
-    """Scores claims against passages; ``threshold`` or more means supported."""
+    """Scores claims against passages; ``threshold`` or more means supported. ``known``: the
+    passages' vectors where they were stored (a scorer that needs none ignores them)."""
 
     name: str
     threshold: float
 
-    def support(self, claims: Sequence[str], passages: Sequence[str]) -> Support: ...
-
-
-def passage_view(text: str) -> PassageView:
-    """``text`` with its terms and windows: each sentence, and each two consecutive ones."""
-    sentences = split_sentences(text) or []
-    windows = [(s.text, content_terms(s.text), s.start, s.end) for s in sentences]
-    for a, b in zip(sentences, sentences[1:], strict=False):
-        joined = text[a.start : b.end]
-        windows.append((joined, content_terms(joined), a.start, b.end))
-    if not windows:
-        windows = [(text, content_terms(text), 0, len(text))]
-    return PassageView(text, content_terms(text), windows)
+    def support(
+        self, claims: Sequence[str], passages: Sequence[str], known: Known | None = None
+    ) -> Support: ...
 
 
 def _evidence(claim: str, claim_terms: set[str], view: PassageView) -> Evidence:
@@ -117,11 +101,11 @@ class FusedScorer:
     """BM25-analyser containment and MiniLM cosine with number/name/negation checks, fused.
 
     What a passage needs for scoring (its terms and windows, its embedding and its sentences'
-    embeddings) depends on its text alone, so it is kept per passage text in a bounded cache
-    (``cache_passages`` most recently used; 0 keeps none): a chunk cited again costs only its
-    claims' encoding and the lexical checks. Texts are encoded longest first in batches of
-    ``ENCODE_BATCH``, so a batch pads to a length close to its own texts' rather than to the
-    longest passage (the same vectors to float rounding, a fraction of the time).
+    embeddings) depends on its text alone. Its vectors come, in this order, from a bounded cache
+    per passage text (``cache_passages`` most recently used; 0 keeps none), from ``known`` (the
+    vectors stored at ingest, retrieval.grounding.passages), or are encoded now, every missing
+    passage together (``encode_passages``): a passage found costs only the lexical checks, and an
+    answer pays for the encoding of its own claims.
     """
 
     name = "fused-bm25-minilm"
@@ -138,8 +122,11 @@ class FusedScorer:
         self._cache: OrderedDict[str, PreparedPassage] = OrderedDict()
         self._cache_lock = threading.Lock()
 
-    def prepared(self, passages: Sequence[str]) -> list[PreparedPassage]:
-        """Each passage's view and vectors: from the cache, the others encoded together now."""
+    def prepared(
+        self, passages: Sequence[str], known: Known | None = None, dim: int | None = None
+    ) -> list[PreparedPassage]:
+        """Each passage's view and vectors: cached, known (when they fit the passage as it splits
+        and the encoder's ``dim``), or the others encoded together now."""
         found: dict[str, PreparedPassage] = {}
         with self._cache_lock:
             for text in passages:
@@ -147,50 +134,48 @@ class FusedScorer:
                 if hit is not None:
                     self._cache.move_to_end(text)
                     found[text] = hit
-        missing = [t for t in dict.fromkeys(passages) if t not in found]
-        if missing:
-            views = [passage_view(t) for t in missing]
-            singles = [[w[0] for w in v.windows[: _singles(v)]] for v in views]
-            vectors = self._encode([*missing, *(w for ws in singles for w in ws)])
-            offset = len(missing)
-            for k, (text, view, ws) in enumerate(zip(missing, views, singles, strict=True)):
-                found[text] = PreparedPassage(view, vectors[k], vectors[offset : offset + len(ws)])
-                offset += len(ws)
-            if self.cache_passages > 0:
-                with self._cache_lock:
-                    for text in missing:
-                        self._cache[text] = found[text]
-                        self._cache.move_to_end(text)
-                    while len(self._cache) > self.cache_passages:
-                        self._cache.popitem(last=False)
+        missing: dict[str, PassageView] = {}
+        for text in dict.fromkeys(passages):
+            if text in found:
+                continue
+            view = passage_view(text)
+            blob = (known or {}).get(text)
+            stored = None if blob is None else PassageVectors.from_stored(blob, view)
+            if stored is not None and (dim is None or stored.vector.shape[0] == dim):
+                found[text] = PreparedPassage(view, stored)
+            else:
+                missing[text] = view
+        encoded = encode_passages(self.encoder, list(missing), list(missing.values()))
+        for (text, view), vectors in zip(missing.items(), encoded, strict=True):
+            found[text] = PreparedPassage(view, vectors)
+        if self.cache_passages > 0:
+            with self._cache_lock:
+                for text in dict.fromkeys(passages):
+                    self._cache[text] = found[text]
+                    self._cache.move_to_end(text)
+                while len(self._cache) > self.cache_passages:
+                    self._cache.popitem(last=False)
         return [found[t] for t in passages]
 
-    def _encode(self, texts: list[str]) -> np.ndarray:
-        """``encoder.encode(texts)`` in length-sorted batches of ``ENCODE_BATCH``, rows in order."""
-        order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
-        out: np.ndarray | None = None
-        for start in range(0, len(order), ENCODE_BATCH):
-            batch = order[start : start + ENCODE_BATCH]
-            rows = np.asarray(self.encoder.encode([texts[i] for i in batch]))
-            if out is None:
-                out = np.zeros((len(texts), rows.shape[1]), dtype=rows.dtype)
-            out[batch] = rows
-        return out if out is not None else np.zeros((0, 1), np.float32)
+    def passage_vectors(self, passages: Sequence[str]) -> list[PassageVectors]:
+        """The vectors of ``passages`` (cached or encoded now): what a store keeps of them."""
+        return [p.vectors for p in self.prepared(passages)]
 
     def features(
-        self, claims: Sequence[str], passages: Sequence[str]
+        self, claims: Sequence[str], passages: Sequence[str], known: Known | None = None
     ) -> tuple[np.ndarray, list[list[tuple[int, int]]]]:
         """``FEATURES`` per pair ``[num_claims, num_passages, len(FEATURES)]`` and the spans."""
-        ready = self.prepared(passages)
-        c_vec = self._encode(list(claims))
+        c_vec = encode_sorted(self.encoder, list(claims))
+        ready = self.prepared(passages, known, dim=c_vec.shape[1] if len(claims) else None)
         out = np.zeros((len(claims), len(passages), len(FEATURES)), dtype=np.float64)
         spans: list[list[tuple[int, int]]] = []
         for i, claim in enumerate(claims):
             claim_terms = content_terms(claim)
             row: list[tuple[int, int]] = []
             for j, prep in enumerate(ready):
-                cosine = float(c_vec[i] @ prep.vector)
-                best_cos = float((prep.singles @ c_vec[i]).max()) if len(prep.singles) else 0.0
+                singles = prep.vectors.singles
+                cosine = float(c_vec[i] @ prep.vectors.vector)
+                best_cos = float((singles @ c_vec[i]).max()) if len(singles) else 0.0
                 ev = _evidence(claim, claim_terms, prep.view)
                 out[i, j] = (
                     ev.containment,
@@ -206,16 +191,13 @@ class FusedScorer:
             spans.append(row)
         return out, spans
 
-    def support(self, claims: Sequence[str], passages: Sequence[str]) -> Support:
+    def support(
+        self, claims: Sequence[str], passages: Sequence[str], known: Known | None = None
+    ) -> Support:
         """Fused support of every (claim, passage) pair."""
-        feats, spans = self.features(claims, passages)
+        feats, spans = self.features(claims, passages, known)
         z = BIAS + feats @ np.asarray(WEIGHTS, dtype=np.float64)  # [num_claims, num_passages]
         return Support(1.0 / (1.0 + np.exp(-z)), spans)
-
-
-def _singles(view: PassageView) -> int:
-    # Windows list the single sentences first, then the pairs: n sentences give 2n - 1 windows.
-    return (len(view.windows) + 1) // 2
 
 
 class ScorerLoadError(RuntimeError):
@@ -252,8 +234,10 @@ class CrossEncoderScorer:
         self.name = f"cross-encoder:{path.name}"
         self.threshold = 0.5 if threshold is None else float(threshold)
 
-    def support(self, claims: Sequence[str], passages: Sequence[str]) -> Support:
-        """The model's probability that each passage supports each claim."""
+    def support(
+        self, claims: Sequence[str], passages: Sequence[str], known: Known | None = None
+    ) -> Support:
+        """The model's probability that each passage supports each claim (``known``: unused)."""
         views = [passage_view(p) for p in passages]
         pairs = [(p, c) for c in claims for p in passages]
         scores = np.zeros((len(claims), len(passages)), dtype=np.float64)

@@ -150,10 +150,10 @@ class _HeldScorer:
         self.scorer, self.name, self.threshold = scorer, scorer.name, scorer.threshold
         self.gate, self.entered = threading.Event(), threading.Event()
 
-    def support(self, claims: Any, passages: Any) -> Any:
+    def support(self, claims: Any, passages: Any, known: Any = None) -> Any:
         self.entered.set()
         assert self.gate.wait(60), "the test never opened the gate"
-        return self.scorer.support(claims, passages)
+        return self.scorer.support(claims, passages, known)
 
 
 def test_a_worker_grounds_on_its_own_thread_after_the_task_returned(

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import pytest
 
 from retrieval.grounding import Support, ground, split_sentences
 from retrieval.grounding.checks import content_terms, evidence, named, negated, numbers
-from retrieval.grounding.scorer import passage_view
+from retrieval.grounding.passages import passage_view
 
 
 def test_sentences_keep_their_spans_and_markers() -> None:
@@ -92,7 +93,7 @@ class TableScorer:
     def __init__(self, table: dict[str, list[float]]) -> None:
         self.table = table
 
-    def support(self, claims: Sequence[str], passages: Sequence[str]) -> Support:
+    def support(self, claims: Sequence[str], passages: Sequence[str], known: Any = None) -> Support:
         scores = np.array([self.table[c] for c in claims], dtype=np.float64)
         return Support(scores, [[(0, len(p)) for p in passages] for _ in claims])
 
