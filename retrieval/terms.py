@@ -20,10 +20,13 @@ nothing in a question is ever read as query syntax.
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 
 MAX_TERM_CHARS = 64
 # A question this long in terms is enough: the rest only costs time.
 MAX_QUERY_TERMS = 64
+SPAN_CACHE = 1 << 16
+"""Distinct spans whose terms a process keeps (a few MB; least recently used let go)."""
 
 _NUMBER = r"\d{1,3}(?:,\d{3})+(?:\.\d+)?"
 _SPAN = re.compile(rf"{_NUMBER}|\w+(?:[.\-:/]\w+)*")
@@ -53,8 +56,11 @@ def _parts(piece: str) -> list[str]:
     return [m.group(0).lower() for m in _CASE_PARTS.finditer(piece)]
 
 
-def span_terms(span: str) -> list[str]:
-    """The terms of one span: whole (and dotted suffixes) and parts, without duplicates."""
+@lru_cache(maxsize=SPAN_CACHE)
+def span_terms(span: str) -> tuple[str, ...]:
+    """The terms of one span: whole (and dotted suffixes) and parts, without duplicates.
+    Memoised: a span's terms depend on its text alone, and text repeats its words (ingest,
+    queries and grounding analyse the same words again and again)."""
     whole = span.lower()
     pieces = [p for p in _JOINERS.split(span) if p]
     parts = [part for piece in pieces for part in _parts(piece)]
@@ -74,7 +80,7 @@ def span_terms(span: str) -> list[str]:
         if term not in seen and term not in STOP_WORDS:
             seen.add(term)
             unique.append(term)
-    return unique
+    return tuple(unique)
 
 
 def terms(text: str) -> list[str]:
