@@ -9,7 +9,7 @@ another machine would take nothing of this one). ``control`` against ``off`` is 
 comparison under the very same design: what the run reads as a cost where there is none.
 
 Each round runs every arm twice, in a palindrome rotated per round (off on control control on
-off, then on control off off control on, ...; benchmarks/paired.py), so that a drift of the
+off, then on control off off control on, ...; testkit/paired.py), so that a drift of the
 shared machine over a round hits every arm alike. A phase: ``--burst`` questions POSTed at once
 (throughput = burst / first queued → last answered), then ``--sequential`` one at a time (total
 latency as stored, queued → answered); the API's and the worker's CPU time (/proc) over both.
@@ -40,10 +40,10 @@ from typing import Any
 import httpx
 
 from app.audit.stats import quantile
-from benchmarks import paired
 from benchmarks.service import tiny_pair
 from benchmarks.support import RedisServer, goal, note, write_result
 from benchmarks.tracing_deployment import Deployment, census
+from testkit import paired
 from testkit.otlp import OtlpSink, ReceivedSpan
 
 ARMS = ("off", "on", "control")
