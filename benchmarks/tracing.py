@@ -17,7 +17,7 @@ Before the timed rounds, every arm answers ``--warmup`` questions and one untime
 
 Per round and arm: throughput over both bursts, p50/p95 of both phases' sequential queries, CPU
 per query; each against ``off`` of the same round. The figures are the medians of those
-per-round ratios with their sign-test interval (95%), for ``on`` and for ``control``; the page's
+per-round ratios with their sign-test interval (at least 95%), for ``on`` and ``control``; the page's
 rows say whether the control's intervals are narrow enough to judge the goals. Also printed: the
 pooled latencies, the sequential queries' stage medians and the spans a traced query exports.
 Writes benchmarks/results/tracing.json (``--out`` elsewhere).
