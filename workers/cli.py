@@ -96,6 +96,7 @@ def worker(
     app = create_celery(settings)
     app.warm = {"answer": "answer" in names or "batch" in names, "ingest": "ingest" in names}
     app.exit_on_engine_death = True  # its supervisor restarts it (workers/engine_guard.py)
+    app.freeze_heap = True  # once warm, the loaded heap leaves the collector's scans (app/heap.py)
     if settings.worker_pool != "prefork":
         # What the start logs (resources, prompt format) shows before Celery sets up its logging.
         logging.basicConfig(

@@ -14,6 +14,7 @@ from celery import Celery
 from celery.signals import worker_init, worker_process_init, worker_ready, worker_shutdown
 
 from app.db import prepare
+from app.heap import freeze_startup_heap
 from app.lifecycle.outbox import Sweeper
 from app.requests import QueueName
 from app.resources import Resources, apply_torch_threads
@@ -57,6 +58,8 @@ def warm(app: Celery) -> None:
         from app.grounding.background import GroundingBacklog
 
         res.grounding_backlog = GroundingBacklog()
+    if getattr(app, "freeze_heap", False):
+        freeze_startup_heap()  # models and modules out of the collector's scans (app/heap.py)
 
 
 def connect_signals(app: Celery) -> None:

@@ -6,6 +6,7 @@ import click
 
 from app.api import create_app
 from app.commands.common import get_dispatcher, get_settings, one_line_errors
+from app.heap import freeze_startup_heap
 
 
 @click.command("api")
@@ -21,6 +22,7 @@ def api(host: str | None, port: int | None, as_json: bool) -> None:
 
     settings = get_settings()
     app = create_app(settings, get_dispatcher(settings))
+    freeze_startup_heap()  # what the process loaded, out of the collector's scans (app/heap.py)
     uvicorn.run(app, host=host or settings.api_host, port=port or settings.api_port)
 
 
