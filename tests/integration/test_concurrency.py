@@ -1,7 +1,8 @@
 """One worker process, many queries in flight on its engine loop (threads pool), real Redis and PostgreSQL.
 
-Each test starts its own ``specrag worker`` subprocesses on a private redis-server, so killing one
-cannot disturb the session's shared worker.
+The tests that answer queries start their own ``specrag worker`` subprocesses on a private
+redis-server, so killing one cannot disturb the session's shared worker. The last one starts a
+worker on the session's settings that must refuse to start: it never consumes a message.
 """
 
 from __future__ import annotations
