@@ -23,8 +23,9 @@ class Held:
 def test_the_startup_heap_is_frozen_and_what_comes_later_is_scanned(unfrozen_after: None) -> None:
     loaded = Held()
     assert gc.is_tracked(loaded)
-    frozen = freeze_startup_heap()
-    assert frozen == gc.get_freeze_count() > 0
+    # The count is not compared with a second read: a frozen object still dies when its last
+    # reference goes, and other threads of this process free objects meanwhile.
+    assert freeze_startup_heap() > 0
     scanned = {id(o) for o in gc.get_objects()}
     assert id(loaded) not in scanned
     later = Held()
