@@ -311,7 +311,6 @@ def judge_divergences(
     target as the worker ran it (generation/exactness.py): where they first differ, ``none``'s
     top-2 logit gap against the rounding between one-token and verification-shaped passes. In
     float32 any divergence is a bug; in bfloat16 one is excused only at such a near-tie."""
-    from app.db import Query
     from app.drafts.records import AnswerTokens
     from generation import SpeculativeEngine
     from generation.exactness import check_greedy
@@ -320,7 +319,6 @@ def judge_divergences(
     def ids(query_id: str) -> tuple[list[int], list[int]] | None:
         with sf() as session:
             row = session.query(AnswerTokens).filter_by(query_id=query_id).one_or_none()
-            assert session.get(Query, query_id) is not None
             return None if row is None else (row.prompt_token_ids, row.output_token_ids)
 
     pairs = [(m, i, v, cold["none"][i]) for m, views in [*cold.items(), ("suffix_warm", warm)]
