@@ -80,7 +80,11 @@ pytest: venv services
 pytest-vllm: vllm-venv services
 	SPECRAG_REQUIRE_VLLM=1 HF_HUB_OFFLINE=1 scripts/timed.sh pytest-vllm $(VLLM_VENV)/bin/pytest -ra --durations=10 -n 0 -p no:cacheprovider tests/vllm $(PYTEST_VLLM_ARGS)
 
-test: lint typecheck pytest pytest-vllm
+# ruff and mypy need only .venv: they run while .venv-vllm builds (pip, mostly one core), then
+# the two suites one after the other. Each part prints its own time (scripts/timed.sh).
+test: venv
+	$(MAKE) -j2 --output-sync=target vllm-venv lint typecheck
+	$(MAKE) pytest pytest-vllm
 
 # The developer's loop: lint, types and the unit tests (fakes, in-memory SQLite, the engine's
 # logic on hand-made tensors; no services, no model weights). The rest is marked: files declare
