@@ -189,12 +189,15 @@ def main() -> None:
         with demo_deployment(args, Path(tmp), grounding=True) as (settings, factory, tenant):
             apply_torch_threads(settings)
             res = Resources(settings.model_copy(update={"grounding": False}), factory)
-            ids = answer_all(res, factory, tenant, questions, args)
-            embedder = res.retrieval.embedder
-            calls = ground_rounds(
-                res, factory, ids, args.rounds, lambda: load_scorer(settings, embedder)
-            )
-            answers = stored_answers(factory, ids)
+            try:
+                ids = answer_all(res, factory, tenant, questions, args)
+                embedder = res.retrieval.embedder
+                calls = ground_rounds(
+                    res, factory, ids, args.rounds, lambda: load_scorer(settings, embedder)
+                )
+                answers = stored_answers(factory, ids)
+            finally:
+                res.close()  # the engine loop's thread would keep the process alive
     result = {
         "calls": len(calls),
         "stages_ms": summarise(calls),
