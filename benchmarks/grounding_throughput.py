@@ -10,13 +10,15 @@ kept in memory). Per run: queries per second from the first query queued to the 
 ``succeeded`` (what the service's throughput is), and with grounding on also to the last
 grounding stored (the grounding thread may still work after the last answer).
 
-One such pair of runs takes about 30 s, and a shared 2-core host drifts by more than the 5 %
-the goal allows between two of them, so the pair is repeated ``--rounds`` times as paired
-rounds (testkit/paired.py): each round starts a fresh worker of each kind (both alive, on
-brokers of their own, the idle one waiting), runs the two batches back to back, off first in
-even rounds and on first in odd ones, and yields one ratio (queries/s on over off). The figure
-is the median of the rounds' ratios with the sign test's interval for it. Answers are compared
-question by question in every batch: grounding must not change them.
+One such run takes about 15 s, and a shared 2-core host drifts by more than the 5 % the goal
+allows between two of them; the second of two batches run back to back was also measured
+slower than the first, by about 10 %, whichever arm ran it. So the runs are paired rounds
+(testkit/paired.py): each round starts a fresh worker of each kind (both alive, on brokers of
+their own, the idle one waiting) and runs four batches in a palindrome (off on on off, or on off
+off on, alternating), so that each arm takes each position once; a round yields one ratio, the
+on batches' queries/s over the off batches'. The figure is the median of the rounds' ratios with
+the sign test's interval for it. Answers are compared question by question in every batch:
+grounding must not change them.
 
 Needs PostgreSQL on 127.0.0.1:5432 and ``redis-server`` (a private one is started).
 """
@@ -34,7 +36,7 @@ from typing import Any
 from benchmarks.grounding_goals import demo_deployment, submit
 from benchmarks.instruct_goals import held_out_questions
 from benchmarks.support import goal, write_result
-from testkit.paired import summary
+from testkit.paired import palindrome, summary
 
 GOALS = [
     goal(
@@ -58,8 +60,9 @@ GOALS = [
 
 ROOT = Path(__file__).resolve().parent.parent
 ARMS = ("off", "on")
-ROUNDS = 8
-"""Rounds by default: the sign test's 95 % interval needs 6 at least (8 give min to max, 99 %)."""
+ROUNDS = 6
+"""Rounds by default (about 100 s each): the sign test's 95 % interval needs 6 at least (min to
+max, 97 %)."""
 
 
 def run(args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
@@ -79,21 +82,20 @@ def run(args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
             for k, mode in enumerate(ARMS)
         }
         for r in range(args.rounds):
-            order = list(ARMS) if r % 2 == 0 else list(ARMS)[::-1]
+            order = palindrome(ARMS, r)
             workers = start_workers(arms, work, r)
             try:
-                batches = {
-                    mode: one_run(mode, arms[mode], factory, tenant, questions, args)
+                runs = [
+                    (mode, one_run(mode, arms[mode], factory, tenant, questions, args))
                     for mode in order
-                }
+                ]
             finally:
                 for worker in workers.values():
                     worker.stop()
-            ratio = (
-                batches["on"]["queries"]
-                / batches["on"]["span_s"]
-                / (batches["off"]["queries"] / batches["off"]["span_s"])
-            )
+            batches = {m: [b for mode, b in runs if mode == m] for m in ARMS}
+            qps = {m: sum(b["queries"] for b in bs) / sum(b["span_s"] for b in bs)
+                   for m, bs in batches.items()}  # fmt: skip
+            ratio = qps["on"] / qps["off"]
             rounds.append({"order": order, "ratio": ratio, **batches})
             print(f"[{time.strftime('%H:%M:%S')}] round {r + 1}/{args.rounds} ({' '.join(order)}):"
                   f" on/off {100 * ratio:.1f} %", flush=True)  # fmt: skip
@@ -101,8 +103,7 @@ def run(args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
 
 
 def start_workers(arms: dict[str, Any], work: Path, round_: int) -> dict[str, Any]:
-    """A fresh worker per arm, started together; returned once both consume and answered a
-    warm-up question each."""
+    """A fresh worker per arm, started together; returned once both consume."""
     from workers.process import WorkerProcess, settings_env
 
     workers = {
@@ -185,17 +186,18 @@ def one_run(
 def summarise(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     """The goal figures over the rounds: median ratio with its interval, answers compared."""
     ratios = summary([r["ratio"] for r in rounds])
-    reference = rounds[0]["off"]["answers"]
-    batches = [r[mode] for r in rounds for mode in ARMS]
+    reference = rounds[0]["off"][0]["answers"]
+    batches = [b for r in rounds for mode in ARMS for b in r[mode]]
     same = [sum(b["answers"].get(q) == a for q, a in reference.items()) for b in batches]
-    qps = {m: [r[m]["queries"] / r[m]["span_s"] for r in rounds] for m in ARMS}
+    qps = {m: [b["queries"] / b["span_s"] for r in rounds for b in r[m]] for m in ARMS}
     to_grounding = [
-        r["on"]["queries"] / r["on"]["span_to_last_grounding_s"]
+        b["queries"] / b["span_to_last_grounding_s"]
         for r in rounds
-        if r["on"]["span_to_last_grounding_s"]
+        for b in r["on"]
+        if b["span_to_last_grounding_s"]
     ]
     return {
-        "queries": rounds[0]["off"]["queries"],
+        "queries": rounds[0]["off"][0]["queries"],
         "rounds": len(rounds),
         "queries_per_s_off": round(statistics.median(qps["off"]), 3),
         "queries_per_s_on": round(statistics.median(qps["on"]), 3),
@@ -207,7 +209,7 @@ def summarise(rounds: list[dict[str, Any]]) -> dict[str, Any]:
         "queries_per_s_on_to_last_grounding": round(statistics.median(to_grounding), 3)
         if to_grounding
         else None,
-        "grounded_on": min(r["on"]["grounded"] for r in rounds),
+        "grounded_on": min(b["grounded"] for r in rounds for b in r["on"]),
         "identical_answers": all(n == len(reference) for n in same),
         "identical_answers_min": min(same),
     }
@@ -233,10 +235,11 @@ def main() -> None:
     print(json.dumps(figures, indent=2))
     notes = {
         "throughput_on_pct": f"median of {figures['rounds']} paired rounds "
-        f"({figures['queries']} queries a batch), {100 * figures['interval_coverage']:.1f} % "
+        f"(4 batches of {figures['queries']} queries each), "
+        f"{100 * figures['interval_coverage']:.1f} % "
         f"interval {figures['throughput_on_pct_low']} to {figures['throughput_on_pct_high']} %; "
         f"{figures['queries_per_s_on']} queries/s on, {figures['queries_per_s_off']} off "
-        f"(medians); to the last grounding stored: "
+        f"(medians of the batches); to the last grounding stored: "
         f"{figures['queries_per_s_on_to_last_grounding']} queries/s",
         "identical_answers": f"{figures['identical_answers_min']} of {figures['queries']} "
         f"answers identical to the first batch's, in every batch at least",
