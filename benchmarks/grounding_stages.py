@@ -1,6 +1,8 @@
 """Where one grounding call's wall time goes, stage by stage: the held-out answers of the demo pair.
 
-    python -m benchmarks.grounding_stages --out runs/grounding_stages.json
+    python -m benchmarks.grounding_goals --stages --out runs/grounding_stages.json
+
+(A mode of ``benchmarks.grounding_goals``: it backs no goal and writes only ``--out``.)
 
 The held-out questions of ``benchmarks.instruct_goals`` are answered once in this process (the
 demo pair, one torch thread as a worker runs it, grounding off while answering), on a deployment
@@ -171,16 +173,8 @@ def summarise(calls: list[dict[str, float]]) -> dict[str, Any]:
     }
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", default=str(ROOT / "models" / "demo"))
-    ap.add_argument("--questions", type=int, default=30)
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--max-tokens", type=int, default=96)
-    ap.add_argument("--method", default="draft_model")
-    ap.add_argument("--top-k", type=int, default=3)
-    ap.add_argument("--out", type=Path, default=Path("runs/grounding_stages.json"))
-    args = ap.parse_args()
+def run_stages(args: argparse.Namespace) -> None:
+    """Answer, ground ``args.rounds`` times with the stages timed, write ``args.out``."""
     from app.grounding.scorer import load_scorer
     from app.resources import Resources, apply_torch_threads
 
@@ -207,7 +201,3 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result["stages_ms"], indent=2))
-
-
-if __name__ == "__main__":
-    main()
