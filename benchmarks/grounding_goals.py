@@ -214,8 +214,21 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--method", default="draft_model")
     ap.add_argument("--top-k", type=int, default=3)
-    ap.add_argument("--out", type=Path, default=Path("runs/grounding_goals.json"))
+    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument(
+        "--stages",
+        action="store_true",
+        help="time one grounding call stage by stage instead (benchmarks/grounding_stages.py)",
+    )
+    ap.add_argument("--rounds", type=int, default=5, help="with --stages: groundings per answer")
     args = ap.parse_args()
+    if args.stages:
+        from benchmarks.grounding_stages import run_stages
+
+        args.out = args.out or Path("runs/grounding_stages.json")
+        run_stages(args)
+        return
+    args.out = args.out or Path("runs/grounding_goals.json")
     with tempfile.TemporaryDirectory(prefix="grounding-goals-") as tmp:
         result = summarise(run(args, Path(tmp)))
     args.out.parent.mkdir(parents=True, exist_ok=True)

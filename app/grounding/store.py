@@ -97,7 +97,7 @@ def store(
             return session.scalar(
                 select(AnswerGrounding).where(AnswerGrounding.query_id == query_id)
             )
-        session.refresh(row)
+        # Nothing to read back: ``id`` came back with the insert and ``created_at`` is set here.
         session.expunge(row)
     return row
 

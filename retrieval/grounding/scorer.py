@@ -91,6 +91,11 @@ def _evidence(claim: str, claim_terms: set[str], view: PassageView) -> Evidence:
     return evidence(claim, claim_terms, view.text, view.terms, windows)
 
 
+def _key(text: str) -> str:
+    """``text`` with its white space runs as single spaces: what MiniLM's tokenizer reads the same."""
+    return " ".join(text.split())
+
+
 def fuse(features: Sequence[float]) -> float:
     """The fused support score in [0, 1] of one pair's ``FEATURES``."""
     z = BIAS + sum(w * f for w, f in zip(WEIGHTS, features, strict=True))
@@ -161,12 +166,33 @@ class FusedScorer:
         """The vectors of ``passages`` (cached or encoded now): what a store keeps of them."""
         return [p.vectors for p in self.prepared(passages)]
 
+    def claim_vectors(self, claims: Sequence[str], ready: Sequence[PreparedPassage]) -> np.ndarray:
+        """Each claim's unit vector ``[num_claims, dim]``: a claim written as one of its passages'
+        sentences (or as a whole passage), white space aside, takes the vector of that text at
+        hand (the encoder reads the same tokens: the same vector to float rounding); the others
+        are encoded now, together (``encode_sorted``)."""
+        quoted: dict[str, np.ndarray] = {}
+        for prep in ready:
+            quoted.setdefault(_key(prep.view.text), prep.vectors.vector)
+            for k, window in enumerate(prep.view.windows[: len(prep.vectors.singles)]):
+                quoted.setdefault(_key(window[0]), prep.vectors.singles[k])
+        rows = [quoted.get(_key(claim)) for claim in claims]
+        todo = list(dict.fromkeys(c for c, r in zip(claims, rows, strict=True) if r is None))
+        fresh = dict(zip(todo, encode_sorted(self.encoder, todo), strict=True)) if todo else {}
+        out = [r if r is not None else fresh[c] for c, r in zip(claims, rows, strict=True)]
+        return np.vstack(out) if out else np.zeros((0, 1), np.float32)
+
     def features(
         self, claims: Sequence[str], passages: Sequence[str], known: Known | None = None
     ) -> tuple[np.ndarray, list[list[tuple[int, int]]]]:
         """``FEATURES`` per pair ``[num_claims, num_passages, len(FEATURES)]`` and the spans."""
-        c_vec = encode_sorted(self.encoder, list(claims))
-        ready = self.prepared(passages, known, dim=c_vec.shape[1] if len(claims) else None)
+        dim = getattr(self.encoder, "dim", None)
+        if dim is None and claims:  # the claims' vectors say which stored vectors fit
+            c_vec = self.claim_vectors(claims, [])
+            ready = self.prepared(passages, known, dim=c_vec.shape[1])
+        else:
+            ready = self.prepared(passages, known, dim=dim)
+            c_vec = self.claim_vectors(claims, ready)
         out = np.zeros((len(claims), len(passages), len(FEATURES)), dtype=np.float64)
         spans: list[list[tuple[int, int]]] = []
         for i, claim in enumerate(claims):

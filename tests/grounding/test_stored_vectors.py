@@ -35,6 +35,7 @@ class CountingEncoder:
 
     def __init__(self, encoder: Any) -> None:
         self.encoder, self.texts = encoder, 0
+        self.dim = encoder.dim  # as the scorer reads it of the worker's embedder
 
     def encode(self, texts: list[str]) -> np.ndarray:
         self.texts += len(texts)

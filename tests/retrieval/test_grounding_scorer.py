@@ -93,6 +93,7 @@ class _Counting:
 
     def __init__(self, embedder: Embedder) -> None:
         self.embedder = embedder
+        self.dim = embedder.dim
         self.texts: list[str] = []
 
     def encode(self, texts: list[str]) -> np.ndarray:
@@ -124,3 +125,31 @@ def test_length_sorted_batches_give_the_scores_of_one_batch(embedder: Embedder) 
     vectors = embedder.encode([*claims, *passages])  # everything padded into one batch
     cosine = vectors[:2] @ vectors[2:].T
     assert feats[:, :, 2] == pytest.approx(cosine, abs=1e-5)
+
+
+def test_a_claim_quoting_a_passage_sentence_takes_its_vector(embedder: Embedder) -> None:
+    # The tokenizer reads white space runs alike: a hard-wrapped sentence is the same input.
+    wrapped = embedder.encode(["Assignments to __debug__\n  are illegal.", "x"])[0]
+    assert wrapped == pytest.approx(embedder.encode(["Assignments to __debug__ are illegal."])[0],
+                                    abs=1e-5)  # fmt: skip
+    counting = _Counting(embedder)
+    scorer = FusedScorer(counting)
+    scorer.prepared([PASSAGE, OTHER])  # the passages at hand, as stored vectors would be
+    counting.texts.clear()
+    claims = ["Assignments  to __debug__ are illegal.", "It is async.", OTHER]
+    quoted = scorer.support(claims, [PASSAGE, OTHER])
+    assert counting.texts == ["It is async."]  # a passage sentence and a whole passage: no encoding
+    # A scorer whose encoder does not say its dimension encodes every claim: the same scores.
+    encoded = FusedScorer(_Plain(embedder), cache_passages=0)
+    assert quoted.scores == pytest.approx(encoded.support(claims, [PASSAGE, OTHER]).scores,
+                                          abs=1e-5)  # fmt: skip
+    feats, _ = scorer.features(claims, [PASSAGE])
+    cosine = embedder.encode(claims) @ embedder.encode([PASSAGE])[0]
+    assert feats[:, 0, 2] == pytest.approx(cosine, abs=1e-5)
+
+
+class _Plain:
+    """The real embedder behind nothing but ``encode``."""
+
+    def __init__(self, embedder: Embedder) -> None:
+        self.encode = embedder.encode
