@@ -12,7 +12,9 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Sequence
+from typing import Any
 
+from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
@@ -67,6 +69,30 @@ class CountingExporter(SpanExporter):
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         """Flush the wrapped exporter."""
         return self.inner.force_flush(timeout_millis)
+
+
+class HashedResource(Resource):
+    """A ``Resource`` that computes its hash once.
+
+    The OTLP encoder groups every exported span by its resource (a dict keyed by it), and
+    ``Resource.__hash__`` JSON-encodes the sorted attributes on each call: once per span, in the
+    export thread, for a value that never changes (a resource's attributes are immutable).
+    """
+
+    def __init__(self, attributes: Any, schema_url: str | None = None) -> None:
+        super().__init__(attributes, schema_url)
+        self._hash = super().__hash__()
+
+    @classmethod
+    def of(cls, resource: Resource) -> HashedResource:
+        """``resource`` (as ``Resource.create`` built it, detectors merged) with a fixed hash."""
+        return cls(resource.attributes, resource.schema_url)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        return super().__eq__(other)
 
 
 class _FirstOnly(logging.Filter):
