@@ -214,7 +214,13 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--method", default="draft_model")
     ap.add_argument("--top-k", type=int, default=3)
-    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="the per-answer JSON (default runs/grounding_goals.json); the goals' figures always "
+        "go to benchmarks/results/grounding_goals.json",
+    )
     ap.add_argument(
         "--stages",
         action="store_true",

@@ -136,16 +136,36 @@ def commit() -> str:
     return head + ("+dirty" if changed.strip() else "")
 
 
+OUTPUT_FLAGS = ("--out",)
+"""Arguments that say only where a run writes its files: left out of the reproducing command."""
+
+
+def reproducing_args(argv: list[str]) -> list[str]:
+    """``argv`` without its ``OUTPUT_FLAGS`` (``--out PATH`` or ``--out=PATH``)."""
+    kept: list[str] = []
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in OUTPUT_FLAGS:
+            skip = True
+        elif not arg.startswith(tuple(f"{flag}=" for flag in OUTPUT_FLAGS)):
+            kept.append(arg)
+    return kept
+
+
 def command(name: str) -> str:
     """The command line that reproduces this run: the ``SPECRAG_*`` settings the process was
-    started with (not those a benchmark sets for its workers), then the module and arguments."""
+    started with (not those a benchmark sets for its workers), then the module and arguments
+    (less where it wrote its files, ``OUTPUT_FLAGS``)."""
     try:  # the environment at exec time, before the benchmark changed os.environ
         raw = Path("/proc/self/environ").read_bytes().split(b"\0")
         started = dict(e.decode(errors="replace").partition("=")[::2] for e in raw if b"=" in e)
     except OSError:
         started = dict(os.environ)
     env = [f"{k}={shlex.quote(v)}" for k, v in sorted(started.items()) if k.startswith("SPECRAG_")]
-    return " ".join([*env, "python -m", f"benchmarks.{name}", *map(shlex.quote, sys.argv[1:])])
+    args = reproducing_args(sys.argv[1:])
+    return " ".join([*env, "python -m", f"benchmarks.{name}", *map(shlex.quote, args)])
 
 
 def write_result(
