@@ -78,7 +78,6 @@ def timed_stages(clock: dict[str, float]) -> Iterator[None]:
         (scorer_mod, "passage_view", "passages"),
         (scorer_mod, "_evidence", "lexical"),
     ]
-    targets += [(scorer_mod, n, "claims") for n in getattr(scorer_mod, "TIMED_CLAIMS", ())]
     saved = [wrap(m, n, s) for m, n, s in targets]
     try:
         yield

@@ -91,9 +91,6 @@ class HashedResource(Resource):
     def __hash__(self) -> int:
         return self._hash
 
-    def __eq__(self, other: object) -> bool:
-        return super().__eq__(other)
-
 
 class _FirstOnly(logging.Filter):
     """Lets a logger's first record through and no other (``CountingExporter`` says the rest)."""
