@@ -109,12 +109,19 @@ def test_sampling_follows_the_target_law_with_a_reused_prefix() -> None:
     prompt = [0, 1, 2, 0, 1, 2, 0, 1, 2, 1, 0, 2, 1]  # 3 full blocks reused, 1 token computed
     index = {s: i for i, s in enumerate(itertools.product(range(3), repeat=NUM_TOKENS))}
     observed = np.zeros(len(index))
-    for seed in range(1500):
-        params = SamplingParams(
+    params = [
+        SamplingParams(
             max_new_tokens=NUM_TOKENS, temperature=1.0, seed=seed, num_speculative_tokens=2
         )
-        result = engine.generate(prompt, params)
-        assert result.stats.num_cached_prompt_tokens == (0 if seed == 0 else 12)
+        for seed in range(1500)
+    ]
+    # The first request fills the cache; the rest reuse it, one continuous batch.
+    results = [engine.generate(prompt, params[0])]
+    assert results[0].stats.num_cached_prompt_tokens == 0
+    results += engine.generate_many([prompt] * (len(params) - 1), params[1:])
+    for result in results[1:]:
+        assert result.stats.num_cached_prompt_tokens == 12
+    for result in results:
         observed[index[tuple(result.token_ids)]] += 1
     assert chi_square_pvalue(observed, exact_joint(target, prompt, 1.0)) > 1e-3
     assert chi_square_pvalue(observed, exact_joint(target, prompt, 1.3)) < 1e-6  # has power

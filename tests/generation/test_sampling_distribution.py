@@ -93,9 +93,8 @@ def test_first_tokens_follow_the_target_joint_distribution(
 ) -> None:
     index = {s: i for i, s in enumerate(itertools.product(range(VOCAB), repeat=NUM_TOKENS))}
     observed = np.zeros(len(index))
-    drafted = accepted = 0
-    for seed in range(NUM_SAMPLES):
-        params = SamplingParams(
+    params = [
+        SamplingParams(
             max_new_tokens=NUM_TOKENS,
             temperature=1.0,
             seed=seed,
@@ -103,10 +102,17 @@ def test_first_tokens_follow_the_target_joint_distribution(
             num_speculative_tokens=k,
             suffix_scope="law" if method == "suffix" else None,
         )
-        result = engine.generate(PROMPT, params)
+        for seed in range(NUM_SAMPLES)
+    ]
+    # One continuous batch of the engine's full width: rows accept different numbers of drafts
+    # in the same pass and roll back on their own, as in a worker; a batch of one is the same
+    # code (``generate`` is ``generate_many`` of one).
+    results = engine.generate_many([PROMPT] * NUM_SAMPLES, params)
+    assert max(r.stats.mean_batch_size for r in results) > 1
+    for result in results:
         observed[index[tuple(result.token_ids)]] += 1
-        drafted += result.stats.num_draft_tokens
-        accepted += result.stats.num_accepted_tokens
+    drafted = sum(r.stats.num_draft_tokens for r in results)
+    accepted = sum(r.stats.num_accepted_tokens for r in results)
     # Both outcomes of the acceptance test must have occurred often.
     assert 0.1 < accepted / drafted < 0.9, accepted / drafted
     target_joint = exact_joint(engine.target, PROMPT, temperature=1.0)
