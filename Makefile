@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv vllm-venv demo demo-pair test test-fast lint typecheck pytest pytest-vllm services results clean
+.PHONY: venv vllm-venv demo demo-pair test test-fast lint typecheck pytest pytest-vllm pytest-vllm-beside services results clean
 
 venv: $(STAMP)
 
@@ -74,17 +74,28 @@ pytest: venv services
 	HF_HUB_OFFLINE=1 scripts/timed.sh pytest $(VENV)/bin/pytest -ra --durations=15 -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder --ignore=tests/vllm $(PYTEST_ARGS)
 
 # The tests on real vLLM (tests/vllm/), from .venv-vllm, in ONE process: its engines are shared
-# by the whole session (each start costs tens of seconds), and vLLM binds its OpenMP threads to
-# cores, so a second pytest process beside it would slow both. SPECRAG_REQUIRE_VLLM=1: they fail
-# rather than skip if vLLM is missing. Run after the main suite, not beside it, for that reason.
+# by the whole session (each start costs tens of seconds). SPECRAG_REQUIRE_VLLM=1: they fail
+# rather than skip if vLLM is missing.
 pytest-vllm: vllm-venv services
 	SPECRAG_REQUIRE_VLLM=1 HF_HUB_OFFLINE=1 scripts/timed.sh pytest-vllm $(VLLM_VENV)/bin/pytest -ra --durations=10 -n 0 -p no:cacheprovider tests/vllm $(PYTEST_VLLM_ARGS)
 
-# ruff and mypy need only .venv: they run while .venv-vllm builds (pip, mostly one core), then
-# the two suites one after the other. Each part prints its own time (scripts/timed.sh).
+# ruff and mypy need only .venv: they run while .venv-vllm builds (pip, mostly one core; the two
+# venvs are not built side by side, since both editable installs write the attention kernel's .so
+# into the tree). Then the two suites side by side: tests/vllm is one process that keeps about
+# one core busy (its time is mostly vLLM's engines starting: spawned processes importing vLLM
+# and torch), so run alone it leaves the other core idle for ~9 minutes; beside the main suite
+# both cores stay busy. Its output goes to var/pytest-vllm.log and is printed whole when it
+# ends, so the main suite's progress stays readable. Each part prints its own time
+# (scripts/timed.sh).
 test: venv
 	$(MAKE) -j2 --output-sync=target vllm-venv lint typecheck
-	$(MAKE) pytest pytest-vllm
+	$(MAKE) -j2 pytest pytest-vllm-beside
+
+pytest-vllm-beside: vllm-venv services
+	@mkdir -p var
+	@echo "tests/vllm runs beside the main suite; its output (var/pytest-vllm.log) follows when it ends"
+	@status=0; $(MAKE) --no-print-directory pytest-vllm > var/pytest-vllm.log 2>&1 || status=$$?; \
+		cat var/pytest-vllm.log; exit $$status
 
 # The developer's loop: lint, types and the unit tests (fakes, in-memory SQLite, the engine's
 # logic on hand-made tensors; no services, no model weights). The rest is marked: files declare
