@@ -13,9 +13,9 @@ answers) and ``suffix`` asks the same trace again.
 
 The worker's prefix cache holds the run's working set, as a deployment sized for its traffic
 would: 2 GiB per method (``--prefix-cache-mb``, default 8192 for the four). A method's tenants
-ask about 180 distinct prompts of about 620 tokens over the 330-ask trace, and one token's KV of
+ask about 180 distinct prompts of about 600 tokens over the 330-ask trace, and one token's KV of
 the demo pair takes 19,968 bytes in bfloat16 (target and draft model: the pool keeps both), so
-one prompt takes about 12 MB and a method's prompts about 2.1 GB; the pool evicts the least
+one prompt takes about 12 MB and a method's prompts about 2 GiB; the pool evicts the least
 recently used blocks, and questions asked early and never again leave first. Nothing is cached
 ahead of the run: a repeat reuses what its earlier ask's prefill kept. ``--prefix-cache-mb 1024``
 gives the shape of one worker at the service's 256 MB per method, which holds about 22 asks of
