@@ -11,6 +11,18 @@ method's own run) and the methods in a rotated order per ask. The trees start em
 from the run itself. Then the warm case: the worker restarts (its trees rebuilt from the stored
 answers) and ``suffix`` asks the same trace again.
 
+The worker's prefix cache holds the run's working set, as a deployment sized for its traffic
+would: 2 GiB per method (``--prefix-cache-mb``, default 8192 for the four). A method's tenants
+ask about 180 distinct prompts of about 600 tokens over the 330-ask trace, and one token's KV of
+the demo pair takes 19,968 bytes in bfloat16 (target and draft model: the pool keeps both), so
+one prompt takes about 12 MB and a method's prompts about 2 GiB; the pool evicts the least
+recently used blocks, and questions asked early and never again leave first. Nothing is cached
+ahead of the run: a repeat reuses what its earlier ask's prefill kept. ``--prefix-cache-mb 1024``
+gives the shape of one worker at the service's 256 MB per method, which holds about 22 asks of
+the four methods: half the repeats then miss and pay a whole prefill. In float32 a prompt takes
+twice the bytes. Each ask's prompt length and cached prompt tokens are in ``per_ask``, the count
+of repeats whose prompt came mostly from the cache in ``repeat_prefix_hits``.
+
 Reported per method and per kind of ask (``new``, ``repeat``, ``fresh``): mean acceptance length
 (1 + accepted / drafts, summed), generation tokens/s (output tokens over generation_ms, summed;
 the goals' figure), decode tokens/s (tokens after the first over generation_ms less ttft_ms),
@@ -230,6 +242,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             warm = [ask(f"suffix-{it['tenant']}", it["question"], "suffix") for it in trace]
             load.append(os.getloadavg()[0])
             divergences = judge_divergences(sf, cold, warm, settings.dtype)
+            add_prompt_lengths(sf, [*(v for views in cold.values() for v in views), *warm])
             worker.stop()  # before its database is dropped
             engine.dispose()
     finally:
@@ -237,6 +250,11 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             worker.stop()
         redis.stop()
     result = summarise(trace, cold, warm, cold_s, memory_line)
+    result["worker"] = {
+        "shape": "one worker, the four methods side by side, each in tenants of its own",
+        "prefix_cache_mb": args.prefix_cache_mb,
+        "prefix_cache_mb_per_method": args.prefix_cache_mb / len(METHODS),
+    }
     result["divergences"] = divergences
     result["load_1min"] = {"start": load[0], "after_cold": load[1], "end": load[-1]}
     return result
@@ -261,6 +279,7 @@ def summarise(
             table[method][f"repeat_{form}"] = sums([v for v, it in zip(views, trace, strict=True)
                                                     if it.get("form") == form])  # fmt: skip
     none_answers = [v.get("answer") for v in cold["none"]]
+    rows = per_ask(trace, cold, warm)
     identical = {
         m: sum(v.get("answer") == a for v, a in zip(views, none_answers, strict=True))
         for m, views in [*cold.items(), ("suffix_warm", warm)]
@@ -293,7 +312,8 @@ def summarise(
         "repeat_forms": {
             f: sum(it.get("form") == f for it in trace) for f in ("exact", "paraphrase")
         },  # fmt: skip
-        "per_ask": per_ask(trace, cold, warm),
+        "per_ask": rows,
+        "repeat_prefix_hits": {m: prefix_hits(rows, m) for m in [*cold, "suffix_warm"]},
         "cold_run_s": cold_s,
         "methods": table,
         "identical_to_none": identical,
@@ -302,6 +322,34 @@ def summarise(
         "warm_worker_memory_line": memory_line.split("suffix memory:")[-1].strip(),
         "host": os.uname().machine,
     }
+
+
+def add_prompt_lengths(sf: Any, views: list[dict[str, Any]]) -> None:
+    """Set each view's ``prompt_tokens`` from its stored prompt ids (None where none are)."""
+    from app.drafts.records import AnswerTokens
+
+    with sf() as session:
+        rows = session.query(AnswerTokens.query_id, AnswerTokens.prompt_token_ids).all()
+    lengths = {str(q): len(ids) for q, ids in rows}
+    for view in views:
+        view["prompt_tokens"] = lengths.get(str(view.get("id")))
+
+
+def prefix_hits(rows: list[dict[str, Any]], method: str) -> dict[str, int]:
+    """Of the repeated asks, how many ``method`` prefilled mostly from the prefix cache (at
+    least half their prompt's tokens cached), how many not, and how many are unknown."""
+    hits = misses = unknown = 0
+    for row in rows:
+        if row["kind"] != "repeat":
+            continue
+        cell = row[method]
+        if not cell.get("prompt_tokens") or cell.get("cached_prompt_tokens") is None:
+            unknown += 1
+        elif cell["cached_prompt_tokens"] * 2 >= cell["prompt_tokens"]:
+            hits += 1
+        else:
+            misses += 1
+    return {"hits": hits, "misses": misses, "unknown": unknown}
 
 
 def judge_divergences(
@@ -365,6 +413,7 @@ def per_ask(
                 "tokens": stats.get("num_output_tokens"),
                 "generation_ms": round(stats.get("generation_ms") or 0),
                 "ttft_ms": round(stats.get("ttft_ms") or 0),
+                "prompt_tokens": views[i].get("prompt_tokens"),
                 "cached_prompt_tokens": stats.get("num_cached_prompt_tokens"),
             }
             if item["kind"] == "repeat":
@@ -419,6 +468,13 @@ def result_figures(result: dict[str, Any]) -> tuple[dict[str, Any], dict[str, st
         mine, theirs = table["suffix"][kind][field], table[base][kind][field]
         return "n/a" if not mine or not theirs else f"{mine / theirs:.2f}x"
 
+    worker = result.get("worker", {})
+    hits = result.get("repeat_prefix_hits", {}).get("suffix", {})
+    cache = (
+        f"one worker, prefix cache {worker.get('prefix_cache_mb_per_method', 0):g} MB per "
+        f"method; suffix's repeats prefilled mostly from it: {hits.get('hits')} of "
+        f"{asks['repeat']}"
+    )
     notes = {
         "repeat_mal_vs_draft_model": f"{asks['repeat']} repeated asks; MAL {mal['suffix']:.2f} "
         f"vs {mal['draft_model']:.2f}; exact repeats ({forms.get('exact')}): "
@@ -426,7 +482,7 @@ def result_figures(result: dict[str, Any]) -> tuple[dict[str, Any], dict[str, st
         f"({forms.get('paraphrase')}): "
         f"{cold('repeat_paraphrase', 'mean_acceptance_length', 'draft_model')}; warm trees: "
         f"{warm('repeat', 'mean_acceptance_length', 'draft_model')}",
-        "repeat_tps_vs_none": "after the first token (time to it excluded): "
+        "repeat_tps_vs_none": f"{cache}; after the first token (time to it excluded): "
         f"{cold('repeat', 'decode_tokens_per_s', 'none')}; "
         f"exact repeats: {cold('repeat_exact', 'tokens_per_s', 'none')}, "
         f"paraphrases: {cold('repeat_paraphrase', 'tokens_per_s', 'none')}; warm trees: "
@@ -469,9 +525,9 @@ def main() -> None:
     )
     parser.add_argument("--threads", type=int, default=1, help="The worker's torch threads.")
     parser.add_argument(
-        "--prefix-cache-mb", type=float, default=256.0 * len(METHODS),
-        help="The worker's prefix cache (default: the service's 256 MB per method: the four "
-        "methods' tenants share one worker here, where a deployment gives its traffic all of it).",
+        "--prefix-cache-mb", type=float, default=2048.0 * len(METHODS),
+        help="The worker's prefix cache (default: 2 GiB per method, the run's working set of "
+        "prompts; 1024: the service's 256 MB per method, which holds about 22 asks).",
     )  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=None, help="Write the JSON here too.")
