@@ -86,6 +86,14 @@ class Settings(BaseSettings):
         le=1.0,
         description="Support score that counts as supported; unset: the scorer's calibrated one.",
     )
+    grounding_dtype: Literal["float32", "bfloat16", "auto"] = Field(
+        default="auto",
+        description=(
+            "Numerics of the default scorer's MiniLM on the answers' sentences: auto (bfloat16 "
+            "on CPUs with AMX / AVX-512 BF16, else float32, as for dtype), float32 or bfloat16 "
+            "(refused on a CPU without them). Passage vectors are float32 on every host."
+        ),
+    )
     engine: Literal["torch", "vllm"] = Field(
         default="torch",
         description=(
