@@ -8,7 +8,9 @@ computes the fused scorer's features with the real MiniLM, fits the logistic fus
 split (``--fit`` prints the weights to ship in retrieval/grounding/scorer.py) and reports, per
 set: AUROC of the shipped fused score and of each signal alone (cosine, best-sentence cosine,
 containment), AUROC of positives against each kind of hard negative, and precision/recall at the
-shipped threshold. JSON to ``--out``; a table to stdout.
+shipped threshold. The claims are encoded as a worker on this host encodes them (``--dtype``:
+``SPECRAG_GROUNDING_DTYPE``, auto by default), the passages in float32 as stored at ingest.
+JSON to ``--out``; a table to stdout.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import numpy as np
 from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import roc_auc_score
 
+from app.grounding.scorer import claim_dtype
 from app.settings import Settings
 from benchmarks.support import goal, write_result
 from retrieval.embedder import Embedder
@@ -156,12 +159,21 @@ def main() -> None:
         default=None,
         help="a .pkl of the sets' rows and features: read when present, else written",
     )
+    parser.add_argument(
+        "--dtype",
+        choices=("auto", "float32", "bfloat16"),
+        default="auto",
+        help="the claims' numerics (SPECRAG_GROUNDING_DTYPE; auto: as a worker on this host)",
+    )
     args = parser.parse_args()
     started = time.perf_counter()
-    embedder = Embedder(Settings().embedding_model)
-    scorer = FusedScorer(embedder)
+    settings = Settings(grounding_dtype=args.dtype)
+    embedder = Embedder(settings.embedding_model)
+    # As a worker scores: passages float32 (as stored), claims in the host's grounding dtype.
+    dtype = claim_dtype(settings)
+    scorer = FusedScorer(embedder, claim_encoder=embedder.in_dtype(dtype))
     rng = random.Random(args.seed)
-    results: dict[str, Any] = {"features": list(FEATURES), "sets": {}}
+    results: dict[str, Any] = {"features": list(FEATURES), "claim_dtype": dtype, "sets": {}}
     demo = demo_passages(ROOT, embedder.tokenizer)
     docs = sorted({d for d, _ in demo})
     held = set(rng.sample(docs, int(len(docs) * 0.4)))

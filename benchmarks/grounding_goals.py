@@ -227,6 +227,12 @@ def main() -> None:
         help="time one grounding call stage by stage instead (benchmarks/grounding_stages.py)",
     )
     ap.add_argument("--rounds", type=int, default=5, help="with --stages: groundings per answer")
+    ap.add_argument(
+        "--compare-dtype",
+        choices=("float32", "bfloat16"),
+        default=None,
+        help="with --stages: also ground with the claims in this dtype, side by side",
+    )
     args = ap.parse_args()
     if args.stages:
         from benchmarks.grounding_stages import run_stages

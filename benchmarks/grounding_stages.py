@@ -22,7 +22,10 @@ are timed by wrapping the functions that do them:
 - ``store``: the grounding stored (insert, commit, read back);
 - ``grounding_ms``: what the service stores as the call's time (``vectors`` to ``rest``).
 
-Per stage the p50 and mean over all calls, in milliseconds. Needs PostgreSQL on 127.0.0.1:5432 and
+Per stage the p50 and mean over all calls, in milliseconds. With ``--compare-dtype float32`` every
+round grounds each answer twice, once with the claims in the host's grounding dtype and once in
+float32 (fresh scorers, their order alternating round by round): the stages of each, and how
+their groundings agree sentence by sentence (supported or not, supporting passages, score). Needs PostgreSQL on 127.0.0.1:5432 and
 ``redis-server`` (a private one is started, unused).
 """
 
@@ -107,34 +110,47 @@ def answer_all(res: Any, factory: Any, tenant: Any, questions: list[str], args: 
 
 
 def ground_rounds(
-    res: Any, factory: Any, ids: list[Any], rounds: int, make_scorer: Callable[[], Any]
-) -> list[dict[str, float]]:
-    """Every answer grounded ``rounds`` times (fresh scorer per round); one timing row per call."""
+    res: Any, factory: Any, ids: list[Any], rounds: int, makers: dict[str, Callable[[], Any]]
+) -> tuple[list[dict[str, float]], dict[str, list[dict[str, Any]]]]:
+    """Every answer grounded ``rounds`` times by each of ``makers``' scorers (a fresh scorer per
+    round and kind; kinds in turn, their order reversed every other round): one timing row per
+    call (``kind`` its maker's name), and each kind's last groundings as stored."""
     from sqlalchemy import delete
 
     from app.db import AnswerGrounding
+
+    calls: list[dict[str, Any]] = []
+    last: dict[str, list[dict[str, Any]]] = {}
+    kinds = list(makers)
+    for r in range(rounds):
+        for kind in kinds if r % 2 == 0 else kinds[::-1]:
+            with factory() as session:
+                session.execute(delete(AnswerGrounding).where(AnswerGrounding.query_id.in_(ids)))
+                session.commit()
+            calls += [{**row, "kind": kind} for row in _ground_all(factory, ids, makers[kind]())]
+            last[kind] = stored_answers(factory, ids)
+    return calls, last
+
+
+def _ground_all(factory: Any, ids: list[Any], scorer: Any) -> list[dict[str, Any]]:
+    """Each answer grounded once by ``scorer``, its stages timed; one row per call."""
     from app.grounding import ground_stored
 
     calls = []
-    for _ in range(rounds):
-        with factory() as session:
-            session.execute(delete(AnswerGrounding).where(AnswerGrounding.query_id.in_(ids)))
-            session.commit()
-        scorer = make_scorer()
-        for qid in ids:
-            clock: dict[str, float] = defaultdict(float)
-            with timed_stages(clock):
-                t0 = time.perf_counter()
-                row = ground_stored(factory, scorer, qid)
-                wall = (time.perf_counter() - t0) * 1000.0
-            assert row is not None
-            inner = sum(clock[s] for s in ("vectors", "split", "claims", "passages", "lexical"))
-            clock["rest"] = float(row.grounding_ms) - inner
-            clock["read"] = wall - float(row.grounding_ms) - clock["store"]
-            clock["grounding_ms"] = float(row.grounding_ms)
-            clock["wall_ms"] = wall
-            clock["sentences"] = float(row.num_sentences)
-            calls.append(dict(clock))
+    for qid in ids:
+        clock: dict[str, float] = defaultdict(float)
+        with timed_stages(clock):
+            t0 = time.perf_counter()
+            row = ground_stored(factory, scorer, qid)
+            wall = (time.perf_counter() - t0) * 1000.0
+        assert row is not None
+        inner = sum(clock[s] for s in ("vectors", "split", "claims", "passages", "lexical"))
+        clock["rest"] = float(row.grounding_ms) - inner
+        clock["read"] = wall - float(row.grounding_ms) - clock["store"]
+        clock["grounding_ms"] = float(row.grounding_ms)
+        clock["wall_ms"] = wall
+        clock["sentences"] = float(row.num_sentences)
+        calls.append(dict(clock))
     return calls
 
 
@@ -160,6 +176,19 @@ def stored_answers(factory: Any, ids: list[Any]) -> list[dict[str, Any]]:
     return out
 
 
+def agreement(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> dict[str, Any]:
+    """How two kinds' groundings of the same answers agree, sentence by sentence: supported or
+    not, the supporting passages, and the largest difference of a sentence's score."""
+    pairs = [(x, y) for ra, rb in zip(a, b, strict=True)
+             for x, y in zip(ra["sentences"] or [], rb["sentences"] or [], strict=True)]  # fmt: skip
+    return {
+        "sentences": len(pairs),
+        "same_supported": sum(bool(x["supported_by"]) == bool(y["supported_by"]) for x, y in pairs),
+        "same_supported_by": sum(x["supported_by"] == y["supported_by"] for x, y in pairs),
+        "max_score_diff": max((abs(x["score"] - y["score"]) for x, y in pairs), default=0.0),
+    }
+
+
 def summarise(calls: list[dict[str, float]]) -> dict[str, Any]:
     """Per stage p50 and mean (ms) over the calls."""
     keys = [*STAGES, "grounding_ms", "wall_ms", "sentences"]
@@ -174,7 +203,7 @@ def summarise(calls: list[dict[str, float]]) -> dict[str, Any]:
 
 def run_stages(args: argparse.Namespace) -> None:
     """Answer, ground ``args.rounds`` times with the stages timed, write ``args.out``."""
-    from app.grounding.scorer import load_scorer
+    from app.grounding.scorer import claim_dtype, load_scorer
     from app.resources import Resources, apply_torch_threads
 
     questions = [q["question"] for q in held_out_questions(args.questions)]
@@ -185,18 +214,27 @@ def run_stages(args: argparse.Namespace) -> None:
             try:
                 ids = answer_all(res, factory, tenant, questions, args)
                 embedder = res.retrieval.embedder
-                calls = ground_rounds(
-                    res, factory, ids, args.rounds, lambda: load_scorer(settings, embedder)
-                )
-                answers = stored_answers(factory, ids)
+                kinds = [settings]
+                if args.compare_dtype:
+                    kinds.append(
+                        settings.model_copy(update={"grounding_dtype": args.compare_dtype})
+                    )
+                makers = {
+                    claim_dtype(k): functools.partial(load_scorer, k, embedder) for k in kinds
+                }
+                calls, last = ground_rounds(res, factory, ids, args.rounds, makers)
             finally:
                 res.close()  # the engine loop's thread would keep the process alive
-    result = {
+    first = next(iter(makers))
+    result: dict[str, Any] = {
         "calls": len(calls),
-        "stages_ms": summarise(calls),
-        "rows": calls,
-        "answers": answers,
+        "stages_ms": summarise([c for c in calls if c["kind"] == first]),
+        "claim_dtype": first,
     }
+    for kind in list(makers)[1:]:
+        result[f"stages_ms_{kind}"] = summarise([c for c in calls if c["kind"] == kind])
+        result[f"agreement_with_{kind}"] = agreement(last[first], last[kind])
+    result |= {"rows": calls, "answers": last[first]}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result["stages_ms"], indent=2))
+    print(json.dumps({k: v for k, v in result.items() if k not in ("rows", "answers")}, indent=2))

@@ -7,6 +7,7 @@ a hub, and always returns normalised float32 vectors: FAISS inner product is the
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import os
 import threading
@@ -54,6 +55,36 @@ class Embedder:
         dim = self._model.get_embedding_dimension()
         assert dim is not None
         self.dim: int = int(dim)
+        self.dtype = "float32"
+        """What the model's matmuls compute in: ``float32``, or ``bfloat16`` (``in_dtype``)."""
+
+    def in_dtype(self, dtype: str) -> Embedder:
+        """This model with its matmuls in ``dtype``: itself for ``float32``; for ``bfloat16`` a
+        copy whose linear layers hold bfloat16 weights and run under CPU autocast, so the matmuls
+        run in bfloat16 while embeddings, layer norms, softmax and pooling stay float32 (the
+        copy shares every tensor but the linear layers' with this one, which stays float32).
+
+        Only on a CPU that computes bfloat16 natively (AMX or AVX-512 BF16) is that faster; the
+        caller decides (``generation.model.dtypes.resolve_dtype``). Vectors differ from float32
+        ones by float rounding (cosine between the two about 1e-4 off 1; docs/grounding.md)."""
+        if dtype == "float32":
+            return self
+        if dtype != "bfloat16":
+            raise ValueError(f"embedder dtype: {dtype!r}; expected float32 or bfloat16")
+        import torch  # heavy
+
+        linears = [m for m in self._model.modules() if isinstance(m, torch.nn.Linear)]
+        own = {id(t) for m in linears for t in (*m.parameters(), *m.buffers())}
+        shared = {id(t): t for t in (*self._model.parameters(), *self._model.buffers())
+                  if id(t) not in own}  # fmt: skip
+        clone = copy.copy(self)
+        clone._model = copy.deepcopy(self._model, memo=dict(shared))
+        for module in clone._model.modules():
+            if isinstance(module, torch.nn.Linear):
+                module.to(torch.bfloat16)
+        clone._lock = threading.Lock()
+        clone.dtype = dtype
+        return clone
 
     @classmethod
     def shared(cls, model_path: str | Path, device: str = "cpu") -> Embedder:
@@ -74,7 +105,8 @@ class Embedder:
         """Unit-length float32 embeddings, one row per text: ``[len(texts), dim]``."""
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
-        with self._lock, _torch_threads(self.query_threads if len(texts) <= 4 else None):
+        threads = self.query_threads if len(texts) <= 4 else None
+        with self._lock, _torch_threads(threads), _autocast(self.dtype):
             if len(texts) == 1:  # a question: latency-bound
                 return self._encode_one(texts[0])
             vectors = self._model.encode(
@@ -117,6 +149,18 @@ def _torch_threads(threads: int | None) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(previous)
+
+
+@contextlib.contextmanager
+def _autocast(dtype: str) -> Iterator[None]:
+    """Run the block under CPU autocast to ``dtype`` (float32: as it is)."""
+    if dtype == "float32":
+        yield
+        return
+    import torch  # heavy
+
+    with torch.autocast("cpu", dtype=getattr(torch, dtype)):
+        yield
 
 
 @functools.lru_cache(maxsize=4)

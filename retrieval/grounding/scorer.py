@@ -111,6 +111,10 @@ class FusedScorer:
     vectors stored at ingest, retrieval.grounding.passages), or are encoded now, every missing
     passage together (``encode_passages``): a passage found costs only the lexical checks, and an
     answer pays for the encoding of its own claims.
+
+    ``claim_encoder`` (default ``encoder``) encodes the claims: the same model in other numerics
+    (``Embedder.in_dtype``), so that a claim's vector costs less on a host that computes bfloat16
+    natively while passages keep the float32 vectors stored for every host.
     """
 
     name = "fused-bm25-minilm"
@@ -120,8 +124,10 @@ class FusedScorer:
         encoder: Encoder,
         threshold: float | None = None,
         cache_passages: int = CACHE_PASSAGES,
+        claim_encoder: Encoder | None = None,
     ) -> None:
         self.encoder = encoder
+        self.claim_encoder = encoder if claim_encoder is None else claim_encoder
         self.threshold = THRESHOLD if threshold is None else float(threshold)
         self.cache_passages = cache_passages
         self._cache: OrderedDict[str, PreparedPassage] = OrderedDict()
@@ -170,7 +176,7 @@ class FusedScorer:
         """Each claim's unit vector ``[num_claims, dim]``: a claim written as one of its passages'
         sentences (or as a whole passage), white space aside, takes the vector of that text at
         hand (the encoder reads the same tokens: the same vector to float rounding); the others
-        are encoded now, together (``encode_sorted``)."""
+        are encoded now by ``claim_encoder``, together (``encode_sorted``)."""
         quoted: dict[str, np.ndarray] = {}
         for prep in ready:
             quoted.setdefault(_key(prep.view.text), prep.vectors.vector)
@@ -178,7 +184,9 @@ class FusedScorer:
                 quoted.setdefault(_key(window[0]), prep.vectors.singles[k])
         rows = [quoted.get(_key(claim)) for claim in claims]
         todo = list(dict.fromkeys(c for c, r in zip(claims, rows, strict=True) if r is None))
-        fresh = dict(zip(todo, encode_sorted(self.encoder, todo), strict=True)) if todo else {}
+        fresh = (
+            dict(zip(todo, encode_sorted(self.claim_encoder, todo), strict=True)) if todo else {}
+        )
         out = [r if r is not None else fresh[c] for c, r in zip(claims, rows, strict=True)]
         return np.vstack(out) if out else np.zeros((0, 1), np.float32)
 

@@ -37,3 +37,30 @@ def test_many_texts_and_one_agree(embedder: Embedder) -> None:
     batch = embedder.encode(QUESTIONS[:2])
     one = np.concatenate([embedder.encode([q]) for q in QUESTIONS[:2]])
     np.testing.assert_allclose(batch, one, atol=1e-6)
+
+
+def test_a_bfloat16_copy_leaves_the_float32_model_alone(embedder: Embedder) -> None:
+    """in_dtype("bfloat16") runs its own linear layers in bfloat16 (vectors within float
+    rounding of float32) and shares the rest; the embedder it came from stays float32, bit for bit
+    (search and ingest vectors never change)."""
+    import torch
+
+    texts = ["The assert statement inserts debugging assertions into a program.", "It is async."]
+    before = embedder.encode(texts)
+    bf16 = embedder.in_dtype("bfloat16")
+    assert embedder.in_dtype("float32") is embedder
+    assert bf16.dtype == "bfloat16" and embedder.dtype == "float32"
+    linears = [m for m in bf16._model.modules() if isinstance(m, torch.nn.Linear)]
+    assert linears and all(m.weight.dtype == torch.bfloat16 for m in linears)
+    assert {p.dtype for p in embedder._model.parameters()} == {torch.float32}
+    ours = {id(p) for p in embedder._model.parameters()}
+    assert any(id(p) in ours for p in bf16._model.parameters())  # embeddings, layer norms shared
+    assert not any(id(m.weight) in ours for m in linears)
+    after = bf16.encode(texts)
+    assert after.dtype == np.float32 and after.shape == before.shape
+    assert not np.array_equal(after, before)  # it did compute in bfloat16
+    cosine = (after * before).sum(axis=1)
+    assert (cosine > 1 - 1e-3).all(), cosine
+    assert np.array_equal(embedder.encode(texts), before)
+    with pytest.raises(ValueError, match="float16"):
+        embedder.in_dtype("float16")
