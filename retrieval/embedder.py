@@ -82,7 +82,9 @@ class Embedder:
         for module in clone._model.modules():
             if isinstance(module, torch.nn.Linear):
                 module.to(torch.bfloat16)
-        clone._lock = threading.Lock()
+        # One lock for both: an encode sets torch's thread count for its block and restores it,
+        # so the two must not interleave (as before the copy, when one model served both).
+        clone._lock = self._lock
         clone.dtype = dtype
         return clone
 
