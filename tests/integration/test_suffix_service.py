@@ -27,6 +27,7 @@ from app.requests import validate_request
 from app.settings import Settings
 from tests.integration.conftest import CORPUS_FILES, REPO_ROOT, Deployment
 from tests.integration.helpers import WorkerProcess
+from tests.waiting import wait_until
 from workers import create_celery, send_query
 
 QUESTION = "What does the assert statement do?"
@@ -80,14 +81,20 @@ def ask(
 
 
 def _asked(sf: sessionmaker[Session], qid: uuid.UUID) -> Asked:
-    with sf() as session:
-        stats = session.scalar(
-            select(GenerationStatsRecord).where(GenerationStatsRecord.query_id == qid)
-        )
-        ids = session.scalar(
-            select(AnswerTokens.output_token_ids).where(AnswerTokens.query_id == qid)
-        )
-    assert stats is not None and ids is not None
+    """The answer's stats and output ids. The ids are stored by an after-answer hook
+    (app/drafts/hooks.py), after the answer is recorded ``succeeded``: wait for them."""
+
+    def read() -> tuple[GenerationStatsRecord, list[int]] | None:
+        with sf() as session:
+            stats = session.scalar(
+                select(GenerationStatsRecord).where(GenerationStatsRecord.query_id == qid)
+            )
+            ids = session.scalar(
+                select(AnswerTokens.output_token_ids).where(AnswerTokens.query_id == qid)
+            )
+        return (stats, list(ids)) if stats is not None and ids is not None else None
+
+    stats, ids = wait_until(read, 30, f"query {qid}'s stats and stored token ids")
     drafts = (stats.num_drafts, stats.num_draft_tokens, stats.num_accepted_tokens,
               tuple(stats.accepted_per_position or ()))  # fmt: skip
     return Asked(list(ids), drafts, int(stats.num_accepted_tokens or 0))

@@ -224,9 +224,15 @@ def test_a_vllm_worker_answers_streams_bursts_counts_and_survives_sigkill_and_en
         # SIGKILL of the second worker's EngineCore with queries in flight: none fails, the
         # worker exits EXIT_ENGINE_DEAD, and a third vLLM worker answers each once.
         assert second.proc is not None
-        dying = [client.submit(f"What does del do? ({n})", docs, max_tokens=400) for n in range(6)]
+        # Long answers again: short ones can finish between two polls, and none is seen running.
+        dying = [client.submit(LONG_QUESTION, docs, max_tokens=1200) for _ in range(6)]
         deadline = time.monotonic() + 120
-        while not any(client.get(q)["status"] == "running" for q in dying):
+        while True:
+            statuses = [client.get(q)["status"] for q in dying]
+            if "running" in statuses:
+                break
+            ended = [s for s in statuses if s not in ("queued", "running")]
+            assert not ended, f"a long answer ended before any was seen running: {ended}"
             assert time.monotonic() < deadline, f"nothing ran: {second.tail()}"
             time.sleep(0.05)
         os.kill(_engine_core(second.proc.pid), signal.SIGKILL)
