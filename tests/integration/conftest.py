@@ -23,13 +23,28 @@ COLLECTION = "docs"
 
 
 @pytest.fixture(scope="session")
+def service_pg_url() -> Iterator[str]:
+    """A migrated PostgreSQL database of the session's live services alone.
+
+    Their sweepers (stale after 4 s) re-queue any running query without a fresh heartbeat and
+    send any unsent one in the database they watch, so no other test's queries may live there:
+    a test that answers in-process on ``migrated_pg_url`` with the default heartbeat (every 5 s)
+    would otherwise see its query handed to a newer attempt whenever the session's API had
+    started before it on the same xdist worker.
+    """
+    with fresh_pg_database(migrated=True) as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
 def service_settings(
-    migrated_pg_url: str, redis_url: str, tiny_models: dict[str, Path], tmp_path_factory: Any
+    service_pg_url: str, redis_url: str, tiny_models: dict[str, Path], tmp_path_factory: Any
 ) -> Settings:
-    """Settings on the session's PostgreSQL and Redis with the tiny pair and fast recovery."""
+    """Settings on the live services' own PostgreSQL database and the session's Redis, with the
+    tiny pair and fast recovery."""
     return Settings(
         data_dir=tmp_path_factory.mktemp("service_data"),
-        database_url=migrated_pg_url,
+        database_url=service_pg_url,
         broker_url=redis_url,
         target_model=tiny_models["target"],
         draft_model=tiny_models["draft"],
