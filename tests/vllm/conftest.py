@@ -84,6 +84,7 @@ def engine_pool() -> Iterator[EnginePool]:
 from tests.integration.conftest import (  # noqa: E402, F401
     private_deployment,
     private_redis,
+    service_pg_url,
     service_settings,
     worker_process,
 )
