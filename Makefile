@@ -22,9 +22,9 @@ endef
 
 # Bytecode: pip installs without compiling every module of a venv (16k in .venv: a minute of one
 # core on a slow host; as long again for .venv-vllm); importing what the service, the CLI and the
-# tests load compiles that part once. Make's recipes let Python write bytecode even where the environment says
-# PYTHONDONTWRITEBYTECODE, so whatever else a process imports is compiled once, not in every
-# process that imports it.
+# tests load compiles that part once. Make's recipes let Python write bytecode even where the
+# environment says PYTHONDONTWRITEBYTECODE, so whatever else a process imports is compiled once,
+# not in every process that imports it.
 unexport PYTHONDONTWRITEBYTECODE
 WARM_IMPORTS := app.cli, app.api.main, workers.cli, generation, generation.vllm_engine, retrieval, \
 	retrieval.service, training, sentence_transformers, faiss, pytest, hypothesis
