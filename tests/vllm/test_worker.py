@@ -18,11 +18,15 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
+import redis
+from celery import Celery
 from sqlalchemy import select
 
 from app.client import SpecragClient
@@ -33,6 +37,7 @@ from tests.integration.conftest import Deployment
 from tests.integration.helpers import ApiServer, RedisServer, WorkerProcess, free_port, stored_rows
 from tests.integration.test_metrics import _scrape, _stored, _sum
 from workers.engine_guard import EXIT_ENGINE_DEAD
+from workers.priority import priority_keys
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO = REPO / "models" / "demo"
@@ -53,6 +58,7 @@ def _vllm_settings(deployment: Deployment, redis: RedisServer, **update: object)
             "vllm_options": {"llm_kwargs": {"kv_cache_memory_bytes": 512 << 20}},
             "worker_pool": "threads",
             "worker_concurrency": 24,
+            "tenant_max_in_flight": 24,  # the burst below is one tenant's, sent at once
             "max_tokens_limit": 1500,
             # float32: the SIGKILL part below needs the pair's ~400-token answer to
             # LONG_QUESTION, and in bf16 that answer depends on the CPU's kernels (on an AMD
@@ -77,6 +83,29 @@ def _stats_rows(settings: Settings, ids: list[str]) -> dict[str, GenerationStats
         session.expunge_all()
     engine.dispose()
     return {str(r.query_id): r for r in rows}
+
+
+@contextmanager
+def _held(settings: Settings, name: str, expect: int) -> Iterator[None]:
+    """The worker ``name`` stops taking answer tasks (Celery's ``cancel_consumer``) while the
+    block submits, and takes them again once ``expect`` messages wait in the broker: a burst
+    reaches the engine together on any host. Submitted one by one to a consuming worker, each
+    answer of a fast host (AMX) ended before the next arrived, and no two shared a pass."""
+    control = Celery(broker=settings.resolved_broker_url)
+    destination = [f"{name}@{socket.gethostname()}"]
+    try:
+        replies = control.control.cancel_consumer("answer", destination=destination, reply=True)
+        assert replies, f"{destination} did not answer cancel_consumer"
+        yield
+        queued = redis.Redis.from_url(settings.resolved_broker_url)
+        deadline = time.monotonic() + 60
+        while (waiting := sum(queued.llen(key) for key in priority_keys("answer"))) < expect:
+            assert time.monotonic() < deadline, f"{waiting} of {expect} messages in the broker"
+            time.sleep(0.1)
+        replies = control.control.add_consumer("answer", destination=destination, reply=True)
+        assert replies, f"{destination} did not answer add_consumer"
+    finally:
+        control.close()
 
 
 def _children(pid: int) -> list[int]:
@@ -133,7 +162,8 @@ def test_a_vllm_worker_answers_streams_bursts_counts_and_survives_sigkill_and_en
             q: client.wait(client.submit(q, docs, max_tokens=32), timeout=180) for q in QUESTIONS
         }
         burst = [QUESTIONS[i % 3] for i in range(24)]
-        ids = [client.submit(q, docs, max_tokens=32) for q in burst]
+        with _held(settings, "vllm-first", expect=len(burst)):
+            ids = [client.submit(q, docs, max_tokens=32) for q in burst]
         done = [client.wait(i, timeout=300) for i in ids]
         assert [d["status"] for d in done] == ["succeeded"] * 24, done
         assert [d["answer"] for d in done] == [alone[q]["answer"] for q in burst]
