@@ -4,12 +4,21 @@
 
 Held-out demo-corpus questions, each prompted through the demo pair's chat template with its
 answering chunk and one other chunk as passages (as benchmarks/eagle_acceptance.py builds
-them). First every question is answered with ``none`` (greedy) and its answer's token ids are
-put in one scope of a ``SuffixMemory``, as the service records answers. Then the same prompts
+them). First every question is answered greedily with ``draft_model`` k=4 and its answer's
+token ids are put in one scope of a ``SuffixMemory``, as the service records answers. Then the same prompts
 are asked again (``repeated``), each method in turn per prompt (the machine's load falls on all
 alike): ``none``, ``ngram`` k=4, ``draft_model`` k=4, ``suffix`` at --suffix-ks, every suffix
 request drafting from that scope. ``fresh``: other questions, never answered before, for
 ``none``, ``ngram`` and ``suffix`` (the scope holds only the other questions' answers).
+
+The engine keeps a prefix cache (``--prefix-cache-mb``, 1024 by default: the run's prompts), as
+the service does (``SPECRAG_PREFIX_CACHE_MB``), so a repeated question prefills from the cache
+its first answer left, whichever method asks it: the repeated set is unsalted, and the first
+pass caches every prompt, the target's KV and the draft model's (a ``none`` pass would leave
+the draft model's out, and ``draft_model`` alone would prefill again). Greedy answers are
+compared with the repeated set's ``none`` answers. Fresh questions are salted per method (each pays its own
+prefill, as a question never asked before does). ``--prefix-cache-mb 0``: every ask prefills
+its whole prompt.
 
 Per method: generation tokens/s (output tokens / generation time, summed over requests),
 decode tokens/s (tokens after the first / time after the first), mean acceptance length
@@ -90,13 +99,15 @@ def summarise(results: list[Any], reference: list[list[int]]) -> dict[str, Any]:
         "mean_acceptance_length": 1 + accepted / rounds if rounds else None,
         "acceptance_rate": accepted / drafted if drafted else None,
         "target_passes": sum(r.stats.num_target_forwards for r in results),
+        "cached_prompt_tokens": sum(r.stats.num_cached_prompt_tokens for r in results),
         "identical_to_none": same,
     }
 
 
 def run_set(engine: Any, prompts: list[list[int]], methods: list[tuple[str, Any]], args: Any,
-            reference: list[list[int]] | None) -> dict[str, Any]:  # fmt: skip
-    """Ask every prompt with every method (interleaved per prompt); return figures per method."""
+            salted: bool = False) -> dict[str, Any]:  # fmt: skip
+    """Ask every prompt with every method (interleaved per prompt); return figures per method.
+    ``salted``: each method's prompts are cached apart (none reuses another method's prefill)."""
     from generation import SamplingParams
 
     got: dict[str, list[Any]] = {f"{m} k={k}": [] for m, k in methods}
@@ -105,9 +116,10 @@ def run_set(engine: Any, prompts: list[list[int]], methods: list[tuple[str, Any]
             params = SamplingParams(
                 max_new_tokens=args.max_tokens, method=m, num_speculative_tokens=k,
                 suffix_scope=args.scope if m == "suffix" else None,
+                cache_salt=f"{m} k={k}" if salted else None,
             )  # fmt: skip
             got[f"{m} k={k}"].append(engine.generate(prompt, params))
-    base = reference or [r.token_ids for r in got["none k=1"]]
+    base = [r.token_ids for r in got["none k=1"]]
     return {label: summarise(rs, base) for label, rs in got.items()}
 
 
@@ -148,7 +160,8 @@ def result_figures(report: dict[str, Any]) -> tuple[dict[str, Any], dict[str, st
     notes = {
         "repeated_mal_vs_draft_model": f"{label}, {n_rep} questions: MAL "
         f"{rows[label][mal]:.2f} vs {rows['draft_model k=4'][mal]:.2f}",
-        "repeated_tps_vs_none": f"{rows[label][tps]:.1f} vs {rows['none k=1'][tps]:.1f} tok/s",
+        "repeated_tps_vs_none": f"{rows[label][tps]:.1f} vs {rows['none k=1'][tps]:.1f} tok/s; "
+        f"prefix cache {report['prefix_cache_mb']:g} MB",
         "repeated_tps_vs_draft_model": f"{rows[label][tps]:.1f} vs "
         f"{rows['draft_model k=4'][tps]:.1f} tok/s",
         "fresh_tps_vs_ngram": f"{n_fresh} questions; the scope holds the other questions' answers",
@@ -167,6 +180,12 @@ def main() -> None:
                     help="EngineConfig.suffix_max_spec_factor (vLLM's default: 1.0)")  # fmt: skip
     ap.add_argument("--scope", default="bench-tenant/demo")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument(
+        "--prefix-cache-mb",
+        type=float,
+        default=1024.0,
+        help="the engine's prefix cache (0: none; every ask prefills its prompt)",
+    )
     ap.add_argument("--json", type=Path, default=ROOT / "var" / "bench" / "suffix_engine.json")
     args = ap.parse_args()
     import torch
@@ -180,7 +199,9 @@ def main() -> None:
     memory = SuffixMemory(max_answers_per_scope=10_000)
     engine = SpeculativeEngine.from_pretrained(
         models / "target", models / "draft", device="cpu", dtype="float32",
-        config=EngineConfig(suffix_max_spec_factor=args.spec_factor), suffix_memory=memory,
+        config=EngineConfig(suffix_max_spec_factor=args.spec_factor,
+                            prefix_cache_mb=args.prefix_cache_mb),
+        suffix_memory=memory,
     )  # fmt: skip
     repeated = demo_prompts(args.questions)
     fresh = demo_prompts(args.fresh, skip=args.questions)
@@ -190,14 +211,14 @@ def main() -> None:
         engine.generate(repeated[0], SamplingParams(max_new_tokens=8, method=m,
                                                     num_speculative_tokens=k))  # fmt: skip
     started = time.time()
-    first = [engine.generate(p, SamplingParams(max_new_tokens=args.max_tokens, method="none"))
+    first = [engine.generate(p, SamplingParams(max_new_tokens=args.max_tokens,
+                                               method="draft_model", num_speculative_tokens=4))
              for p in repeated]  # fmt: skip
     for i, r in enumerate(first):
         memory.add(args.scope, f"answer-{i}", r.token_ids)
-    reference = [r.token_ids for r in first]
-    table = run_set(engine, repeated, methods, args, reference)
+    table = run_set(engine, repeated, methods, args)
     fresh_table = run_set(engine, fresh, [("none", 1), ("ngram", 4), *(("suffix", k) for k in ks)],
-                          args, None)  # fmt: skip
+                          args, salted=True)  # fmt: skip
     suffix_labels = [f"suffix k={k}" for k in ks]
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
                             capture_output=True, text=True).stdout.strip()  # fmt: skip
@@ -210,6 +231,7 @@ def main() -> None:
         "model_pair": engine.model_pair,
         "max_tokens": args.max_tokens,
         "suffix_max_spec_factor": args.spec_factor,
+        "prefix_cache_mb": args.prefix_cache_mb,
         "memory": {"answers": memory.size(args.scope), "bytes": memory.memory_bytes()},
         "repeated": table,
         "repeated_ratios": ratios(table, suffix_labels),
