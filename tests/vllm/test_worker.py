@@ -25,7 +25,6 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import redis
 from celery import Celery
 from sqlalchemy import select
 
@@ -37,7 +36,7 @@ from tests.integration.conftest import Deployment
 from tests.integration.helpers import ApiServer, RedisServer, WorkerProcess, free_port, stored_rows
 from tests.integration.test_metrics import _scrape, _stored, _sum
 from workers.engine_guard import EXIT_ENGINE_DEAD
-from workers.priority import priority_keys
+from workers.queue_depth import queue_depths
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO = REPO / "models" / "demo"
@@ -97,9 +96,8 @@ def _held(settings: Settings, name: str, expect: int) -> Iterator[None]:
         replies = control.control.cancel_consumer("answer", destination=destination, reply=True)
         assert replies, f"{destination} did not answer cancel_consumer"
         yield
-        queued = redis.Redis.from_url(settings.resolved_broker_url)
         deadline = time.monotonic() + 60
-        while (waiting := sum(queued.llen(key) for key in priority_keys("answer"))) < expect:
+        while (waiting := queue_depths(control, ["answer"])["answer"]) < expect:
             assert time.monotonic() < deadline, f"{waiting} of {expect} messages in the broker"
             time.sleep(0.1)
         replies = control.control.add_consumer("answer", destination=destination, reply=True)
