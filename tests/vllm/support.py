@@ -1,16 +1,25 @@
 """Real vLLM engines shared by a test session: started once per (checkpoints, method, k).
 
 vLLM fixes the proposer and k when it starts, and a start costs 20-40 s on this 2-core machine
-(two spawned processes, each importing vLLM and torch), so tests never start their own: they ask
+(a spawned process importing vLLM and torch), so tests never start their own: they ask
 ``EnginePool.get`` for the engine of the speculation they need. At most ``keep`` engines are
-alive (each holds two processes and its KV cache); the least recently used one is closed first.
+alive (each holds a process and its KV cache); the least recently used one is closed first.
 tests/vllm/conftest.py orders the tests so each engine starts once.
+
+The pool's engines run their model worker inside the engine-core process (vLLM's ``uni``
+executor), where a deployment's engine spawns one more process for it (the ``mp`` executor,
+which vLLM's CPU platform picks). The worker's answers do not depend on which process runs it;
+the executor choice saves that process's ~15 s of imports per start. The tests that are about
+the deployment's processes (test_worker.py, test_spawn.py) start engines the deployment's way.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 from collections import OrderedDict
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +28,23 @@ from generation.vllm_engine import VLLMEngine, checkpoint_limits
 
 SMALL_KV = {"kv_cache_memory_bytes": 256 << 20}
 """vLLM engine arguments for the tests' small engines: a 256 MiB KV cache, not the default 2 GiB."""
+
+
+@contextlib.contextmanager
+def worker_in_engine_core() -> Iterator[None]:
+    """While an engine starts: vLLM's CPU platform keeps the ``uni`` executor (the model worker
+    in the engine-core process) instead of switching to ``mp``. vLLM reads the variable when it
+    builds the engine's config, in this process, before the engine core is spawned."""
+    key = "VLLM_ENABLE_V1_MULTIPROCESSING"
+    before = os.environ.get(key)
+    os.environ[key] = "0"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[key]
+        else:
+            os.environ[key] = before
 
 
 def engine_key(params: SamplingParams) -> tuple[str, int | str]:
@@ -49,14 +75,19 @@ class EnginePool:
             _, oldest = self.engines.popitem(last=False)
             oldest.close()
         options.setdefault("llm_kwargs", dict(SMALL_KV))
-        engine = VLLMEngine.from_pretrained(
-            target,
-            draft if method in ("draft_model", "eagle") else None,
-            device="cpu",
-            method=method,
-            num_speculative_tokens=k,
-            **options,
-        )
+        with worker_in_engine_core():
+            engine = VLLMEngine.from_pretrained(
+                target,
+                draft if method in ("draft_model", "eagle") else None,
+                device="cpu",
+                method=method,
+                num_speculative_tokens=k,
+                **options,
+            )
+        backend = engine.llm.vllm_config.parallel_config.distributed_executor_backend
+        if backend != "uni":
+            engine.close()
+            raise AssertionError(f"the pool's engine started the {backend!r} executor, not 'uni'")
         self.engines[key] = engine
         self.started.append(key)
         return engine
