@@ -3,21 +3,20 @@
     flock /tmp/bench.lock .venv/bin/python -m benchmarks.suffix_engine [--questions 16]
 
 Held-out demo-corpus questions, each prompted through the demo pair's chat template with its
-answering chunk and one other chunk as passages (as benchmarks/eagle_acceptance.py builds
-them). First every question is answered greedily with ``draft_model`` k=4 and its answer's
-token ids are put in one scope of a ``SuffixMemory``, as the service records answers. Then the
-same prompts are asked again (``repeated``), each method in turn per prompt (the machine's load falls on all
-alike): ``none``, ``ngram`` k=4, ``draft_model`` k=4, ``suffix`` at --suffix-ks, every suffix
-request drafting from that scope. ``fresh``: other questions, never answered before, for
-``none``, ``ngram`` and ``suffix`` (the scope holds only the other questions' answers).
-
-The engine keeps a prefix cache (``--prefix-cache-mb``, 1024 by default: the run's prompts), as
-the service does (``SPECRAG_PREFIX_CACHE_MB``), so a repeated question prefills from the cache
-its first answer left, whichever method asks it: the repeated set is unsalted, and the first
-pass caches every prompt, the target's KV and the draft model's (a ``none`` pass would leave
-the draft model's out, and ``draft_model`` alone would prefill again). Greedy answers are
-compared with the repeated set's ``none`` answers. Fresh questions are salted per method (each
-pays its own prefill, as a question never asked before does). ``--prefix-cache-mb 0``: every ask prefills
+answering chunk and one other chunk as passages (as benchmarks/eagle_acceptance.py builds them).
+First every question is answered greedily with ``draft_model`` k=4 and its answer's token ids
+are put in one scope of a ``SuffixMemory``, as the service records answers. Then the same
+prompts are asked again (``repeated``), each method in turn per prompt (the machine's load falls
+on all alike): ``none``, ``ngram`` k=4, ``draft_model`` k=4, ``suffix`` at --suffix-ks, every
+suffix request drafting from that scope. ``fresh``: other questions, never answered before, for
+``none``, ``ngram`` and ``suffix`` (the scope holds only the other questions' answers). The
+engine keeps a prefix cache (``--prefix-cache-mb``, 1024 by default: the run's prompts), as the
+service does (``SPECRAG_PREFIX_CACHE_MB``), so a repeated question prefills from the cache its
+first answer left, whichever method asks it: the repeated set is unsalted, and the first pass
+caches every prompt, the target's KV and the draft model's (a ``none`` pass would leave the
+draft model's out, and ``draft_model`` alone would prefill again). Greedy answers are compared
+with the repeated set's ``none`` answers. Fresh questions are salted per method (each pays its
+own prefill, as a question never asked before does). ``--prefix-cache-mb 0``: every ask prefills
 its whole prompt.
 
 Per method: generation tokens/s (output tokens / generation time, summed over requests),

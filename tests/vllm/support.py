@@ -15,13 +15,12 @@ the deployment's processes (test_worker.py, test_spawn.py) start engines the dep
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 from collections import OrderedDict
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 from generation import SamplingParams
 from generation.vllm_engine import VLLMEngine, checkpoint_limits
@@ -30,21 +29,11 @@ SMALL_KV = {"kv_cache_memory_bytes": 256 << 20}
 """vLLM engine arguments for the tests' small engines: a 256 MiB KV cache, not the default 2 GiB."""
 
 
-@contextlib.contextmanager
-def worker_in_engine_core() -> Iterator[None]:
+def worker_in_engine_core() -> Any:
     """While an engine starts: vLLM's CPU platform keeps the ``uni`` executor (the model worker
     in the engine-core process) instead of switching to ``mp``. vLLM reads the variable when it
     builds the engine's config, in this process, before the engine core is spawned."""
-    key = "VLLM_ENABLE_V1_MULTIPROCESSING"
-    before = os.environ.get(key)
-    os.environ[key] = "0"
-    try:
-        yield
-    finally:
-        if before is None:
-            del os.environ[key]
-        else:
-            os.environ[key] = before
+    return mock.patch.dict(os.environ, {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
 
 
 def engine_key(params: SamplingParams) -> tuple[str, int | str]:
